@@ -1,0 +1,29 @@
+# Bootseer — the two commands of the README, and the benchmarks.
+#   make demo   set up and run the main job end to end on the embedded local store
+#   make test   set up everything (apt packages when root, Python packages) and run the suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test system-deps venv clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(STAMP)
+
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+demo: system-deps venv
+	bash scripts/demo.sh
+
+test: system-deps venv
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) build bench-results .pytest_cache

@@ -1,0 +1,1 @@
+"""The node agent and the container runtime hook."""

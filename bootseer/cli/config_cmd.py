@@ -1,0 +1,39 @@
+"""``bootseer config``: show the effective configuration and where each value came from."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from bootseer.cli import AppContext, pass_app
+
+
+@click.group()
+def config() -> None:
+    """Inspect the configuration."""
+
+
+@config.command("show")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@pass_app
+def show(app: AppContext, as_json: bool) -> None:
+    """Print every setting, its effective value and its source."""
+    settings = app.loaded.settings()
+    if as_json:
+        rows = {s.key: {"value": _jsonable(s.value), "source": s.source} for s in settings}
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(box=None, pad_edge=False)
+    table.add_column("setting")
+    table.add_column("value")
+    table.add_column("source", style="dim")
+    for s in settings:
+        table.add_row(s.key, "" if s.value is None else str(s.value), s.source)
+    Console(highlight=False).print(table)
+
+
+def _jsonable(value: object) -> object:
+    return value if value is None or isinstance(value, (bool, int, str)) else str(value)

@@ -1,0 +1,229 @@
+"""Configuration: defaults < TOML files < ``BOOTSEER_*`` environment < command-line flags.
+
+Every setting is declared once, in the dataclasses below, with its type and default. A
+value remembers where it came from (``default``, a file path, an environment variable, a
+flag) so ``bootseer config show`` can answer "why is it set to that?", and a bad value is
+reported with that origin and the key, e.g. ``/etc/bootseer/config.toml: hdfs.replication:
+expected an integer, got 'three'``.
+
+Files read, in order (later wins): ``/etc/bootseer/config.toml``, the user's
+``config.toml`` in ``platformdirs.user_config_dir("bootseer")``, then the file named by
+``--config`` or ``BOOTSEER_CONFIG``. The environment variable for ``hdfs.block_size`` is
+``BOOTSEER_HDFS_BLOCK_SIZE``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from bootseer.errors import ConfigError
+from bootseer.units import parse_size
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SYSTEM_CONFIG = Path("/etc/bootseer/config.toml")
+ENV_PREFIX = "BOOTSEER_"
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def default_store_url() -> str:
+    """Root keeps the node's store in /var/lib; a user keeps theirs in their data dir."""
+    if _is_root():
+        return "file:///var/lib/bootseer/store"
+    return Path(platformdirs.user_data_dir("bootseer"), "store").as_uri()
+
+
+def default_cache_dir() -> Path:
+    if _is_root():
+        return Path("/var/cache/bootseer")
+    return Path(platformdirs.user_cache_dir("bootseer"))
+
+
+class ByteSize(int):
+    """An int that config files may write as ``"64m"`` or ``"1GiB"``."""
+
+
+@dataclass
+class HdfsConfig:
+    """Options for the ``hdfs://`` and ``webhdfs://`` store backends."""
+
+    user: str | None = None  # HDFS user to act as; None = the current user
+    replication: int | None = None  # replication of new files; None = the cluster default
+    block_size: ByteSize | None = None  # block size of new files; None = the cluster default
+    kerberos: bool = False  # webhdfs://: authenticate with Kerberos (needs requests-kerberos)
+
+
+@dataclass
+class Config:
+    """Everything Bootseer reads from its configuration."""
+
+    store: str = field(default_factory=default_store_url)  # URL of the store
+    cache_dir: Path = field(default_factory=default_cache_dir)  # node-local caches
+    log_level: str = "warning"  # debug, info, warning, error
+    hdfs: HdfsConfig = field(default_factory=HdfsConfig)
+
+    def get(self, key: str) -> Any:
+        node: Any = self
+        for part in key.split("."):
+            node = getattr(node, part)
+        return node
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str  # dotted, e.g. "hdfs.replication"
+    type: Any
+    value: Any
+    source: str  # "default", a file path, "env BOOTSEER_X" or "flag --x"
+
+
+@dataclass
+class LoadedConfig:
+    """The effective config plus, for each key, where its value came from."""
+
+    config: Config
+    sources: dict[str, str]
+
+    def settings(self) -> list[Setting]:
+        return [Setting(k, t, self.config.get(k), self.sources[k]) for k, t in _fields(Config)]
+
+
+def _fields(cls: type, prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    hints = typing.get_type_hints(cls, globals())
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            out.extend(_fields(kind, f"{prefix}{f.name}."))
+        else:
+            out.append((prefix + f.name, kind))
+    return out
+
+
+def env_name(key: str) -> str:
+    return ENV_PREFIX + key.replace(".", "_").upper()
+
+
+def _coerce(kind: Any, raw: Any, key: str, origin: str) -> Any:
+    """Convert a TOML value or an environment string to the declared type."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in args:
+        if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none")):
+            return None
+        kind = next(a for a in args if a is not type(None))
+    try:
+        if kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind is ByteSize:
+            return ByteSize(parse_size(raw))
+        if kind is int:
+            if isinstance(raw, bool):
+                raise ValueError
+            return int(raw)
+        if kind is Path:
+            return Path(os.path.expanduser(str(raw)))
+        if kind is str:
+            if not isinstance(raw, str):
+                raise ValueError
+            return raw
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"unsupported config type {kind} for {key}")
+    expected = {bool: "true or false", int: "an integer", ByteSize: "a size like 64m",
+                str: "a string"}.get(kind, str(kind))
+    raise ConfigError(f"{origin}: {key}: expected {expected}, got {raw!r}")
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in table.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{name}."))
+        else:
+            out[prefix + name] = value
+    return out
+
+
+def _assign(config: Config, key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    node: Any = config
+    for part in parents:
+        node = getattr(node, part)
+    setattr(node, last, value)
+
+
+def config_files(explicit: Path | None = None) -> list[Path]:
+    files = [SYSTEM_CONFIG, Path(platformdirs.user_config_dir("bootseer"), "config.toml")]
+    if explicit is not None:
+        files.append(explicit)
+    return files
+
+
+def load_config(
+    *,
+    explicit_file: Path | None = None,
+    flags: dict[str, Any] | None = None,
+    environ: typing.Mapping[str, str] | None = None,
+    files: list[Path] | None = None,
+) -> LoadedConfig:
+    """Build the effective config from defaults, files, environment and flags."""
+    environ = os.environ if environ is None else environ
+    if explicit_file is None and environ.get(ENV_PREFIX + "CONFIG"):
+        explicit_file = Path(environ[ENV_PREFIX + "CONFIG"])
+    kinds = dict(_fields(Config))
+    config = Config()
+    sources = {key: "default" for key in kinds}
+
+    for path in files if files is not None else config_files(explicit_file):
+        if not path.is_file():
+            if path == explicit_file:
+                raise ConfigError(f"config file {path} does not exist")
+            continue
+        try:
+            table = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot be read: {exc.strerror}") from exc
+        for key, raw in _flatten(table).items():
+            if key not in kinds:
+                raise ConfigError(f"{path}: unknown setting {key!r} "
+                                  f"(known: {', '.join(sorted(kinds))})")
+            _assign(config, key, _coerce(kinds[key], raw, key, str(path)))
+            sources[key] = str(path)
+
+    for key, kind in kinds.items():
+        name = env_name(key)
+        if name in environ:
+            _assign(config, key, _coerce(kind, environ[name], key, f"env {name}"))
+            sources[key] = f"env {name}"
+
+    for key, raw in (flags or {}).items():
+        if raw is not None:
+            flag = "--" + key.replace("_", "-").replace(".", "-")
+            _assign(config, key, _coerce(kinds[key], raw, key, f"flag {flag}"))
+            sources[key] = f"flag {flag}"
+    return LoadedConfig(config, sources)

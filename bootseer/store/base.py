@@ -1,0 +1,261 @@
+"""The store interface every backend implements.
+
+A store maps keys (``"/"``-separated relative paths) to immutable byte objects. Everything
+in Bootseer (image blocks and hot lists, environment snapshots, checkpoints) rests on two
+properties, so a backend must provide exactly these and little else:
+
+* **ranged reads** — ``read_range(key, offset, length)`` maps to a positional read on the
+  backend (``pread``, HDFS ``read_at``, an HTTP ``offset``/``length``), never a download of
+  the whole object;
+* **atomic publish** — a writer streams into a temporary object and publishes it under its
+  key in one rename, so a reader never sees a partial object, and a writer that dies
+  leaves at most an unlisted temporary.
+
+Following fsspec, the abstract surface is small (``stat``, ``_read_range``, ``open_writer``,
+``delete``, ``list``); conveniences (``get``, ``put``, ``exists``, ``open``) are built on it
+here once, so every backend gets them and the contract tests in ``tests/store_contract.py``
+cover all of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import logging
+import posixpath
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from bootseer.errors import InvalidRangeError
+
+log = logging.getLogger(__name__)
+
+#: Top-level key prefix reserved for in-flight writes; never listed, never a valid key.
+TEMP_PREFIX = ".tmp"
+
+#: How much a convenience method reads or writes per backend call.
+IO_CHUNK = 4 << 20
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a store knows about one published object."""
+
+    key: str
+    size: int
+    mtime: float
+
+
+def check_key(key: str) -> str:
+    """Reject keys that could escape the store root or collide with temporaries."""
+    if not key or key.startswith("/") or key.endswith("/"):
+        raise ValueError(f"invalid store key {key!r}: must be a relative path like 'a/b'")
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts) or parts[0] == TEMP_PREFIX:
+        raise ValueError(f"invalid store key {key!r}")
+    if "\0" in key:
+        raise ValueError(f"invalid store key {key!r}: contains NUL")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """A listing prefix is a key or a key with a trailing slash, or empty for everything."""
+    if prefix:
+        check_key(prefix.rstrip("/"))
+    return prefix
+
+
+class ObjectWriter(ABC):
+    """A write in progress: bytes go to a temporary object until :meth:`commit`.
+
+    Used as a context manager, a writer that is left by an exception aborts, removing its
+    temporary, so the only way an object appears under a key is a successful commit.
+    """
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.closed = False
+
+    @abstractmethod
+    def write(self, data: bytes | memoryview) -> None:
+        """Append ``data`` to the pending object."""
+
+    @abstractmethod
+    def commit(self, key: str, *, overwrite: bool = True) -> ObjectInfo:
+        """Publish the pending object under ``key`` atomically.
+
+        With ``overwrite=False`` an existing object wins and ``FileExistsError`` is raised
+        (the temporary is removed): this is the create-only publish that lets two writers
+        of the same content race safely.
+        """
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Discard the pending object. Safe to call more than once."""
+
+    def __enter__(self) -> ObjectWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.closed:
+            self.abort()
+
+
+class Store(ABC):
+    """Immutable byte objects under keys, with ranged reads and atomic publish."""
+
+    #: URL scheme(s) this backend serves, e.g. ``("file",)``; used by the registry.
+    protocols: tuple[str, ...] = ()
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # -- the backend's abstract surface ----------------------------------------------------
+
+    @abstractmethod
+    def stat(self, key: str) -> ObjectInfo:
+        """Size and modification time of ``key``; ``FileNotFoundError`` if it is absent."""
+
+    @abstractmethod
+    def _read_range(self, key: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset``; fewer only where the object ends."""
+
+    @abstractmethod
+    def open_writer(self) -> ObjectWriter:
+        """Start a write; the object gets its key only when the writer commits."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key``; ``FileNotFoundError`` if it is absent."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Published objects whose key starts with ``prefix``, in key order, recursively.
+
+        A prefix ending in ``/`` lists a "directory"; one without matches key prefixes
+        within the last path segment too, as object stores do.
+        """
+
+    @abstractmethod
+    def sweep_temporaries(self, older_than: float = 3600.0) -> int:
+        """Remove temporaries of writers that died more than ``older_than`` seconds ago."""
+
+    # -- conveniences built on the surface above ------------------------------------------
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes at ``offset``, or :class:`InvalidRangeError`.
+
+        A range that does not lie within the object is an error rather than a short read:
+        callers of a content store always know the sizes they expect, so a short read means
+        a wrong offset or a truncated object, and either must be loud.
+        """
+        if offset < 0 or length < 0:
+            raise InvalidRangeError(f"{key}: negative range (offset={offset}, length={length})")
+        if length == 0:
+            size = self.stat(key).size
+            if offset > size:
+                raise InvalidRangeError(f"{key}: offset {offset} is past the end ({size} bytes)")
+            return b""
+        data = self._read_range(check_key(key), offset, length)
+        if len(data) != length:
+            size = self.stat(key).size
+            raise InvalidRangeError(
+                f"{key}: range {offset}+{length} is past the end of the object ({size} bytes)"
+            )
+        return data
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.stat(key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def get(self, key: str) -> bytes:
+        """The whole object; meant for small objects (refs, indexes, manifests)."""
+        return b"".join(self.iter_chunks(key))
+
+    def iter_chunks(
+        self, key: str, chunk_size: int = IO_CHUNK, start: int = 0, end: int | None = None
+    ) -> Iterator[bytes]:
+        """Stream ``[start, end)`` of ``key`` in ranged reads of ``chunk_size`` bytes."""
+        size = self.stat(key).size
+        end = size if end is None else end
+        if not 0 <= start <= end <= size:
+            raise InvalidRangeError(f"{key}: range {start}-{end} outside object of {size} bytes")
+        for offset in range(start, end, chunk_size):
+            yield self.read_range(key, offset, min(chunk_size, end - offset))
+
+    def put(
+        self,
+        key: str,
+        data: bytes | BinaryIO | Iterable[bytes],
+        *,
+        overwrite: bool = True,
+    ) -> ObjectInfo:
+        """Write ``data`` (bytes, a binary file, or an iterable of chunks) and publish it."""
+        check_key(key)
+        with self.open_writer() as writer:
+            for chunk in chunks_of(data):
+                writer.write(chunk)
+            return writer.commit(key, overwrite=overwrite)
+
+    def open(self, key: str) -> BinaryIO:
+        """A read-only, seekable binary file over ranged reads of ``key``."""
+        read = functools.partial(self.read_range, key)
+        return open_ranged(read, self.stat(key).size, posixpath.join(self.url, key))
+
+
+def chunks_of(data: bytes | BinaryIO | Iterable[bytes]) -> Iterator[bytes]:
+    """Bytes, a binary file or an iterable of chunks, as an iterator of chunks."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        yield bytes(data)
+    elif hasattr(data, "read"):
+        while chunk := data.read(IO_CHUNK):  # type: ignore[union-attr]
+            yield chunk
+    else:
+        yield from data  # type: ignore[misc]
+
+
+def open_ranged(
+    read_range: Callable[[int, int], bytes], size: int, name: str, buffer_size: int = 1 << 20
+) -> BinaryIO:
+    """A buffered, seekable, read-only file whose bytes come from ``read_range(off, len)``."""
+    raw = _RangeReader(read_range, size, name)
+    return io.BufferedReader(raw, buffer_size=buffer_size)  # type: ignore[return-value]
+
+
+class _RangeReader(io.RawIOBase):
+    """``io.RawIOBase`` over a ranged-read function; ``BufferedReader`` buffers on top."""
+
+    def __init__(self, read_range: Callable[[int, int], bytes], size: int, name: str) -> None:
+        self._read, self._size, self._pos = read_range, size, 0
+        self.name = name
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError("negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        n = max(0, min(len(buffer), self._size - self._pos))
+        if n:
+            buffer[:n] = self._read(self._pos, n)
+            self._pos += n
+        return n

@@ -1,0 +1,191 @@
+"""What the two HDFS backends share: paths, temporaries and the publish protocol.
+
+HDFS gives us atomic ``rename`` but not an atomic rename-over-an-existing-file (``rename2``
+with ``OVERWRITE`` is not reachable from libhdfs or WebHDFS 2.7), so:
+
+* create-only publish (blobs, ``overwrite=False``) is one ``rename``; HDFS refuses it when
+  the destination exists, which makes racing writers of the same blob safe;
+* overwriting publish (references) deletes the old object, then renames. A reader in that
+  instant finds no object (``FileNotFoundError``), never a partial one.
+
+A backend implements the few file-system primitives below (``_fs_*``); the :class:`Store`
+methods are built from them here once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import secrets
+import socket
+import time
+from abc import abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from bootseer.store.base import TEMP_PREFIX, ObjectInfo, ObjectWriter, Store, check_key, check_prefix
+
+log = logging.getLogger(__name__)
+
+
+class OutputFile(Protocol):
+    """A file being written; ``close`` returns once HDFS has acknowledged every byte."""
+
+    def write(self, data: bytes | memoryview) -> object: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class PathInfo:
+    path: str
+    size: int
+    mtime: float
+    is_dir: bool
+
+
+class HadoopStyleStore(Store):
+    """A :class:`Store` rooted at a directory of a Hadoop-compatible file system."""
+
+    default_port: int = 0
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if not parts.hostname:
+            raise ValueError(f"{url}: an HDFS store URL needs a host, e.g. "
+                             f"{parts.scheme}://namenode:{self.default_port}/bootseer")
+        self.host = parts.hostname
+        self.port = parts.port or self.default_port
+        self.root = posixpath.normpath(parts.path or "/")
+        super().__init__(f"{parts.scheme}://{self.host}:{self.port}{self.root}")
+
+    # -- primitives a backend provides --------------------------------------------------------
+
+    @abstractmethod
+    def _fs_info(self, path: str) -> PathInfo | None:
+        """Status of ``path``, or None if it does not exist."""
+
+    @abstractmethod
+    def _fs_read(self, path: str, offset: int, length: int) -> bytes:
+        """A positional read; fewer bytes only at the end of the file."""
+
+    @abstractmethod
+    def _fs_create(self, path: str) -> OutputFile:
+        """Create ``path`` for streaming writes (replication and block size applied)."""
+
+    @abstractmethod
+    def _fs_rename(self, src: str, dst: str) -> bool:
+        """HDFS rename; False (not an exception) when the destination exists."""
+
+    @abstractmethod
+    def _fs_delete(self, path: str) -> bool:
+        """Delete a file; False if it did not exist."""
+
+    @abstractmethod
+    def _fs_mkdirs(self, path: str) -> None:
+        """Create a directory and its parents."""
+
+    @abstractmethod
+    def _fs_walk(self, path: str) -> Iterator[PathInfo]:
+        """Every file below ``path``, recursively (nothing if ``path`` does not exist)."""
+
+    # -- the Store surface --------------------------------------------------------------------
+
+    def _path(self, key: str) -> str:
+        return posixpath.join(self.root, check_key(key))
+
+    def stat(self, key: str) -> ObjectInfo:
+        info = self._fs_info(self._path(key))
+        if info is None or info.is_dir:
+            raise FileNotFoundError(f"no object {key!r} in the store {self.url}")
+        return ObjectInfo(key, info.size, info.mtime)
+
+    def _read_range(self, key: str, offset: int, length: int) -> bytes:
+        return self._fs_read(self._path(key), offset, length)
+
+    def open_writer(self) -> ObjectWriter:
+        tmp_dir = posixpath.join(self.root, TEMP_PREFIX)
+        name = f"{secrets.token_hex(8)}.{socket.gethostname()}.{os.getpid()}"
+        return _PublishingWriter(self, posixpath.join(tmp_dir, name))
+
+    def delete(self, key: str) -> None:
+        if not self._fs_delete(self._path(key)):
+            raise FileNotFoundError(f"no object {key!r} in the store {self.url}")
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        check_prefix(prefix)
+        directory = prefix.rpartition("/")[0]
+        start = posixpath.join(self.root, directory) if directory else self.root
+        found = []
+        for info in self._fs_walk(start):
+            key = posixpath.relpath(info.path, self.root)
+            if key.startswith(prefix) and not key.startswith(TEMP_PREFIX + "/"):
+                found.append(ObjectInfo(key, info.size, info.mtime))
+        yield from sorted(found, key=lambda i: i.key)
+
+    def sweep_temporaries(self, older_than: float = 3600.0) -> int:
+        """Remove temporaries older than ``older_than`` seconds.
+
+        Writers on other hosts cannot be asked whether they are alive, so age alone
+        decides: keep ``older_than`` above the longest write (and the HDFS lease, 1 h).
+        """
+        cutoff = time.time() - older_than
+        removed = 0
+        for info in self._fs_walk(posixpath.join(self.root, TEMP_PREFIX)):
+            if info.mtime <= cutoff and self._fs_delete(info.path):
+                removed += 1
+        return removed
+
+    def _publish(self, tmp: str, key: str, overwrite: bool) -> ObjectInfo:
+        dest = self._path(key)
+        self._fs_mkdirs(posixpath.dirname(dest))
+        if overwrite:
+            self._fs_delete(dest)
+        if not self._fs_rename(tmp, dest):
+            self._fs_delete(tmp)
+            if self._fs_info(dest) is not None:
+                raise FileExistsError(f"object {key!r} already exists in the store {self.url}")
+            raise OSError(f"{self.url}: could not publish {key!r} (rename failed)")
+        return self.stat(key)
+
+
+class _PublishingWriter(ObjectWriter):
+    """Streams through the backend's writer to a temporary path, then renames it."""
+
+    def __init__(self, store: HadoopStyleStore, tmp: str) -> None:
+        super().__init__()
+        self._store, self._tmp = store, tmp
+        self._file: OutputFile | None = store._fs_create(tmp)
+
+    def write(self, data: bytes | memoryview) -> None:
+        assert self._file is not None, "write after commit or abort"
+        self._file.write(data)
+        self.size += len(data)
+
+    def commit(self, key: str, *, overwrite: bool = True) -> ObjectInfo:
+        check_key(key)
+        try:
+            assert self._file is not None, "commit after commit or abort"
+            self._file.close()  # every byte acknowledged by the DataNodes
+            self._file = None
+            self.closed = True
+            return self._store._publish(self._tmp, key, overwrite)
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        self.closed = True
+        if self._file is not None:
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except Exception:
+                log.debug("closing the abandoned temporary %s failed", self._tmp, exc_info=True)
+        try:
+            self._store._fs_delete(self._tmp)
+        except Exception:  # best effort: sweep_temporaries removes what is left
+            log.warning("could not remove temporary %s", self._tmp, exc_info=True)

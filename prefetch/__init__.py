@@ -1,0 +1,1 @@
+"""Lazy-loaded container images and hot block record-and-prefetch."""

@@ -1,0 +1,1 @@
+"""Dependency snapshotting: run the install once, snapshot it, restore it everywhere."""

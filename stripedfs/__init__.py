@@ -1,0 +1,1 @@
+"""Striped checkpoint reads: parallel ranged reads over many DataNodes, with read-ahead."""

@@ -1,0 +1,34 @@
+"""Shared fixtures and helpers for the Bootseer test suite."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests import store_contract as a module
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Keep tests away from the machine's real config, store and caches."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    for name in list(os.environ):
+        if name.startswith("BOOTSEER_") and name not in ("BOOTSEER_HDFS_CACHE",):
+            monkeypatch.delenv(name)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """In CI a skipped test is a failure: a component that cannot start must be loud."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    if IN_CI and skipped and exitstatus == 0:
+        reporter.write_line(f"CI=true: {len(skipped)} test(s) skipped; failing the run",
+                            red=True)
+        session.exitstatus = 1

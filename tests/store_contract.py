@@ -1,0 +1,322 @@
+"""The store contract: one suite every backend must pass (the fsspec abstract-tests pattern).
+
+A backend opts in with a two-line subclass that provides the ``store_url`` fixture::
+
+    class TestLocalStore(StoreContract):
+        @pytest.fixture
+        def store_url(self, tmp_path): return f"file://{tmp_path}/store"
+
+Test data is a *ramp*: the byte at offset ``i`` is a function of ``i``, so any range read
+from anywhere can be checked without keeping the source around.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from bootseer.errors import IntegrityError, InvalidRangeError
+from bootseer.store import BlobStore, Store, open_store
+from bootseer.store.blobs import CHUNK_SIZE
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def ramp(offset: int, length: int) -> bytes:
+    """Bytes whose value depends on their absolute offset (period 251, a prime)."""
+    pattern = bytes(range(251)) * ((length // 251) + 2)
+    start = offset % 251
+    return pattern[start : start + length]
+
+
+def make_sparse_file(path: Path, size: int, islands: list[int], island_len: int = 4096) -> None:
+    """A sparse file of ``size`` bytes with ramp data at each offset in ``islands``."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+        for offset in islands:
+            f.seek(offset)
+            f.write(ramp(offset, min(island_len, size - offset)))
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+
+
+class StoreContract:
+    """Mixin of contract tests; subclasses supply ``store_url`` (and may override sizes)."""
+
+    #: Size of the multi-GB sparse round trip; above 2 GiB to catch 32-bit offset bugs.
+    large_object_size = 2 * GIB + 256 * MIB
+
+    @pytest.fixture
+    def store_url(self) -> str:
+        raise NotImplementedError("a backend's test class must provide the store_url fixture")
+
+    @pytest.fixture
+    def store(self, store_url: str) -> Store:
+        return open_store(store_url)
+
+    @pytest.fixture
+    def blobs(self, store: Store) -> BlobStore:
+        return BlobStore(store)
+
+    # -- round trips --------------------------------------------------------------------------
+
+    def test_empty_object_round_trip(self, blobs: BlobStore) -> None:
+        info = blobs.put(b"")
+        assert info.digest == "sha256:" + hashlib.sha256(b"").hexdigest()
+        assert info.size == 0
+        assert blobs.get(info.digest) == b""
+        assert blobs.read_range(info.digest, 0, 0) == b""
+        with pytest.raises(InvalidRangeError):
+            blobs.read_range(info.digest, 0, 1)
+
+    def test_small_object_round_trip(self, blobs: BlobStore) -> None:
+        data = b"hello, bootseer"
+        info = blobs.put(data)
+        assert info == blobs.stat(info.digest)
+        assert blobs.get(info.digest) == data
+        assert blobs.read_range(info.digest, 7, 8) == b"bootseer"
+
+    def test_put_of_existing_content_is_a_no_op(self, blobs: BlobStore) -> None:
+        first = blobs.put(b"same")
+        assert blobs.put([b"sa", b"me"]) == first
+        assert [b.digest for b in blobs.list()] == [first.digest]
+
+    def test_multi_gb_sparse_round_trip(self, blobs: BlobStore, tmp_path: Path) -> None:
+        size = self.large_object_size
+        islands = [0, CHUNK_SIZE - 100, 2 * GIB - 2048, size - 4096]
+        source = tmp_path / "sparse.bin"
+        make_sparse_file(source, size, islands)
+        with open(source, "rb") as f:
+            info = blobs.put(f)
+        assert info.size == size
+        assert info.digest == sha256_file(source)
+        for offset in islands:  # each island, and the zeros just before it
+            start = max(0, offset - 10)
+            expected = bytes(offset - start) + ramp(offset, 4096)
+            assert blobs.read_range(info.digest, start, len(expected)) == expected[: size - start]
+        whole = hashlib.sha256()
+        for chunk in blobs.iter_chunks(info.digest):
+            whole.update(chunk)
+        assert "sha256:" + whole.hexdigest() == info.digest
+
+    # -- ranged reads -------------------------------------------------------------------------
+
+    def test_ranged_reads(self, blobs: BlobStore, store: Store) -> None:
+        size = 3 * CHUNK_SIZE + 12345
+        info = blobs.put(ramp(0, size))
+        key = BlobStore.blob_key(info.digest)
+        for read in (lambda o, n: blobs.read_range(info.digest, o, n),
+                     lambda o, n: store.read_range(key, o, n)):
+            assert read(0, 100) == ramp(0, 100)  # at 0
+            assert read(size - 100, 100) == ramp(size - 100, 100)  # at the end
+            assert read(size, 0) == b""  # empty read at the end
+            assert read(CHUNK_SIZE - 7, 14) == ramp(CHUNK_SIZE - 7, 14)  # across a chunk
+            span = (CHUNK_SIZE // 2, 2 * CHUNK_SIZE + 3)  # across two internal boundaries
+            assert read(*span) == ramp(*span)
+            assert read(0, size) == ramp(0, size)
+            with pytest.raises(InvalidRangeError, match="past the end|outside"):
+                read(size - 1, 2)  # past the end: an error, never a short read
+            with pytest.raises(InvalidRangeError):
+                read(size + 1, 0)
+            with pytest.raises(InvalidRangeError):
+                read(-1, 10)
+
+    def test_open_gives_a_seekable_file(self, blobs: BlobStore) -> None:
+        size = 2 * CHUNK_SIZE + 5
+        info = blobs.put(ramp(0, size))
+        with blobs.open(info.digest) as f:
+            assert f.read(10) == ramp(0, 10)
+            f.seek(CHUNK_SIZE + 1)
+            assert f.tell() == CHUNK_SIZE + 1
+            assert f.read(20) == ramp(CHUNK_SIZE + 1, 20)
+            f.seek(-5, os.SEEK_END)
+            assert f.read() == ramp(size - 5, 5)
+            assert f.read(1) == b""
+
+    # -- races and crashes --------------------------------------------------------------------
+
+    def test_concurrent_writers_of_the_same_blob(self, blobs: BlobStore) -> None:
+        """Both writers stream in lockstep, so both publish at the same moment."""
+        chunks = [ramp(i * MIB, MIB) for i in range(8)]
+        barrier = threading.Barrier(2)
+        results, errors = [], []
+
+        def writer() -> None:
+            def stream():
+                for chunk in chunks:
+                    barrier.wait(timeout=60)
+                    yield chunk
+                barrier.wait(timeout=60)
+
+            try:
+                results.append(BlobStore(blobs.store).put(stream()))
+            except Exception as exc:  # surfaced by the assertion below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not errors, errors
+        assert len(results) == 2 and results[0] == results[1]
+        digest = results[0].digest
+        BlobStore(blobs.store).verify(digest)
+        assert [b.digest for b in blobs.list()] == [digest]
+
+    def test_writer_killed_mid_put_leaves_nothing_visible(
+        self, store_url: str, blobs: BlobStore
+    ) -> None:
+        script = textwrap.dedent(f"""
+            import sys, time
+            from bootseer.store import BlobStore, open_store
+            def stream():
+                for i in range(10**6):
+                    yield bytes([i % 256]) * (1 << 20)
+                    if i == 3:
+                        print("writing", flush=True)
+                    time.sleep(0.01)
+            BlobStore(open_store({store_url!r})).put(stream())
+        """)
+        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                 text=True, env=os.environ.copy())
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "writing"
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=60)
+        assert list(blobs.list()) == []
+        assert list(blobs.store.list()) == []
+        blobs.store.sweep_temporaries(older_than=0)
+        assert list(blobs.store.list()) == []
+        info = blobs.put(b"after the crash")
+        assert blobs.get(info.digest) == b"after the crash"
+
+    # -- integrity ----------------------------------------------------------------------------
+
+    def test_corrupted_blob_is_detected_on_read(self, blobs: BlobStore, store: Store) -> None:
+        data = ramp(0, 3 * CHUNK_SIZE)
+        info = blobs.put(data)
+        bad = bytearray(data)
+        bad[CHUNK_SIZE + 10] ^= 0xFF  # one bit pattern flipped in the second chunk
+        store.put(BlobStore.blob_key(info.digest), bytes(bad))
+        fresh = BlobStore(store)  # nothing cached from the put
+        with pytest.raises(IntegrityError, match=info.digest):
+            fresh.get(info.digest)
+        with pytest.raises(IntegrityError, match="chunk 1"):
+            fresh.read_range(info.digest, CHUNK_SIZE, 100)
+        assert fresh.read_range(info.digest, 0, 100) == data[:100]  # other chunks still serve
+        with pytest.raises(IntegrityError):
+            fresh.verify(info.digest)
+
+    def test_truncated_blob_is_detected(self, blobs: BlobStore, store: Store) -> None:
+        info = blobs.put(ramp(0, 2 * CHUNK_SIZE))
+        store.put(BlobStore.blob_key(info.digest), ramp(0, CHUNK_SIZE))
+        with pytest.raises(IntegrityError, match=info.digest):
+            BlobStore(store).read_range(info.digest, 0, 10)
+
+    def test_corrupted_chunk_table_is_detected(self, blobs: BlobStore, store: Store) -> None:
+        info = blobs.put(ramp(0, CHUNK_SIZE + 1))
+        table_key = BlobStore.table_key(info.digest)
+        table = bytearray(store.get(table_key))
+        table[60] ^= 0x01
+        store.put(table_key, bytes(table))
+        with pytest.raises(IntegrityError, match="chunk table"):
+            BlobStore(store).read_range(info.digest, 0, 10)
+
+    def test_missing_chunk_table_is_rebuilt(self, blobs: BlobStore, store: Store) -> None:
+        info = blobs.put(ramp(0, CHUNK_SIZE + 1))
+        store.delete(BlobStore.table_key(info.digest))
+        assert BlobStore(store).read_range(info.digest, CHUNK_SIZE, 1) == ramp(CHUNK_SIZE, 1)
+        assert store.exists(BlobStore.table_key(info.digest))
+
+    def test_expected_digest_mismatch_stores_nothing(self, blobs: BlobStore) -> None:
+        wrong = "sha256:" + "0" * 64
+        with pytest.raises(IntegrityError, match="expected digest"):
+            blobs.put(b"payload", expect=wrong)
+        assert list(blobs.store.list()) == []
+
+    # -- keys, listing, deleting, references --------------------------------------------------
+
+    def test_missing_objects_raise_file_not_found(self, blobs: BlobStore, store: Store) -> None:
+        missing = "sha256:" + "a" * 64
+        with pytest.raises(FileNotFoundError):
+            blobs.get(missing)
+        with pytest.raises(FileNotFoundError):
+            blobs.stat(missing)
+        with pytest.raises(FileNotFoundError):
+            store.stat("no/such/key")
+        with pytest.raises(FileNotFoundError):
+            store.delete("no/such/key")
+        assert not store.exists("no/such/key")
+
+    def test_create_only_publish(self, store: Store) -> None:
+        store.put("a/b", b"first", overwrite=False)
+        with pytest.raises(FileExistsError):
+            store.put("a/b", b"second", overwrite=False)
+        assert store.get("a/b") == b"first"
+        assert [i.key for i in store.list()] == ["a/b"]  # the loser left no temporary
+        store.put("a/b", b"third")
+        assert store.get("a/b") == b"third"
+
+    def test_invalid_keys_are_refused(self, store: Store) -> None:
+        for key in ("../escape", "/absolute", "a/../b", ".tmp/x", "a//b", "", "a/"):
+            with pytest.raises(ValueError):
+                store.put(key, b"x")
+
+    def test_listing_and_deleting_objects(self, store: Store) -> None:
+        for key in ("x/1", "x/2", "x/sub/3", "xy/4", "z"):
+            store.put(key, key.encode())
+        assert [i.key for i in store.list("x/")] == ["x/1", "x/2", "x/sub/3"]
+        assert [i.key for i in store.list("x")] == ["x/1", "x/2", "x/sub/3", "xy/4"]
+        assert [i.key for i in store.list()] == ["x/1", "x/2", "x/sub/3", "xy/4", "z"]
+        assert list(store.list("nothing/")) == []
+        info = store.stat("x/sub/3")
+        assert (info.key, info.size) == ("x/sub/3", 7)
+        store.delete("x/2")
+        assert [i.key for i in store.list("x/")] == ["x/1", "x/sub/3"]
+
+    def test_references(self, blobs: BlobStore) -> None:
+        a, b = blobs.put(b"a"), blobs.put(b"bb")
+        blobs.set_ref("images/one/hot", a.digest, {"workload": "train"})
+        blobs.set_ref("images/two/hot", b.digest)
+        blobs.set_ref("snapshots/k1", b.digest)
+        ref = blobs.get_ref("images/one/hot")
+        assert (ref.digest, ref.size, ref.meta) == (a.digest, 1, {"workload": "train"})
+        assert blobs.resolve("images/one/hot") == a.digest
+        assert blobs.resolve(a.digest) == a.digest
+        assert sorted(blobs.list_refs()) == ["images/one/hot", "images/two/hot", "snapshots/k1"]
+        assert sorted(blobs.list_refs("images/")) == ["images/one/hot", "images/two/hot"]
+        with pytest.raises(FileExistsError):
+            blobs.set_ref("snapshots/k1", a.digest, overwrite=False)
+        blobs.set_ref("snapshots/k1", a.digest)  # overwrite moves it
+        assert blobs.get_ref("snapshots/k1").digest == a.digest
+        blobs.delete_ref("images/two/hot")
+        assert sorted(blobs.list_refs()) == ["images/one/hot", "snapshots/k1"]
+        with pytest.raises(FileNotFoundError, match="images/two/hot"):
+            blobs.get_ref("images/two/hot")
+        with pytest.raises(FileNotFoundError):
+            blobs.delete_ref("images/two/hot")
+        with pytest.raises(FileNotFoundError):
+            blobs.set_ref("dangling", "sha256:" + "b" * 64)
+
+    def test_deleting_a_blob(self, blobs: BlobStore) -> None:
+        info = blobs.put(b"short-lived")
+        blobs.delete(info.digest)
+        assert not blobs.exists(info.digest)
+        assert list(blobs.store.list()) == []
+        with pytest.raises(FileNotFoundError):
+            blobs.delete(info.digest)
