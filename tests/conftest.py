@@ -32,3 +32,25 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         reporter.write_line(f"CI=true: {len(skipped)} test(s) skipped; failing the run",
                             red=True)
         session.exitstatus = 1
+
+
+@pytest.fixture(scope="session")
+def hdfs_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A real HDFS 2.7.3 cluster (NameNode + 2 DataNodes), started once per session.
+
+    Small blocks (1 MiB) spread every multi-MiB object over both DataNodes; replication 2
+    lets a DataNode die mid-read. Ports start at 19000 so a developer's own cluster on the
+    default ports is left alone. If it cannot start, the tests that need it fail (in CI and
+    out of it) with the cluster's own error and log tail.
+    """
+    from bootseer.devcluster import Cluster, ClusterSpec
+
+    spec = ClusterSpec.with_base_port(
+        19000, datanodes=2, replication=2, block_size=1 << 20,
+        state_dir=tmp_path_factory.mktemp("hdfs"),
+    )
+    cluster = Cluster(spec)
+    cluster.start()
+    os.environ.update({k: v for k, v in cluster.env().items() if not k.startswith("BOOTSEER_")})
+    yield cluster
+    cluster.stop()

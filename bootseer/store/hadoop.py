@@ -6,7 +6,8 @@ with ``OVERWRITE`` is not reachable from libhdfs or WebHDFS 2.7), so:
 * create-only publish (blobs, ``overwrite=False``) is one ``rename``; HDFS refuses it when
   the destination exists, which makes racing writers of the same blob safe;
 * overwriting publish (references) deletes the old object, then renames. A reader in that
-  instant finds no object (``FileNotFoundError``), never a partial one.
+  instant finds no object (``FileNotFoundError``), never a partial one; when two writers
+  overwrite at once, the one whose rename lands last is the result.
 
 A backend implements the few file-system primitives below (``_fs_*``); the :class:`Store`
 methods are built from them here once.
@@ -146,9 +147,13 @@ class HadoopStyleStore(Store):
             self._fs_delete(dest)
         if not self._fs_rename(tmp, dest):
             self._fs_delete(tmp)
-            if self._fs_info(dest) is not None:
+            if self._fs_info(dest) is None:
+                raise OSError(f"{self.url}: could not publish {key!r} (rename failed)")
+            if not overwrite:
                 raise FileExistsError(f"object {key!r} already exists in the store {self.url}")
-            raise OSError(f"{self.url}: could not publish {key!r} (rename failed)")
+            # Another writer published between our delete and our rename: their write
+            # is simply the later one, as if ours had landed just before it.
+            log.debug("concurrent overwrite of %s: the other writer's object stays", key)
         return self.stat(key)
 
 

@@ -5,8 +5,9 @@ short-circuit and DataNode-side checksums, positional reads (``read_at``) that f
 the bytes asked for. It needs ``libhdfs.so`` and a JVM at run time: ``JAVA_HOME``,
 ``ARROW_LIBHDFS_DIR`` (or ``HADOOP_HOME``) and ``CLASSPATH`` as an explicit jar list
 (JNI does not expand wildcards); ``python -m bootseer.devcluster env`` prints them for the
-test cluster. Kerberos: libhdfs follows the Hadoop configuration on the ``CLASSPATH``
-(``hadoop.security.authentication=kerberos``) and the ticket cache named by ``KRB5CCNAME``.
+test cluster. Kerberos (``hdfs.kerberos = true``): libhdfs authenticates with the ticket
+cache named by ``KRB5CCNAME`` (from ``kinit``), as the Hadoop configuration on the
+``CLASSPATH`` requires; there is no KDC on the development machines, so it is untested.
 
 ``pyarrow``'s ``move`` clobbers an existing destination (delete, then rename), which would
 break create-only publish, so the rename itself is HDFS's own ``hdfsRename``, called
@@ -46,14 +47,17 @@ class HdfsStore(HadoopStyleStore):
         user: str | None = None,
         replication: int | None = None,
         block_size: int | None = None,
+        kerberos: bool = False,
     ) -> None:
         super().__init__(url)
         self.user = user
+        ticket = os.environ.get("KRB5CCNAME", "/tmp/krb5cc_%d" % os.getuid()) if kerberos else None
         try:
             self.fs = pafs.HadoopFileSystem(
                 self.host, self.port, user=user,
                 replication=replication or 0,  # 0: the cluster's dfs.replication
                 default_block_size=block_size or None,
+                kerb_ticket=ticket,
             )
         except OSError as exc:
             raise BackendUnavailableError(
@@ -80,10 +84,15 @@ class HdfsStore(HadoopStyleStore):
         return self._renamer.rename(src, dst)
 
     def _fs_delete(self, path: str) -> bool:
+        # libhdfs reports a missing path as EIO, not ENOENT: look before deleting.
+        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return False
         try:
             self.fs.delete_file(path)
-        except FileNotFoundError:
-            return False
+        except OSError:
+            if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+                return False  # deleted concurrently
+            raise
         return True
 
     def _fs_mkdirs(self, path: str) -> None:

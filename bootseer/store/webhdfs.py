@@ -16,6 +16,15 @@ import logging
 import posixpath
 from collections.abc import Iterator
 
+import requests
+from tenacity import (
+    before_sleep_log,
+    retry,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
 from bootseer.errors import BackendUnavailableError
 from bootseer.store.hadoop import HadoopStyleStore, OutputFile, PathInfo
 
@@ -61,7 +70,16 @@ class WebHdfsStore(HadoopStyleStore):
         status = self.client.status(path, strict=False)
         return None if status is None else _path_info(path, status)
 
+    @retry(
+        retry=retry_if_exception_type(requests.ConnectionError),
+        stop=stop_after_attempt(8),
+        wait=wait_exponential(multiplier=0.05, max=2.0),
+        before_sleep=before_sleep_log(log, logging.INFO),
+        reraise=True,
+    )
     def _fs_read(self, path: str, offset: int, length: int) -> bytes:
+        # A dead DataNode stays in the NameNode's block locations until its heartbeats
+        # time out, so a redirect may point at it: retrying lands on another replica.
         try:
             with self.client.read(path, offset=offset, length=length) as reader:
                 return reader.read()

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Install the Debian packages Bootseer's real components need (idempotent).
+#
+# Run as root. Only packages that are missing get installed, and the script says which.
+# Add a line to PACKAGES (with a comment saying who needs it) for new components.
+set -euo pipefail
+
+PACKAGES=(
+  # bootseer.devcluster: local Apache Hadoop 2.7.3 HDFS
+  openjdk-17-jdk-headless        # JVM for NameNode/DataNodes; jni.h to build libhdfs.so
+  gcc                            # compiles libhdfs.so (pyarrow.fs.HadoopFileSystem)
+  libjersey1-core-java           # WebHDFS is Jersey 1; the pyspark jars only carry Jersey 2
+  libjersey1-server-java
+  libjersey1-servlet-java
+  libjersey1-json-java
+  libjsr311-api-java
+  libjaxb-java
+  libjettison-java
+  iproute2                       # tc: per-DataNode link caps on lo (--link)
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-system-deps: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "install-system-deps: missing ${missing[*]}; run as root (or apt-get install them)" >&2
+  exit 1
+fi
+
+echo "install-system-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# Refresh the package lists only when they are absent or older than a day.
+if [[ -z $(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null | head -1) ]]; then
+  apt-get update -q
+fi
+apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "install-system-deps: done"
