@@ -11,7 +11,9 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/pip install --quiet -e '.[dev]'
+	# torch pinned first: 2.13.0 is the CPU build on disk; an open range would pull CUDA
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,torch]'
 	touch $@
 
 venv: $(STAMP)

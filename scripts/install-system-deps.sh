@@ -17,6 +17,10 @@ PACKAGES=(
   libjaxb-java
   libjettison-java
   iproute2                       # tc: per-DataNode link caps on lo (--link)
+  # FUSE mounts (stripedfs, prefetch): fusepy loads libfuse.so.2; fuse3 brings fusermount3.
+  # Not Debian's `fuse` package: it conflicts with fuse3.
+  fuse3
+  libfuse2
 )
 
 missing=()

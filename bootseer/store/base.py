@@ -145,6 +145,14 @@ class Store(ABC):
     def sweep_temporaries(self, older_than: float = 3600.0) -> int:
         """Remove temporaries of writers that died more than ``older_than`` seconds ago."""
 
+    def block_size(self, key: str) -> int | None:
+        """The backend's block size for ``key`` (HDFS), or None where there are no blocks.
+
+        Readers that fetch in parallel align their ranges to it, so that one range is
+        served by one server.
+        """
+        return None
+
     # -- conveniences built on the surface above ------------------------------------------
 
     def read_range(self, key: str, offset: int, length: int) -> bytes:

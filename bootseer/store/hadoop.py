@@ -46,6 +46,7 @@ class PathInfo:
     size: int
     mtime: float
     is_dir: bool
+    block_size: int | None = None
 
 
 class HadoopStyleStore(Store):
@@ -106,6 +107,12 @@ class HadoopStyleStore(Store):
 
     def _read_range(self, key: str, offset: int, length: int) -> bytes:
         return self._fs_read(self._path(key), offset, length)
+
+    def block_size(self, key: str) -> int | None:
+        info = self._fs_info(self._path(key))
+        if info is None or info.is_dir:
+            raise FileNotFoundError(f"no object {key!r} in the store {self.url}")
+        return info.block_size
 
     def open_writer(self) -> ObjectWriter:
         tmp_dir = posixpath.join(self.root, TEMP_PREFIX)

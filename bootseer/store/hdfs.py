@@ -11,7 +11,8 @@ cache named by ``KRB5CCNAME`` (from ``kinit``), as the Hadoop configuration on t
 
 ``pyarrow``'s ``move`` clobbers an existing destination (delete, then rename), which would
 break create-only publish, so the rename itself is HDFS's own ``hdfsRename``, called
-through ``ctypes`` on the same libhdfs and JVM: it refuses an existing destination.
+through ``ctypes`` on the same libhdfs and JVM: it refuses an existing destination. The
+block size (for aligned striped reads) comes from ``hdfsGetPathInfo`` the same way.
 """
 
 from __future__ import annotations
@@ -65,13 +66,16 @@ class HdfsStore(HadoopStyleStore):
                 f"ARROW_LIBHDFS_DIR and CLASSPATH (`python -m bootseer.devcluster env` prints "
                 f"them for the test cluster)"
             ) from exc
-        self._renamer = _LibhdfsRename(self.host, self.port, user)
+        self._libhdfs = _Libhdfs(self.host, self.port, user)
 
     def _fs_info(self, path: str) -> PathInfo | None:
         info = self.fs.get_file_info(path)
         if info.type == pafs.FileType.NotFound:
             return None
         return _path_info(path, info)
+
+    def block_size(self, key: str) -> int | None:
+        return self._libhdfs.block_size(self._path(key))
 
     def _fs_read(self, path: str, offset: int, length: int) -> bytes:
         with self.fs.open_input_file(path) as f:
@@ -81,7 +85,7 @@ class HdfsStore(HadoopStyleStore):
         return self.fs.open_output_stream(path)
 
     def _fs_rename(self, src: str, dst: str) -> bool:
-        return self._renamer.rename(src, dst)
+        return self._libhdfs.rename(src, dst)
 
     def _fs_delete(self, path: str) -> bool:
         # libhdfs reports a missing path as EIO, not ENOENT: look before deleting.
@@ -112,34 +116,61 @@ def _path_info(path: str, info: pafs.FileInfo) -> PathInfo:
     return PathInfo(path, info.size or 0, mtime, info.type == pafs.FileType.Directory)
 
 
-class _LibhdfsRename:
-    """``hdfsRename`` from the libhdfs that pyarrow loaded, on the JVM it started."""
+class _FileInfo(ctypes.Structure):
+    """``hdfsFileInfo`` from libhdfs's ``hdfs.h``."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int), ("name", ctypes.c_char_p), ("last_mod", ctypes.c_long),
+        ("size", ctypes.c_int64), ("replication", ctypes.c_short),
+        ("block_size", ctypes.c_int64), ("owner", ctypes.c_char_p),
+        ("group", ctypes.c_char_p), ("permissions", ctypes.c_short),
+        ("last_access", ctypes.c_long),
+    ]
+
+
+class _Libhdfs:
+    """The two libhdfs calls pyarrow does not expose: a non-clobbering ``hdfsRename`` and
+    ``hdfsGetPathInfo`` (for the block size), on the libhdfs and JVM pyarrow loaded."""
 
     _lib: ctypes.CDLL | None = None
     _lock = threading.Lock()
 
     def __init__(self, host: str, port: int, user: str | None) -> None:
         lib = self._load()
-        connect = lib.hdfsConnectAsUser
-        connect.restype = ctypes.c_void_p
-        connect.argtypes = [ctypes.c_char_p, ctypes.c_uint16, ctypes.c_char_p]
         # The connection is Hadoop's cached FileSystem, shared with pyarrow's: never close it.
-        self._fs = connect(host.encode(), port, user.encode() if user else None)
+        self._fs = lib.hdfsConnectAsUser(host.encode(), port, user.encode() if user else None)
         if not self._fs:
             raise BackendUnavailableError(f"libhdfs could not connect to {host}:{port}")
-        self._rename = lib.hdfsRename
-        self._rename.restype = ctypes.c_int
-        self._rename.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p]
+        self._lib_handle = lib
 
     @classmethod
     def _load(cls) -> ctypes.CDLL:
         with cls._lock:
             if cls._lib is None:
-                cls._lib = ctypes.CDLL(str(_libhdfs_path()))
+                lib = ctypes.CDLL(str(_libhdfs_path()))
+                lib.hdfsConnectAsUser.restype = ctypes.c_void_p
+                lib.hdfsConnectAsUser.argtypes = [ctypes.c_char_p, ctypes.c_uint16,
+                                                  ctypes.c_char_p]
+                lib.hdfsRename.restype = ctypes.c_int
+                lib.hdfsRename.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p]
+                lib.hdfsGetPathInfo.restype = ctypes.POINTER(_FileInfo)
+                lib.hdfsGetPathInfo.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+                lib.hdfsFreeFileInfo.restype = None
+                lib.hdfsFreeFileInfo.argtypes = [ctypes.POINTER(_FileInfo), ctypes.c_int]
+                cls._lib = lib
             return cls._lib
 
     def rename(self, src: str, dst: str) -> bool:
-        return self._rename(self._fs, src.encode(), dst.encode()) == 0
+        return self._lib_handle.hdfsRename(self._fs, src.encode(), dst.encode()) == 0
+
+    def block_size(self, path: str) -> int | None:
+        info = self._lib_handle.hdfsGetPathInfo(self._fs, path.encode())
+        if not info:
+            raise FileNotFoundError(f"{path}: not found")
+        try:
+            return info.contents.block_size or None
+        finally:
+            self._lib_handle.hdfsFreeFileInfo(info, 1)
 
 
 def _libhdfs_path() -> Path:

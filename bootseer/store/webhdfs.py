@@ -63,8 +63,8 @@ class WebHdfsStore(HadoopStyleStore):
             self.client = KerberosClient(endpoint)
         else:
             self.client = InsecureClient(endpoint, user=user)
-        self.replication = replication
-        self.block_size = block_size
+        self.new_file_replication = replication
+        self.new_file_block_size = block_size
 
     def _fs_info(self, path: str) -> PathInfo | None:
         status = self.client.status(path, strict=False)
@@ -92,7 +92,8 @@ class WebHdfsStore(HadoopStyleStore):
 
     def _fs_create(self, path: str) -> OutputFile:
         return _WebHdfsOutput(self.client.write(
-            path, overwrite=False, replication=self.replication, blocksize=self.block_size,
+            path, overwrite=False, replication=self.new_file_replication,
+            blocksize=self.new_file_block_size,
         ))
 
     def _fs_rename(self, src: str, dst: str) -> bool:
@@ -119,7 +120,7 @@ class WebHdfsStore(HadoopStyleStore):
 
 def _path_info(path: str, status: dict) -> PathInfo:
     return PathInfo(path, int(status["length"]), status["modificationTime"] / 1000.0,
-                    status["type"] == "DIRECTORY")
+                    status["type"] == "DIRECTORY", int(status.get("blockSize") or 0) or None)
 
 
 class _WebHdfsOutput:

@@ -1,0 +1,59 @@
+"""The checkpoint-load API for training scripts: fast reads of remote checkpoints.
+
+Everything reads through the striped reader (``stripedfs``): parallel ranged reads over
+the DataNodes holding the file, with read-ahead, straight into memory — no FUSE, no local
+copy, never an mmap of a remote file::
+
+    import bootseer.checkpoint as ckpt
+    state = ckpt.load("hdfs://namenode:8020/ckpt/step100/model.pt", map_location="cpu")
+    tensors = ckpt.load_safetensors("hdfs://namenode:8020/ckpt/step100/model.safetensors")
+    dcp.load(state_dict, storage_reader=ckpt.StorageReader("hdfs://namenode:8020/ckpt/step100"))
+
+URLs are store URLs (``file://``, ``hdfs://``, ``webhdfs://``, or a plain path). torch is
+needed only by ``load``, ``load_safetensors`` and ``StorageReader`` (``pip install
+bootseer[torch]``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from stripedfs.config import StripeConfig
+from stripedfs.files import open_striped, split_url, store_for
+from stripedfs.reader import StripedReader
+
+if TYPE_CHECKING:
+    from stripedfs.dcp import StripedStorageReader
+
+__all__ = ["StorageReader", "StripeConfig", "load", "load_safetensors", "open"]
+
+
+def open(url: str, *, config: StripeConfig | None = None) -> BinaryIO:  # noqa: A001
+    """A read-only, seekable binary file over the checkpoint at ``url``."""
+    return open_striped(url, config=config)
+
+
+def load(url: str, map_location: Any = None, *, config: StripeConfig | None = None,
+         **torch_load_kwargs: Any) -> Any:
+    """``torch.load`` of the checkpoint at ``url``, read through the striped reader."""
+    import torch
+
+    with open(url, config=config) as f:
+        return torch.load(f, map_location=map_location, **torch_load_kwargs)
+
+
+def load_safetensors(url: str, device: str = "cpu", *,
+                     config: StripeConfig | None = None) -> dict[str, Any]:
+    """Every tensor of a safetensors file: header first, then all tensor bytes in parallel."""
+    from stripedfs import safetensors
+
+    directory, name = split_url(url)
+    with StripedReader(store_for(directory), name, config=config) as reader:
+        return safetensors.load(reader, device=device)
+
+
+def StorageReader(url: str, **kwargs: Any) -> StripedStorageReader:  # noqa: N802
+    """A ``torch.distributed.checkpoint`` storage reader for the checkpoint dir at ``url``."""
+    from stripedfs.dcp import StripedStorageReader
+
+    return StripedStorageReader(url, **kwargs)

@@ -1,0 +1,48 @@
+"""The knobs of the striped reader, named after what they do (the mountpoint-s3 way)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class StripeConfig:
+    """How a file is cut into stripes and how far ahead the reader fetches them."""
+
+    #: Bytes fetched by one ranged read. Big enough that a request's fixed cost (a
+    #: NameNode lookup, a DataNode connection) is small next to its transfer, small enough
+    #: that a 128 MiB HDFS block is served by many DataNode streams at once. Stripes never
+    #: span an HDFS block boundary, so each is served by one DataNode.
+    stripe_size: int = 4 * MIB
+    #: Ranged reads in flight at once, per process. Several per DataNode keeps every link
+    #: busy while a request is being set up; more only adds memory and thread switches.
+    max_concurrent_fetches: int = 16
+    #: Read-ahead after the first read, and after every seek: two stripes, so a reader that
+    #: turns out to be sequential already has its next stripe on the way.
+    initial_read_window: int = 8 * MIB
+    #: While reads stay sequential the window grows by this factor per read...
+    sequential_window_multiplier: int = 2
+    #: ...up to this size: enough stripes in flight to keep max_concurrent_fetches busy.
+    max_read_window: int = 256 * MIB
+    #: A forward jump up to this far still counts as sequential (the bytes are probably in
+    #: the window already); anything else is a seek that resets the window.
+    max_forward_seek_distance: int = 16 * MIB
+    #: A small step back still counts as sequential too: FUSE serves a file's 128 KiB
+    #: requests on several threads, so they can arrive slightly out of order.
+    max_backward_seek_distance: int = 1 * MIB
+    #: Memory cap per open file: fetched or in-flight stripes beyond the read position.
+    max_buffer_bytes: int = 512 * MIB
+    #: Attempts per stripe before a read fails; transient errors (a DataNode restarting,
+    #: a dropped connection) are retried with exponential backoff from retry_initial_delay.
+    max_attempts: int = 4
+    retry_initial_delay: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.stripe_size <= 0 or self.max_concurrent_fetches <= 0:
+            raise ValueError("stripe_size and max_concurrent_fetches must be positive")
+        if not self.stripe_size <= self.initial_read_window <= self.max_read_window:
+            raise ValueError("need stripe_size <= initial_read_window <= max_read_window")
+        if self.max_buffer_bytes < self.stripe_size or self.max_attempts < 1:
+            raise ValueError("max_buffer_bytes must hold a stripe; max_attempts must be >= 1")

@@ -1,0 +1,122 @@
+"""The striped reader over a local store: byte-exact reads, stripes, retries, failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from store_contract import ramp
+
+from bootseer.store import Store, open_store
+from bootseer.store.local import LocalStore
+from stripedfs.config import StripeConfig
+from stripedfs.layout import Stripe, StripeLayout
+from stripedfs.reader import StripedReader, StripeReadError
+
+KIB = 1024
+SMALL = StripeConfig(stripe_size=64 * KIB, initial_read_window=128 * KIB,
+                     max_read_window=1024 * KIB, max_forward_seek_distance=256 * KIB,
+                     max_backward_seek_distance=64 * KIB, max_buffer_bytes=2048 * KIB,
+                     max_concurrent_fetches=4, retry_initial_delay=0.001)
+SIZE = 3 * 1024 * KIB + 12345  # several stripes and a short last one
+
+
+class FlakyStore(LocalStore):
+    """A store whose ranged reads fail: the first ``fail_first`` calls, or from a countdown."""
+
+    def __init__(self, url: str, fail_first: int = 0, fail_after: int | None = None) -> None:
+        super().__init__(url)
+        self.calls, self.fail_first, self.fail_after = 0, fail_first, fail_after
+
+    def _read_range(self, key: str, offset: int, length: int) -> bytes:
+        self.calls += 1
+        if self.calls <= self.fail_first or (
+            self.fail_after is not None and self.calls > self.fail_after
+        ):
+            raise ConnectionResetError("injected: DataNode went away")
+        return super()._read_range(key, offset, length)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    store = open_store(str(tmp_path_factory.mktemp("ckpt")))
+    store.put("ckpt.bin", ramp(0, SIZE))
+    store.put("tiny.bin", b"tiny")
+    store.put("empty.bin", b"")
+    return store
+
+
+def test_layout_never_crosses_a_block() -> None:
+    layout = StripeLayout(size=10_000, stripe_size=3000, block_size=4096)
+    stripes = list(layout.stripes(0, 10_000))
+    assert stripes[:3] == [Stripe(0, 3000), Stripe(3000, 1096), Stripe(4096, 3000)]
+    assert sum(s.length for s in stripes) == 10_000
+    for s in stripes:
+        assert s.start // 4096 == (s.end - 1) // 4096
+    assert list(StripeLayout(5, 3).stripes(0, 100)) == [Stripe(0, 3), Stripe(3, 2)]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, SIZE + 100), st.integers(0, 400 * KIB)), min_size=1,
+                max_size=12))
+def test_random_reads_are_byte_exact(store: Store, reads: list[tuple[int, int]]) -> None:
+    with StripedReader(store, "ckpt.bin", config=SMALL, block_size=96 * KIB) as reader:
+        for offset, length in reads:
+            expected = ramp(offset, max(0, min(length, SIZE - offset)))
+            assert reader.read(offset, length) == expected
+
+
+def test_sequential_read_to_the_end(store: Store) -> None:
+    with StripedReader(store, "ckpt.bin", config=SMALL) as reader:
+        out = bytearray()
+        while chunk := reader.read(len(out), 128 * KIB):
+            out += chunk
+        assert bytes(out) == ramp(0, SIZE)
+        assert reader.stats.seeks == 0
+        assert reader.stats.stripe_hits > 0  # read-ahead was there before the reads
+        assert reader.read(SIZE, 10) == b""  # EOF: empty, not an error
+
+
+def test_small_and_empty_files(store: Store) -> None:
+    with StripedReader(store, "tiny.bin", config=SMALL) as reader:
+        assert reader.read(0, 100) == b"tiny"
+        assert reader.read(2, 100) == b"ny"
+    with StripedReader(store, "empty.bin", config=SMALL) as reader:
+        assert reader.read(0, 10) == b""
+
+
+def test_fetch_reads_exactly_the_range_in_parallel(store: Store) -> None:
+    with StripedReader(store, "ckpt.bin", config=SMALL) as reader:
+        assert reader.fetch(100, 300 * KIB) == ramp(100, 300 * KIB)
+        assert reader.stats.stripes_fetched == 5  # the stripes it touches, no read-ahead
+
+
+def test_transient_errors_are_retried(tmp_path: Path) -> None:
+    flaky = FlakyStore(str(tmp_path), fail_first=2)
+    flaky.put("f", ramp(0, 200 * KIB))
+    with StripedReader(flaky, "f", config=SMALL, size=200 * KIB, block_size=None) as reader:
+        assert reader.read(0, 200 * KIB) == ramp(0, 200 * KIB)
+        assert reader.stats.retries >= 2
+
+
+def test_a_read_that_keeps_failing_names_file_and_offset(tmp_path: Path) -> None:
+    flaky = FlakyStore(str(tmp_path), fail_after=0)
+    LocalStore(str(tmp_path)).put("f", ramp(0, 200 * KIB))
+    with StripedReader(flaky, "f", config=SMALL, size=200 * KIB, block_size=None) as reader:
+        with pytest.raises(StripeReadError, match=r"/f: reading bytes 65536-131072 failed after 4"):
+            reader.read(70 * KIB, 10)
+    flaky.fail_after = None  # the store recovers: a new read succeeds
+    with StripedReader(flaky, "f", config=SMALL, size=200 * KIB) as reader:
+        assert reader.read(70 * KIB, 10) == ramp(70 * KIB, 10)
+
+
+def test_buffer_stays_under_the_memory_cap(store: Store) -> None:
+    cfg = StripeConfig(stripe_size=64 * KIB, initial_read_window=64 * KIB,
+                       max_read_window=8192 * KIB, max_buffer_bytes=256 * KIB)
+    with StripedReader(store, "ckpt.bin", config=cfg) as reader:
+        for offset in range(0, SIZE, 32 * KIB):
+            reader.read(offset, 32 * KIB)
+            buffered = sum(p.stripe.length for p in reader._buffer.values())
+            assert buffered <= cfg.max_buffer_bytes + cfg.stripe_size
