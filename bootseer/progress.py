@@ -17,7 +17,7 @@ from rich.progress import (
 )
 
 #: Messages and progress go to stderr; stdout carries results (digests, JSON) only.
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)  # errors stay one line
 
 
 @contextmanager

@@ -1,0 +1,163 @@
+"""``bootseer ckpt``: mount checkpoint directories, and stage checkpoints in and out.
+
+``mount`` runs the FUSE server in a child process of its own (started before any HDFS
+client, so no JVM is ever forked) and returns once the mount is live; ``--foreground``
+serves in this process. ``put`` and ``get`` copy files or whole directories with several
+transfers at once and one progress bar.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import click
+
+from bootseer.cli import AppContext, pass_app
+from bootseer.errors import BootseerError
+from bootseer.progress import byte_progress, console
+from bootseer.store import open_store
+from stripedfs.files import split_url, store_for
+from stripedfs.reader import StripedReader
+
+_COPY_PIECE = 16 << 20
+
+
+@click.group()
+def ckpt() -> None:
+    """Mount checkpoint directories; copy checkpoints to and from the store."""
+
+
+@ckpt.command("mount")
+@click.argument("url")
+@click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--foreground", is_flag=True, help="Serve in this process until unmounted.")
+@click.option("--direct-io/--page-cache", default=True, show_default=True,
+              help="Bypass the kernel page cache (faster big sequential reads, measured).")
+@click.option("--metadata-ttl", type=float, default=30.0, show_default=True,
+              help="Seconds a directory listing is cached.")
+@click.option("--timeout", type=float, default=60.0, show_default=True,
+              help="Seconds to wait for the mount to come up.")
+@pass_app
+def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_io: bool,
+          metadata_ttl: float, timeout: float) -> None:
+    """Mount the store directory URL read-only at MOUNTPOINT, reads striped in parallel."""
+    if not mountpoint.is_dir():
+        raise BootseerError(f"mount point {mountpoint} is not a directory (mkdir it first)")
+    if os.path.ismount(mountpoint):
+        raise BootseerError(f"{mountpoint} is already a mount point "
+                            f"(bootseer ckpt umount {mountpoint})")
+    if foreground:
+        from stripedfs.fuse import mount as serve
+
+        serve(open_store(url), mountpoint, direct_io=direct_io, metadata_ttl=metadata_ttl)
+        return
+    log_path = Path(tempfile.gettempdir()) / f"bootseer-mount-{os.getpid()}.log"
+    args = [sys.executable, "-m", "bootseer", "ckpt", "mount", "--foreground", url,
+            str(mountpoint), "--metadata-ttl", str(metadata_ttl),
+            "--direct-io" if direct_io else "--page-cache"]
+    with open(log_path, "ab") as log_file:
+        child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log_file,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not os.path.ismount(mountpoint):
+        if child.poll() is not None:
+            raise BootseerError(f"the mount of {url} failed: "
+                                f"{log_path.read_text(errors='replace').strip()[-800:]}")
+        if time.monotonic() > deadline:
+            child.terminate()
+            raise BootseerError(f"{url} was not mounted within {timeout:.0f}s (log: {log_path})")
+        time.sleep(0.05)
+    console.print(f"mounted {url} at {mountpoint} (pid {child.pid}, log {log_path})")
+
+
+@ckpt.command("umount")
+@click.argument("mountpoint", type=click.Path(path_type=Path))
+def umount(mountpoint: Path) -> None:
+    """Unmount MOUNTPOINT (also one whose FUSE process died)."""
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    commands = ([[tool, "-u", str(mountpoint)]] if tool else []) + [["umount", str(mountpoint)]]
+    errors = []
+    for command in commands:
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode == 0:
+            return
+        errors.append(result.stderr.strip())
+    raise BootseerError(f"could not unmount {mountpoint}: {'; '.join(errors)}")
+
+
+@ckpt.command("put")
+@click.argument("local", type=click.Path(exists=True, path_type=Path))
+@click.argument("url")
+@click.option("-j", "--jobs", type=int, default=4, show_default=True,
+              help="Files transferred at once.")
+def put(local: Path, url: str, jobs: int) -> None:
+    """Copy a LOCAL file (or directory, recursively) to URL in the store."""
+    if local.is_dir():
+        store = open_store(url)
+        files = sorted(p for p in local.rglob("*") if p.is_file())
+        pairs = [(p, store, p.relative_to(local).as_posix()) for p in files]
+    else:
+        directory, name = split_url(url)
+        pairs = [(local, open_store(directory), name)]
+    total = sum(p.stat().st_size for p, _, _ in pairs)
+
+    with byte_progress(f"uploading {len(pairs)} file(s)", total) as advance:
+        def upload(item) -> None:
+            path, store, key = item
+            with open(path, "rb") as f:
+                with store.open_writer() as writer:
+                    while chunk := f.read(_COPY_PIECE):
+                        writer.write(chunk)
+                        advance(len(chunk))
+                    writer.commit(key)
+
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            list(pool.map(upload, pairs))
+    console.print(f"uploaded {len(pairs)} file(s), {total} bytes, to {url}")
+
+
+@ckpt.command("get")
+@click.argument("url")
+@click.argument("local", type=click.Path(path_type=Path))
+def get(url: str, local: Path) -> None:
+    """Copy URL (a file, or a directory recursively) to LOCAL, striped in parallel."""
+    directory, name = split_url(url)
+    parent = store_for(directory)
+    if parent.exists(name):
+        pairs = [(parent, name, local)]
+    else:
+        store = open_store(url)
+        pairs = [(store, info.key, local / info.key) for info in store.list()]
+        if not pairs:
+            raise FileNotFoundError(f"{url}: no such file or directory in the store")
+    readers = [(StripedReader(store, key), dest) for store, key, dest in pairs]
+    total = sum(r.size for r, _ in readers)
+    with byte_progress(f"downloading {len(readers)} file(s)", total) as advance:
+        for reader, dest in readers:
+            _download(reader, dest, advance)
+    console.print(f"downloaded {len(readers)} file(s), {total} bytes, to {local}")
+
+
+def _download(reader: StripedReader, dest: Path, advance) -> None:
+    """Sequential reads through the striped reader (parallel underneath), atomically."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    try:
+        with reader, os.fdopen(fd, "wb") as out:
+            buffer = bytearray(_COPY_PIECE)
+            offset = 0
+            while n := reader.readinto(offset, buffer):
+                out.write(memoryview(buffer)[:n])
+                offset += n
+                advance(n)
+        os.replace(tmp, dest)
+    except BaseException:
+        os.unlink(tmp)
+        raise

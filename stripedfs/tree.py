@@ -1,0 +1,68 @@
+"""A store directory as a file tree, for the FUSE mount: the data layer, no FUSE in it.
+
+One recursive listing gives every path, its size and mtime; directories are implied by
+keys. The listing is cached for ``ttl`` seconds, so ``ls`` and ``stat`` of a checkpoint
+directory cost one round trip to the NameNode per TTL rather than one per call.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+import time
+from dataclasses import dataclass
+
+from bootseer.store import Store
+
+
+@dataclass(frozen=True)
+class Entry:
+    is_dir: bool
+    size: int = 0
+    mtime: float = 0.0
+
+
+class StoreTree:
+    def __init__(self, store: Store, ttl: float = 30.0) -> None:
+        self.store, self.ttl = store, ttl
+        self._entries: dict[str, Entry] = {}
+        self._children: dict[str, list[str]] = {}
+        self._loaded_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def lookup(self, path: str) -> Entry | None:
+        """The entry at ``path`` ("/" is the root), or None."""
+        self._refresh_if_stale()
+        return self._entries.get(_norm(path))
+
+    def listdir(self, path: str) -> list[str] | None:
+        """Names in directory ``path``, or None if it is not a directory."""
+        self._refresh_if_stale()
+        return self._children.get(_norm(path))
+
+    def key(self, path: str) -> str:
+        return _norm(path).lstrip("/")
+
+    def _refresh_if_stale(self) -> None:
+        with self._lock:
+            if time.monotonic() - self._loaded_at < self.ttl:
+                return
+            entries: dict[str, Entry] = {"/": Entry(True)}
+            children: dict[str, set[str]] = {"/": set()}
+            for info in self.store.list():
+                path = "/" + info.key
+                entries[path] = Entry(False, info.size, info.mtime)
+                child = path
+                while child != "/":
+                    parent = posixpath.dirname(child)
+                    children.setdefault(parent, set()).add(posixpath.basename(child))
+                    if parent not in entries:
+                        entries[parent] = Entry(True, 0, info.mtime)
+                    child = parent
+            self._entries = entries
+            self._children = {k: sorted(v) for k, v in children.items()}
+            self._loaded_at = time.monotonic()
+
+
+def _norm(path: str) -> str:
+    return posixpath.normpath("/" + path.lstrip("/"))  # normpath keeps a leading "//"
