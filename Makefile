@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-deps venv clean
+.PHONY: demo test system-deps venv clean bench-ckpt bench-hdfs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,13 @@ demo: system-deps venv
 
 test: system-deps venv
 	$(BIN)/python -m pytest
+
+# Benchmarks: real HDFS clusters with capped links; results in bench-results/<name>.json.
+bench-hdfs: system-deps venv
+	$(BIN)/python benchmarks/bench_hdfs.py --out bench-results/hdfs.json
+
+bench-ckpt: system-deps venv
+	$(BIN)/python benchmarks/bench_ckpt.py --out bench-results/ckpt.json
 
 clean:
 	rm -rf $(VENV) build bench-results .pytest_cache

@@ -6,6 +6,10 @@ fetched by ranged reads on a shared, bounded thread pool; demand stripes are sub
 first. Fetched stripes wait in a buffer capped by ``max_buffer_bytes``; stripes behind the
 read position are dropped, and a seek cancels read-ahead that has not started.
 
+Stripe memory is recycled (:class:`StripeBuffers`): a stripe is read straight into a
+reused buffer (``Store.read_range_into``), because fresh multi-MiB allocations cost a page
+fault per 4 KiB, which on a virtual machine is enough to make the reader CPU-bound.
+
 A stripe fetch retries transient errors with backoff; a fetch that still fails becomes a
 :class:`StripeReadError` naming the object and the byte range, raised by the read that
 needs the stripe (a failed read-ahead nobody needs is never raised). A read never returns
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -60,10 +65,48 @@ def shared_pool(workers: int) -> ThreadPoolExecutor:
         return pool
 
 
+class StripeBuffers:
+    """A free list of stripe-sized buffers, so steady-state reads allocate nothing."""
+
+    def __init__(self, stripe_size: int, keep: int) -> None:
+        self.stripe_size, self.keep = stripe_size, keep
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> bytearray:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return bytearray(self.stripe_size)
+
+    def give(self, buffer: bytearray) -> None:
+        with self._lock:
+            if len(self._free) < self.keep:
+                self._free.append(buffer)
+
+
+_buffers: dict[int, StripeBuffers] = {}
+
+
+def shared_buffers(config: StripeConfig) -> StripeBuffers:
+    keep = config.max_buffer_bytes // config.stripe_size + config.max_concurrent_fetches
+    with _pools_lock:
+        buffers = _buffers.get(config.stripe_size)
+        if buffers is None:
+            buffers = _buffers[config.stripe_size] = StripeBuffers(config.stripe_size, keep)
+        return buffers
+
+
 @dataclass
 class _Pending:
+    """A stripe being fetched or fetched; its buffer returns to the free list once it has
+    left the read buffer (``dropped``) and no read is copying from it (``users``)."""
+
     stripe: Stripe
     future: Future = field(repr=False)
+    users: int = 0
+    dropped: bool = False
+    released: bool = False
 
 
 @dataclass
@@ -73,6 +116,7 @@ class PendingRange:
     offset: int
     length: int
     parts: list[tuple[Stripe, Future]] = field(repr=False)
+    give_back: Callable[[bytearray], None] = field(repr=False)
 
     def result(self) -> bytearray:
         out = bytearray(self.length)
@@ -80,7 +124,9 @@ class PendingRange:
             data = future.result()
             lo = max(self.offset, stripe.start)
             hi = min(self.offset + self.length, stripe.end)
-            out[lo - self.offset : hi - self.offset] = data[lo - stripe.start : hi - stripe.start]
+            out[lo - self.offset : hi - self.offset] = \
+                memoryview(data)[lo - stripe.start : hi - stripe.start]
+            self.give_back(data)
         return out
 
     def cancel(self) -> None:
@@ -109,8 +155,11 @@ class StripedReader:
         self.window = ReadWindow(self.config)
         self.stats = ReaderStats()
         self._pool = shared_pool(self.config.max_concurrent_fetches)
+        self._buffers = shared_buffers(self.config)
         self._buffer: dict[int, _Pending] = {}  # stripe start -> fetch
-        self._lock = threading.Lock()
+        # Reentrant: a future that is already done (or is cancelled) runs its done callback
+        # at once, in the thread that holds the lock.
+        self._lock = threading.RLock()
         self._closed = False
 
     @property
@@ -121,15 +170,23 @@ class StripedReader:
 
     def read(self, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset``: fewer only at the end of the object."""
-        buffer = bytearray(max(0, min(length, self.size - offset)))
-        n = self.readinto(offset, buffer)
-        return bytes(buffer[:n])
+        parts: list[bytes] = []
+        self._read(offset, length, lambda _pos, piece: parts.append(bytes(piece)))
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def readinto(self, offset: int, buffer: bytearray | memoryview) -> int:
         """Fill ``buffer`` from ``offset``; returns the byte count (short only at EOF)."""
+        view = memoryview(buffer).cast("B")
+
+        def sink(pos: int, piece: memoryview) -> None:
+            view[pos - offset : pos - offset + len(piece)] = piece
+
+        return self._read(offset, len(view), sink)
+
+    def _read(self, offset: int, length: int, sink: Callable[[int, memoryview], None]) -> int:
         if offset < 0:
             raise InvalidRangeError(f"{self.name}: negative offset {offset}")
-        end = min(self.size, offset + len(buffer))
+        end = min(self.size, offset + length)
         if end <= offset:
             return 0
         demand = list(self.layout.stripes(offset, end))
@@ -140,21 +197,24 @@ class StripedReader:
             self.stats.seeks = self.window.seeks
             self._drop_outside(offset, end + ahead)
             pending = [self._ensure(stripe, demand=True) for stripe in demand]
+            for item in pending:
+                item.users += 1
             self._schedule_read_ahead(end, ahead)
-        view = memoryview(buffer)
         try:
             for item in pending:
                 data = self._result(item)
                 lo, hi = max(offset, item.stripe.start), min(end, item.stripe.end)
-                view[lo - offset : hi - offset] = data[lo - item.stripe.start : hi - item.stripe.start]
+                sink(lo, memoryview(data)[lo - item.stripe.start : hi - item.stripe.start])
         except BaseException:
             with self._lock:
                 self.window.reset()
                 for item in pending:  # a failed stripe must be fetched afresh next time
                     if item.future.done() and item.future.exception() is not None:
-                        self._buffer.pop(item.stripe.start, None)
+                        self._drop(item)
+                self._unuse(pending)
             raise
         with self._lock:
+            self._unuse(pending)
             self.stats.reads += 1
             self.stats.bytes_read += end - offset
             self._drop_before(end if end < self.size else offset)
@@ -167,9 +227,8 @@ class StripedReader:
         read-ahead, no window, nothing kept after the bytes are handed over.
         """
         end = min(self.size, offset + length)
-        stripes = list(self.layout.stripes(offset, end))
-        futures = [self._pool.submit(self._fetch, stripe) for stripe in stripes]
-        return PendingRange(offset, max(0, end - offset), list(zip(stripes, futures)))
+        parts = [(s, self._pool.submit(self._fetch, s)) for s in self.layout.stripes(offset, end)]
+        return PendingRange(offset, max(0, end - offset), parts, self._buffers.give)
 
     def fetch(self, offset: int, length: int) -> bytearray:
         """``submit_range(offset, length).result()``: parallel, no read-ahead."""
@@ -178,9 +237,9 @@ class StripedReader:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            for item in self._buffer.values():
+            for item in list(self._buffer.values()):
                 item.future.cancel()
-            self._buffer.clear()
+                self._drop(item)
 
     def __enter__(self) -> StripedReader:
         return self
@@ -197,6 +256,7 @@ class StripedReader:
                 self.stats.stripe_hits += 1
             return item
         item = _Pending(stripe, self._pool.submit(self._fetch, stripe))
+        item.future.add_done_callback(lambda _f, item=item: self._on_done(item))
         self._buffer[stripe.start] = item
         return item
 
@@ -212,31 +272,62 @@ class StripedReader:
 
     def _drop_outside(self, start: int, end: int) -> None:
         """A seek: forget stripes that the new position and window do not cover."""
-        for key, item in list(self._buffer.items()):
+        for item in list(self._buffer.values()):
             if item.stripe.end <= start or item.stripe.start >= end:
                 item.future.cancel()
-                del self._buffer[key]
+                self._drop(item)
 
     def _drop_before(self, position: int) -> None:
-        for key, item in list(self._buffer.items()):
+        for item in list(self._buffer.values()):
             if item.stripe.end <= position:
-                del self._buffer[key]
+                self._drop(item)
+
+    def _drop(self, item: _Pending) -> None:
+        if self._buffer.get(item.stripe.start) is item:
+            del self._buffer[item.stripe.start]
+        item.dropped = True
+        self._release(item)
+
+    def _unuse(self, items: list[_Pending]) -> None:
+        for item in items:
+            item.users -= 1
+            self._release(item)
+
+    def _release(self, item: _Pending) -> None:
+        if item.dropped and item.users == 0 and item.future.done() and not item.released:
+            item.released = True
+            if not item.future.cancelled() and item.future.exception() is None:
+                self._buffers.give(item.future.result())
+
+    def _on_done(self, item: _Pending) -> None:
+        with self._lock:
+            self._release(item)
 
     # -- fetching (on the pool) ---------------------------------------------------------------
 
-    def _result(self, item: _Pending) -> bytes:
+    def _result(self, item: _Pending) -> bytearray:
         try:
             return item.future.result()
         except CancelledError:  # cancelled by a concurrent seek: fetch it ourselves
             return self._fetch(item.stripe)
 
-    def _fetch(self, stripe: Stripe) -> bytes:
+    def _fetch(self, stripe: Stripe) -> bytearray:
+        """The stripe's bytes, at the start of a buffer from the free list."""
+        buffer = self._buffers.take()
+        try:
+            self._fetch_into(stripe, memoryview(buffer)[: stripe.length])
+        except BaseException:
+            self._buffers.give(buffer)
+            raise
+        return buffer
+
+    def _fetch_into(self, stripe: Stripe, view: memoryview) -> None:
         cfg = self.config
         delay = cfg.retry_initial_delay
         for attempt in range(1, cfg.max_attempts + 1):
             started = time.monotonic()
             try:
-                data = self.store.read_range(self.key, stripe.start, stripe.length)
+                self.store.read_range_into(self.key, stripe.start, view)
             except (FileNotFoundError, InvalidRangeError) as exc:
                 raise StripeReadError(f"{self.name}: bytes {stripe.start}-{stripe.end}: "
                                       f"{exc}") from exc
@@ -255,7 +346,6 @@ class StripedReader:
                 continue
             with self._lock:
                 self.stats.stripes_fetched += 1
-                self.stats.bytes_fetched += len(data)
+                self.stats.bytes_fetched += stripe.length
                 self.stats.fetch_seconds += time.monotonic() - started
-            return data
-        raise AssertionError("unreachable")
+            return

@@ -30,13 +30,20 @@ class FlakyStore(LocalStore):
         super().__init__(url)
         self.calls, self.fail_first, self.fail_after = 0, fail_first, fail_after
 
-    def _read_range(self, key: str, offset: int, length: int) -> bytes:
+    def _maybe_fail(self) -> None:
         self.calls += 1
         if self.calls <= self.fail_first or (
             self.fail_after is not None and self.calls > self.fail_after
         ):
             raise ConnectionResetError("injected: DataNode went away")
+
+    def _read_range(self, key: str, offset: int, length: int) -> bytes:
+        self._maybe_fail()
         return super()._read_range(key, offset, length)
+
+    def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
+        self._maybe_fail()
+        super().read_range_into(key, offset, buffer)
 
 
 @pytest.fixture(scope="module")

@@ -48,11 +48,11 @@ def ckpt() -> None:
 def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_io: bool,
           metadata_ttl: float, timeout: float) -> None:
     """Mount the store directory URL read-only at MOUNTPOINT, reads striped in parallel."""
-    if not mountpoint.is_dir():
-        raise BootseerError(f"mount point {mountpoint} is not a directory (mkdir it first)")
-    if os.path.ismount(mountpoint):
+    if is_mounted(mountpoint):
         raise BootseerError(f"{mountpoint} is already a mount point "
                             f"(bootseer ckpt umount {mountpoint})")
+    if not mountpoint.is_dir():
+        raise BootseerError(f"mount point {mountpoint} is not a directory (mkdir it first)")
     if foreground:
         from stripedfs.fuse import mount as serve
 
@@ -66,7 +66,7 @@ def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_
         child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log_file,
                                  stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
-    while not os.path.ismount(mountpoint):
+    while not is_mounted(mountpoint):
         if child.poll() is not None:
             raise BootseerError(f"the mount of {url} failed: "
                                 f"{log_path.read_text(errors='replace').strip()[-800:]}")
@@ -75,6 +75,13 @@ def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_
             raise BootseerError(f"{url} was not mounted within {timeout:.0f}s (log: {log_path})")
         time.sleep(0.05)
     console.print(f"mounted {url} at {mountpoint} (pid {child.pid}, log {log_path})")
+
+
+def is_mounted(mountpoint: Path) -> bool:
+    """From /proc/mounts, because ``os.path.ismount`` says False for a dead FUSE mount."""
+    target = str(mountpoint.absolute())
+    with open("/proc/mounts") as mounts:
+        return any(line.split()[1] == target for line in mounts)
 
 
 @ckpt.command("umount")

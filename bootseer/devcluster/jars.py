@@ -19,6 +19,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from .downloads import download_sdist
 from .paths import cache_dir, file_lock
 
 __all__ = ["JarsError", "ensure_jars", "server_classpath", "webapp_root", "DEBIAN_JARS",
@@ -77,28 +78,15 @@ def _jar_dir(root: Path) -> Path:
 
 
 def _download_sdist(root: Path) -> Path:
-    """pip-download the sdist into a temp dir and move it into place only when complete."""
-    target = root / "downloads" / SDIST_NAME
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     for mod in ("setuptools", "wheel"):
         probe = subprocess.run([sys.executable, "-c", f"import {mod}"], capture_output=True)
         if probe.returncode != 0:
             raise JarsError(f"`pip download pyspark=={PYSPARK_VERSION}` builds sdist metadata "
                             f"without build isolation and needs {mod}: "
                             f"{sys.executable} -m pip install setuptools wheel")
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".dl-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
-               "--disable-pip-version-check", "-q", "-d", tmp, f"pyspark=={PYSPARK_VERSION}"]
-        log.info("downloading %s (~211 MB, once) with: %s", SDIST_NAME, " ".join(cmd))
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        got = Path(tmp) / SDIST_NAME
-        if proc.returncode != 0 or not got.is_file():
-            raise JarsError(f"pip download of pyspark=={PYSPARK_VERSION} failed "
-                            f"(rc={proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
-        os.replace(got, target)
-    return target
+    log.info("downloading %s (~211 MB, once)", SDIST_NAME)
+    return download_sdist(f"pyspark=={PYSPARK_VERSION}", SDIST_NAME, root,
+                          ["--no-build-isolation"], JarsError)
 
 
 def _extract(sdist: Path, dest: Path) -> None:

@@ -12,11 +12,11 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
+from .downloads import download_sdist
 from .paths import cache_dir, file_lock, java_home
 
 __all__ = ["LibhdfsError", "ensure_libhdfs", "PYDOOP_VERSION"]
@@ -34,26 +34,13 @@ class LibhdfsError(RuntimeError):
 
 
 def _download_sdist(root: Path) -> Path:
-    target = root / "downloads" / SDIST_NAME
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".dl-") as tmp:
-        # pip prepares sdist metadata even for `download`; pydoop's setup.py imports
-        # pkg_resources, which setuptools >= 81 no longer has, so pin the build env.
-        constraint = Path(tmp) / "build-constraints.txt"
-        constraint.write_text("setuptools<81\n")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-               "--disable-pip-version-check", "--build-constraint", str(constraint),
-               "-d", tmp, f"pydoop=={PYDOOP_VERSION}"]
-        log.info("downloading %s with: %s", SDIST_NAME, " ".join(cmd))
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        got = Path(tmp) / SDIST_NAME
-        if proc.returncode != 0 or not got.is_file():
-            raise LibhdfsError(f"pip download pydoop=={PYDOOP_VERSION} failed "
-                               f"(rc={proc.returncode}):\n{proc.stderr[-4000:]}")
-        os.replace(got, target)
-    return target
+    # pip prepares sdist metadata even for `download`; pydoop's setup.py imports
+    # pkg_resources, which setuptools >= 81 no longer has, so pin the build env.
+    constraint = root / "downloads" / "pydoop-build-constraints.txt"
+    constraint.parent.mkdir(parents=True, exist_ok=True)
+    constraint.write_text("setuptools<81\n")
+    return download_sdist(f"pydoop=={PYDOOP_VERSION}", SDIST_NAME, root,
+                          ["--build-constraint", str(constraint)], LibhdfsError)
 
 
 def ensure_libhdfs(root: Path | None = None, jdk: Path | None = None) -> Path:

@@ -177,6 +177,15 @@ class Store(ABC):
             )
         return data
 
+    def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
+        """Fill ``buffer`` with the bytes at ``offset``, or :class:`InvalidRangeError`.
+
+        The same contract as :meth:`read_range`, into memory the caller reuses: backends
+        that can read in place (``pread``, libhdfs) override it and save an allocation and
+        a copy per call, which is what keeps parallel readers off the CPU ceiling.
+        """
+        buffer[:] = self.read_range(key, offset, len(buffer))
+
     def exists(self, key: str) -> bool:
         try:
             self.stat(key)

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from bootseer.errors import BackendUnavailableError
+from bootseer.errors import BackendUnavailableError, InvalidRangeError
 from bootseer.store.hadoop import HadoopStyleStore, OutputFile, PathInfo
 
 try:
@@ -52,6 +52,7 @@ class HdfsStore(HadoopStyleStore):
     ) -> None:
         super().__init__(url)
         self.user = user
+        _keep_signals_from_the_jvm()
         ticket = os.environ.get("KRB5CCNAME", "/tmp/krb5cc_%d" % os.getuid()) if kerberos else None
         try:
             self.fs = pafs.HadoopFileSystem(
@@ -80,6 +81,18 @@ class HdfsStore(HadoopStyleStore):
     def _fs_read(self, path: str, offset: int, length: int) -> bytes:
         with self.fs.open_input_file(path) as f:
             return f.read_at(length, offset)
+
+    def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
+        path = self._path(key)
+        with self.fs.open_input_file(path) as f:
+            f.seek(offset)
+            done = 0
+            while done < len(buffer):
+                n = f.readinto(buffer[done:])
+                if n == 0:
+                    raise InvalidRangeError(f"{key}: range {offset}+{len(buffer)} is past the "
+                                            f"end of the object ({f.size()} bytes)")
+                done += n
 
     def _fs_create(self, path: str) -> OutputFile:
         return self.fs.open_output_stream(path)
@@ -171,6 +184,16 @@ class _Libhdfs:
             return info.contents.block_size or None
         finally:
             self._lib_handle.hdfsFreeFileInfo(info, 1)
+
+
+def _keep_signals_from_the_jvm() -> None:
+    """Start libhdfs's JVM with ``-Xrs``: otherwise it takes over SIGTERM and SIGINT and
+    exits the process on the spot, skipping Python's cleanup (a FUSE server would leave a
+    dead mount, a training script's Ctrl-C would skip its ``finally``). Only the first
+    HDFS connection of a process starts the JVM, so this only matters before it."""
+    opts = os.environ.get("LIBHDFS_OPTS", "")
+    if "-Xrs" not in opts.split():
+        os.environ["LIBHDFS_OPTS"] = f"{opts} -Xrs".strip()
 
 
 def _libhdfs_path() -> Path:

@@ -18,6 +18,7 @@ from pathlib import Path
 from stat import S_ISREG
 from urllib.parse import unquote, urlsplit
 
+from bootseer.errors import InvalidRangeError
 from bootseer.zeros import is_zero
 from bootseer.store.base import TEMP_PREFIX, ObjectInfo, ObjectWriter, Store, check_key, check_prefix
 
@@ -69,6 +70,19 @@ class LocalStore(Store):
                 offset += len(chunk)
                 length -= len(chunk)
             return b"".join(parts)
+        finally:
+            os.close(fd)
+
+    def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
+        fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            done = 0
+            while done < len(buffer):
+                n = os.preadv(fd, [buffer[done:]], offset + done)
+                if n == 0:
+                    raise InvalidRangeError(f"{key}: range {offset}+{len(buffer)} is past the "
+                                            f"end of the object ({os.fstat(fd).st_size} bytes)")
+                done += n
         finally:
             os.close(fd)
 
