@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-deps venv clean bench-ckpt bench-hdfs
+.PHONY: demo test lint system-deps venv clean bench-ckpt bench-hdfs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,11 @@ system-deps:
 demo: system-deps venv
 	bash scripts/demo.sh
 
-test: system-deps venv
+test: system-deps venv lint
 	$(BIN)/python -m pytest
+
+lint: venv
+	$(BIN)/ruff check .
 
 # Benchmarks: real HDFS clusters with capped links; results in bench-results/<name>.json.
 bench-hdfs: system-deps venv

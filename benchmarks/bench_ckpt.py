@@ -40,10 +40,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from benchlib import drop_page_cache
 
 import bootseer.checkpoint as ckpt
 from bootseer.devcluster import Cluster, ClusterSpec, parse_link
-from benchlib import drop_page_cache
 
 log = logging.getLogger("bench-ckpt")
 MB = 1e6

@@ -26,8 +26,9 @@ developer's or the test suite's cluster) and measures:
 
 * ``link_check`` -- that the cap behaves like one network link per DataNode: under the cap,
   one stream from a file whose only block sits on one DataNode (alternating DataNodes by
-  round), vs two concurrent streams from two such files on two different DataNodes. Aggregate MB/s and the ratio two/one
-  (physical limit: 2.0, i.e. twice the cap) -- the headroom striping is meant to use.
+  round), vs two concurrent streams from two such files on two different DataNodes.
+  Aggregate MB/s and the ratio two/one (physical limit: 2.0, i.e. twice the cap) -- the
+  headroom striping is meant to use.
 
 Every read starts cold: the page cache is dropped (``sync; echo 3 > drop_caches``, root)
 before each one, as on a node that has just (re)started a job. Timings on these shared
@@ -53,11 +54,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bootseer.devcluster import (Cluster, ClusterSpec, LinkCap, java_home, parse_link,
-                                 tc_available)
+from benchlib import drop_page_cache, figure
+
+from bootseer.devcluster import Cluster, ClusterSpec, LinkCap, java_home, parse_link, tc_available
 from bootseer.devcluster.cluster import _port_free
 from bootseer.devcluster.jars import ensure_jars
-from benchlib import drop_page_cache, figure
 from bootseer.devcluster.libhdfs import ensure_libhdfs
 from bootseer.store import Store, open_store
 

@@ -86,7 +86,8 @@ def test_dcp_round_trip(base_url: str, tmp_path: Path) -> None:
     _assert_same(target, state)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.integers(0, SIZE), st.integers(0, 3 * MIB)), min_size=1, max_size=6))
 def test_random_reads_on_hdfs_are_byte_exact(hdfs_cluster, reads) -> None:
     url = f"{hdfs_cluster.namenode_rpc_url}/ckpt-test/random"

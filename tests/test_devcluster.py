@@ -20,8 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from bootseer.devcluster import (Cluster, ClusterSpec, LinkCap, SpecError, parse_link,
-                                 parse_rate, parse_size, tc_available)
+from bootseer.devcluster import (
+    Cluster,
+    ClusterSpec,
+    LinkCap,
+    SpecError,
+    parse_link,
+    parse_rate,
+    parse_size,
+    tc_available,
+)
 from bootseer.devcluster.cluster import _port_free
 from bootseer.devcluster.linkcap import DEV, ROOT_HANDLE
 

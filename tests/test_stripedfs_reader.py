@@ -65,7 +65,8 @@ def test_layout_never_crosses_a_block() -> None:
     assert list(StripeLayout(5, 3).stripes(0, 100)) == [Stripe(0, 3), Stripe(3, 2)]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.integers(0, SIZE + 100), st.integers(0, 400 * KIB)), min_size=1,
                 max_size=12))
 def test_random_reads_are_byte_exact(store: Store, reads: list[tuple[int, int]]) -> None:

@@ -27,8 +27,16 @@ from .config import datanode_overrides, write_configs
 from .jars import ensure_jars, server_classpath
 from .libhdfs import ensure_libhdfs
 from .paths import file_lock, java_home
-from .process import (ProcessRecord, is_alive_and_ours, launch, load_record, log_tail,
-                      marker_for, terminate, why_not_running)
+from .process import (
+    ProcessRecord,
+    is_alive_and_ours,
+    launch,
+    load_record,
+    log_tail,
+    marker_for,
+    terminate,
+    why_not_running,
+)
 from .spec import ClusterSpec
 from .units import LinkCap
 
@@ -134,7 +142,7 @@ class Cluster:
 
     # ----------------------------------------------------------------- paths and URLs
     @classmethod
-    def from_state_dir(cls, state_dir: Path | str | None = None) -> "Cluster":
+    def from_state_dir(cls, state_dir: Path | str | None = None) -> Cluster:
         """Attach to the cluster whose spec.json is in state_dir (default state dir if None)."""
         state = Path(state_dir) if state_dir else ClusterSpec().state_dir
         path = state / "spec.json"

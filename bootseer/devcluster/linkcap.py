@@ -72,7 +72,7 @@ class TcRecord:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: Path) -> "TcRecord | None":
+    def load(cls, path: Path) -> TcRecord | None:
         try:
             return cls(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):

@@ -61,7 +61,7 @@ class ClusterSpec:
         self.validate()
 
     @classmethod
-    def with_base_port(cls, base_port: int, **kwargs) -> "ClusterSpec":
+    def with_base_port(cls, base_port: int, **kwargs) -> ClusterSpec:
         """Ports from one base: NameNode rpc=base, http=base+1, DataNode i xfer=base+10+10i,
         http=base+8+10i, ipc=base+11+10i."""
         return cls(namenode_rpc_port=base_port, namenode_http_port=base_port + 1,
@@ -102,13 +102,13 @@ class ClusterSpec:
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "ClusterSpec":
+    def from_json(cls, text: str) -> ClusterSpec:
         data = json.loads(text)
         data["link"] = LinkCap.from_json(data.get("link"))
         data["state_dir"] = Path(data["state_dir"])
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    def same_cluster_as(self, other: "ClusterSpec") -> bool:
+    def same_cluster_as(self, other: ClusterSpec) -> bool:
         """Equal in everything that shapes the running cluster (timeouts do not)."""
         return replace(self, start_timeout_s=0) == replace(other, start_timeout_s=0)

@@ -69,7 +69,7 @@ class LinkCap:
         return {"rate_bytes_per_s": self.rate_bytes_per_s, "delay_s": self.delay_s}
 
     @classmethod
-    def from_json(cls, data: dict | None) -> "LinkCap | None":
+    def from_json(cls, data: dict | None) -> LinkCap | None:
         return None if data is None else cls(float(data["rate_bytes_per_s"]),
                                              float(data.get("delay_s", 0.0)))
 

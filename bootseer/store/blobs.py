@@ -357,7 +357,7 @@ class BlobStore:
         try:
             return Ref.decode(name, self.store.get(self.ref_key(name)))
         except FileNotFoundError:
-            raise FileNotFoundError(f"no reference {name!r} in the store {self.store.url}") from None
+            raise FileNotFoundError(f"no reference {name!r} in {self.store.url}") from None
 
     def list_refs(self, prefix: str = "") -> Iterator[str]:
         for info in self.store.list("refs/" + prefix):
@@ -367,7 +367,7 @@ class BlobStore:
         try:
             self.store.delete(self.ref_key(name))
         except FileNotFoundError:
-            raise FileNotFoundError(f"no reference {name!r} in the store {self.store.url}") from None
+            raise FileNotFoundError(f"no reference {name!r} in {self.store.url}") from None
 
     def resolve(self, name_or_digest: str) -> str:
         """A digest as is, or the digest a reference points at."""

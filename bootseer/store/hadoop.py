@@ -27,7 +27,14 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from bootseer.store.base import TEMP_PREFIX, ObjectInfo, ObjectWriter, Store, check_key, check_prefix
+from bootseer.store.base import (
+    TEMP_PREFIX,
+    ObjectInfo,
+    ObjectWriter,
+    Store,
+    check_key,
+    check_prefix,
+)
 
 log = logging.getLogger(__name__)
 

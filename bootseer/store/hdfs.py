@@ -53,7 +53,7 @@ class HdfsStore(HadoopStyleStore):
         super().__init__(url)
         self.user = user
         _keep_signals_from_the_jvm()
-        ticket = os.environ.get("KRB5CCNAME", "/tmp/krb5cc_%d" % os.getuid()) if kerberos else None
+        ticket = os.environ.get("KRB5CCNAME", f"/tmp/krb5cc_{os.getuid()}") if kerberos else None
         try:
             self.fs = pafs.HadoopFileSystem(
                 self.host, self.port, user=user,

@@ -19,8 +19,15 @@ from stat import S_ISREG
 from urllib.parse import unquote, urlsplit
 
 from bootseer.errors import InvalidRangeError
+from bootseer.store.base import (
+    TEMP_PREFIX,
+    ObjectInfo,
+    ObjectWriter,
+    Store,
+    check_key,
+    check_prefix,
+)
 from bootseer.zeros import is_zero
-from bootseer.store.base import TEMP_PREFIX, ObjectInfo, ObjectWriter, Store, check_key, check_prefix
 
 log = logging.getLogger(__name__)
 
