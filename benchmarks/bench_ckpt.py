@@ -50,21 +50,33 @@ MB = 1e6
 MIB = 1 << 20
 
 
-def timed_runs(runs: int, fn: Callable[[], None]) -> list[float]:
-    times = []
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def timed_runs(runs: int, fn: Callable[[], None]) -> tuple[list[float], list[float]]:
+    """Wall times of ``runs`` cold runs, and the machine's CPU busy fraction during each."""
+    times, busy = [], []
     for i in range(runs):
         drop_page_cache()
-        start = time.perf_counter()
+        cpu0, start = cpu_times(), time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-        log.info("  run %d: %.2f s", i + 1, times[-1])
-    return times
+        cpu1 = cpu_times()
+        busy.append((cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]))
+        log.info("  run %d: %.2f s, CPU %.0f%% busy", i + 1, times[-1], 100 * busy[-1])
+    return times, busy
 
 
-def summary(size: int, times: list[float]) -> dict:
+def summary(size: int, measured: tuple[list[float], list[float]]) -> dict:
+    times, busy = measured
     med = statistics.median(times)
     return {"MBps": round(size / med / MB, 1), "median_s": round(med, 2),
-            "runs_s": [round(t, 2) for t in times]}
+            "runs_s": [round(t, 2) for t in times],
+            "cpu_busy_fraction": round(statistics.median(busy), 2)}
 
 
 class Bench:
@@ -187,9 +199,9 @@ class Bench:
             log.info("%s", name)
             results[name] = summary(size, timed_runs(a.runs, fn))
         log.info("torch.load through the API")
-        torch_api = timed_runs(a.runs, self.torch_api)
+        torch_api, _ = timed_runs(a.runs, self.torch_api)
         log.info("hdfs dfs -get, then torch.load")
-        torch_copy = timed_runs(a.runs, self.torch_copy_then_load)
+        torch_copy, _ = timed_runs(a.runs, self.torch_copy_then_load)
 
         mbps = {k: v["MBps"] for k, v in results.items()}
         cap = parse_link(a.link).rate_bytes_per_s
