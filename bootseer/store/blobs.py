@@ -216,7 +216,10 @@ class BlobStore:
             if self.store.exists(self.blob_key(table.digest)):
                 writer.abort()
                 return info
-            self.store.put(self.table_key(table.digest), table.encode())
+            try:  # create-only: a concurrent writer's table is the same bytes
+                self.store.put(self.table_key(table.digest), table.encode(), overwrite=False)
+            except FileExistsError:
+                pass
             try:
                 writer.commit(self.blob_key(table.digest), overwrite=False)
             except FileExistsError:

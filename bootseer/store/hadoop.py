@@ -154,7 +154,7 @@ class HadoopStyleStore(Store):
                 removed += 1
         return removed
 
-    def _publish(self, tmp: str, key: str, overwrite: bool) -> ObjectInfo:
+    def _publish(self, tmp: str, key: str, overwrite: bool, size: int) -> ObjectInfo:
         dest = self._path(key)
         self._fs_mkdirs(posixpath.dirname(dest))
         if overwrite:
@@ -168,7 +168,8 @@ class HadoopStyleStore(Store):
             # Another writer published between our delete and our rename: their write
             # is simply the later one, as if ours had landed just before it.
             log.debug("concurrent overwrite of %s: the other writer's object stays", key)
-        return self.stat(key)
+        # Not a stat: with overwrite, a concurrent writer may already be replacing it.
+        return ObjectInfo(key, size, time.time())
 
 
 class _PublishingWriter(ObjectWriter):
@@ -191,7 +192,7 @@ class _PublishingWriter(ObjectWriter):
             self._file.close()  # every byte acknowledged by the DataNodes
             self._file = None
             self.closed = True
-            return self._store._publish(self._tmp, key, overwrite)
+            return self._store._publish(self._tmp, key, overwrite, self.size)
         except BaseException:
             self.abort()
             raise
