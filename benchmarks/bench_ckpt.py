@@ -12,7 +12,8 @@ picks one replica, as on a production cluster.
   plain HDFS-FUSE mount does — the baseline a user has today;
 * ``raw_parallel``: every HDFS block read at once with plain ranged reads (pyarrow
   ``read_at``, 4 MiB each), no FUSE, no assembly — the physical limit of this cluster and
-  cap (``aggregate_cap_MBps`` is its theoretical value);
+  cap (``aggregate_cap_MBps`` is the sum of the caps; ``placement_limit_MBps`` what the
+  busiest DataNode allows when each read picks one of a block's replicas at random);
 * ``api``: ``bootseer.checkpoint.open(url)`` read to the end;
 * ``fuse``: ``dd`` of the file through ``bootseer ckpt mount`` (``--direct-io``, the default)
   and ``fuse_page_cache`` with ``--page-cache``, the measurement behind that default;
@@ -204,6 +205,9 @@ class Bench:
         torch_copy, _ = timed_runs(a.runs, self.torch_copy_then_load)
 
         mbps = {k: v["MBps"] for k, v in results.items()}
+        # HDFS picks a replica at random per read, so on average a DataNode serves
+        # 1/replication of the bytes it holds: the busiest one bounds any parallel read.
+        placement = self.placement("raw.bin")
         cap = parse_link(a.link).rate_bytes_per_s
         return {
             "benchmark": "ckpt",
@@ -213,8 +217,10 @@ class Bench:
                         "replication": a.replication, "link_cap": a.link,
                         "link_cap_bytes_per_s_per_datanode": cap,
                         "link_delay": "none (this kernel has no sch_netem)",
-                        "replica_bytes_per_datanode": self.placement("raw.bin"),
-                        "aggregate_cap_MBps": round(a.datanodes * cap / MB, 1)},
+                        "replica_bytes_per_datanode": placement,
+                        "aggregate_cap_MBps": round(a.datanodes * cap / MB, 1),
+                        "placement_limit_MBps": round(size / (max(placement.values())
+                                                              / a.replication / cap) / MB, 1)},
             "checkpoint_bytes": size, "torch_checkpoint_bytes": torch_size, "runs": a.runs,
             "single_stream_MBps": mbps["single_stream"],
             "raw_parallel_MBps": mbps["raw_parallel"],

@@ -69,6 +69,13 @@ class HdfsConfig:
 
 
 @dataclass
+class ImageConfig:
+    """Options for lazy images on this node."""
+
+    cache_size: ByteSize = ByteSize(10 << 30)  # local block cache cap (LRU beyond it)
+
+
+@dataclass
 class Config:
     """Everything Bootseer reads from its configuration."""
 
@@ -76,6 +83,7 @@ class Config:
     cache_dir: Path = field(default_factory=default_cache_dir)  # node-local caches
     log_level: str = "warning"  # debug, info, warning, error
     hdfs: HdfsConfig = field(default_factory=HdfsConfig)
+    image: ImageConfig = field(default_factory=ImageConfig)
 
     def get(self, key: str) -> Any:
         node: Any = self

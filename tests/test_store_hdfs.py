@@ -4,8 +4,10 @@ reading what Bootseer wrote (and the other way round), and a DataNode dying mid-
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 import subprocess
+import sys
 import uuid
 
 import pytest
@@ -80,3 +82,21 @@ def test_datanode_killed_mid_read(hdfs_cluster, scheme: str) -> None:
         assert blobs.read_range(info.digest, size - MIB - 5, MIB) == ramp(size - MIB - 5, MIB)
     finally:
         hdfs_cluster.start_datanode(0)
+
+
+@pytest.mark.parametrize("scheme", ["hdfs", "webhdfs"])
+def test_config_sets_replication_and_block_size_of_new_files(hdfs_cluster, tmp_path, scheme):
+    """`bootseer store put` with BOOTSEER_HDFS_* set: the options reach the new HDFS file."""
+    base = hdfs_cluster.namenode_rpc_url if scheme == "hdfs" else hdfs_cluster.webhdfs_url
+    root = _root()
+    source = tmp_path / "data.bin"
+    source.write_bytes(ramp(0, 5 * MIB))
+    env = {**os.environ, "BOOTSEER_STORE": base + root, "BOOTSEER_HDFS_REPLICATION": "1",
+           "BOOTSEER_HDFS_BLOCK_SIZE": "2m"}
+    result = subprocess.run([sys.executable, "-m", "bootseer", "store", "put", str(source)],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    digest = result.stdout.strip()
+    blocks = hdfs_cluster.block_locations(f"{root}/{BlobStore.blob_key(digest)}")
+    assert [b.length for b in blocks] == [2 * MIB, 2 * MIB, MIB]
+    assert all(len(b.datanodes) == 1 for b in blocks)

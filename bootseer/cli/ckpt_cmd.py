@@ -1,26 +1,22 @@
 """``bootseer ckpt``: mount checkpoint directories, and stage checkpoints in and out.
 
-``mount`` runs the FUSE server in a child process of its own (started before any HDFS
-client, so no JVM is ever forked) and returns once the mount is live; ``--foreground``
-serves in this process. ``put`` and ``get`` copy files or whole directories with several
-transfers at once and one progress bar.
+``mount`` runs the FUSE server in a child process (:mod:`bootseer.mounts`) and returns
+once the mount is live; ``--foreground`` serves in this process. ``put`` and ``get`` copy
+files or whole directories with several transfers at once and one progress bar.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
 
 from bootseer.cli import AppContext, pass_app
-from bootseer.errors import BootseerError
+from bootseer.mounts import check_mountpoint, spawn_mount, unmount
 from bootseer.progress import byte_progress, console
 from bootseer.store import open_store
 from stripedfs.files import split_url, store_for
@@ -48,55 +44,24 @@ def ckpt() -> None:
 def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_io: bool,
           metadata_ttl: float, timeout: float) -> None:
     """Mount the store directory URL read-only at MOUNTPOINT, reads striped in parallel."""
-    if is_mounted(mountpoint):
-        raise BootseerError(f"{mountpoint} is already a mount point "
-                            f"(bootseer ckpt umount {mountpoint})")
-    if not mountpoint.is_dir():
-        raise BootseerError(f"mount point {mountpoint} is not a directory (mkdir it first)")
+    check_mountpoint(mountpoint)
     if foreground:
         from stripedfs.fuse import mount as serve
 
         serve(open_store(url), mountpoint, direct_io=direct_io, metadata_ttl=metadata_ttl)
         return
-    log_path = Path(tempfile.gettempdir()) / f"bootseer-mount-{os.getpid()}.log"
     args = [sys.executable, "-m", "bootseer", "ckpt", "mount", "--foreground", url,
             str(mountpoint), "--metadata-ttl", str(metadata_ttl),
             "--direct-io" if direct_io else "--page-cache"]
-    with open(log_path, "ab") as log_file:
-        child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log_file,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + timeout
-    while not is_mounted(mountpoint):
-        if child.poll() is not None:
-            raise BootseerError(f"the mount of {url} failed: "
-                                f"{log_path.read_text(errors='replace').strip()[-800:]}")
-        if time.monotonic() > deadline:
-            child.terminate()
-            raise BootseerError(f"{url} was not mounted within {timeout:.0f}s (log: {log_path})")
-        time.sleep(0.05)
-    console.print(f"mounted {url} at {mountpoint} (pid {child.pid}, log {log_path})")
-
-
-def is_mounted(mountpoint: Path) -> bool:
-    """From /proc/mounts, because ``os.path.ismount`` says False for a dead FUSE mount."""
-    target = str(mountpoint.absolute())
-    with open("/proc/mounts") as mounts:
-        return any(line.split()[1] == target for line in mounts)
+    pid = spawn_mount(args, mountpoint, url, timeout)
+    console.print(f"mounted {url} at {mountpoint} (pid {pid})")
 
 
 @ckpt.command("umount")
 @click.argument("mountpoint", type=click.Path(path_type=Path))
 def umount(mountpoint: Path) -> None:
     """Unmount MOUNTPOINT (also one whose FUSE process died)."""
-    tool = shutil.which("fusermount3") or shutil.which("fusermount")
-    commands = ([[tool, "-u", str(mountpoint)]] if tool else []) + [["umount", str(mountpoint)]]
-    errors = []
-    for command in commands:
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode == 0:
-            return
-        errors.append(result.stderr.strip())
-    raise BootseerError(f"could not unmount {mountpoint}: {'; '.join(errors)}")
+    unmount(mountpoint)
 
 
 @ckpt.command("put")

@@ -12,7 +12,7 @@ Two layers:
 
 from bootseer.store.base import ObjectInfo, ObjectWriter, Store
 from bootseer.store.blobs import BlobInfo, BlobStore, Ref
-from bootseer.store.registry import open_store, register_backend
+from bootseer.store.registry import open_configured_store, open_store, register_backend
 
 __all__ = [
     "BlobInfo",
@@ -26,12 +26,3 @@ __all__ = [
     "register_backend",
 ]
 
-
-def open_configured_store(config: "Config") -> Store:  # noqa: F821 - avoids an import cycle
-    """The store named by ``config.store``, with the backend options the config sets."""
-    from urllib.parse import urlsplit
-
-    options = {}
-    if urlsplit(config.store).scheme in ("hdfs", "webhdfs"):
-        options = {k: v for k, v in vars(config.hdfs).items() if v not in (None, False)}
-    return open_store(config.store, **options)

@@ -224,8 +224,8 @@ class Store(ABC):
 
     def open(self, key: str) -> BinaryIO:
         """A read-only, seekable binary file over ranged reads of ``key``."""
-        read = functools.partial(self.read_range, key)
-        return open_ranged(read, self.stat(key).size, posixpath.join(self.url, key))
+        fill = functools.partial(self.read_range_into, key)
+        return open_ranged(fill, self.stat(key).size, posixpath.join(self.url, key))
 
 
 def chunks_of(data: bytes | BinaryIO | Iterable[bytes]) -> Iterator[bytes]:
@@ -239,19 +239,27 @@ def chunks_of(data: bytes | BinaryIO | Iterable[bytes]) -> Iterator[bytes]:
         yield from data  # type: ignore[misc]
 
 
-def open_ranged(
-    read_range: Callable[[int, int], bytes], size: int, name: str, buffer_size: int = 1 << 20
-) -> BinaryIO:
-    """A buffered, seekable, read-only file whose bytes come from ``read_range(off, len)``."""
-    raw = _RangeReader(read_range, size, name)
+Fill = Callable[[int, memoryview], object]
+"""``fill(offset, view)``: write exactly ``len(view)`` bytes of the object at ``offset``."""
+
+
+def open_ranged(fill: Fill, size: int, name: str, *, buffer_size: int = 1 << 20,
+                on_close: Callable[[], None] | None = None) -> BinaryIO:
+    """A buffered, seekable, read-only file whose bytes come from positional reads."""
+    raw = RangedFile(fill, size, name, on_close)
     return io.BufferedReader(raw, buffer_size=buffer_size)  # type: ignore[return-value]
 
 
-class _RangeReader(io.RawIOBase):
-    """``io.RawIOBase`` over a ranged-read function; ``BufferedReader`` buffers on top."""
+class RangedFile(io.RawIOBase):
+    """``io.RawIOBase`` over a positional read function; ``BufferedReader`` buffers on top.
 
-    def __init__(self, read_range: Callable[[int, int], bytes], size: int, name: str) -> None:
-        self._read, self._size, self._pos = read_range, size, 0
+    Every read is clamped to the object, so ``fill`` only ever sees ranges inside it; a
+    whole-file ``read()`` is one call, which parallel readers turn into parallel fetches.
+    """
+
+    def __init__(self, fill: Fill, size: int, name: str,
+                 on_close: Callable[[], None] | None = None) -> None:
+        self._fill, self._size, self._pos, self._on_close = fill, size, 0, on_close
         self.name = name
 
     def readable(self) -> bool:
@@ -273,6 +281,16 @@ class _RangeReader(io.RawIOBase):
     def readinto(self, buffer) -> int:  # type: ignore[override]
         n = max(0, min(len(buffer), self._size - self._pos))
         if n:
-            buffer[:n] = self._read(self._pos, n)
+            self._fill(self._pos, memoryview(buffer).cast("B")[:n])
             self._pos += n
         return n
+
+    def readall(self) -> bytes:
+        out = bytearray(max(0, self._size - self._pos))
+        self.readinto(out)
+        return bytes(out)
+
+    def close(self) -> None:
+        if not self.closed and self._on_close is not None:
+            self._on_close()
+        super().close()

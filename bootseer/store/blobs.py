@@ -269,7 +269,10 @@ class BlobStore:
     def open(self, digest: str) -> BinaryIO:
         """A seekable binary file over verified ranged reads of the blob."""
         size = self.chunk_table(digest).size
-        return open_ranged(lambda off, n: self.read_range(digest, off, n), size, digest)
+        def fill(offset: int, view: memoryview) -> None:
+            view[:] = self.read_range(digest, offset, len(view))
+
+        return open_ranged(fill, size, digest)
 
     def verify(self, digest: str) -> None:
         """Re-read the whole blob and check it; raises :class:`IntegrityError` if corrupt."""

@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import urlsplit
 
+from bootseer.config import Config
 from bootseer.errors import BackendUnavailableError
 from bootseer.store.base import Store
 
@@ -79,3 +80,11 @@ def open_store(url: str, **options: Any) -> Store:
     cls = backend_class(scheme)
     log.debug("opening %s with %s", url, cls.__name__)
     return cls(url, **options)
+
+
+def open_configured_store(config: Config) -> Store:
+    """The store named by ``config.store``, with the backend options the config sets."""
+    options = {}
+    if urlsplit(config.store).scheme in ("hdfs", "webhdfs"):
+        options = {k: v for k, v in vars(config.hdfs).items() if v not in (None, False)}
+    return open_store(config.store, **options)

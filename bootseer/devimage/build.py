@@ -1,0 +1,271 @@
+"""Build a real Debian image as an OCI layout, once, and keep it in the user's cache.
+
+    from bootseer.devimage import build_image
+    layout = build_image(with_python=True)       # ~1 min the first time, instant after
+    layout = build_image(tmp / "img", with_python=True)   # a private copy of it
+
+Layer 1 is ``debootstrap --variant=minbase SUITE`` from the machine's own Debian archive;
+with packages (``with_python`` asks for ``python3``), layer 2 is what installing them in a
+chroot changed, like a Dockerfile ``RUN apt-get install`` step (see
+:mod:`bootseer.devimage.layers` for how the diff is taken).
+
+The cache is ``<user cache dir>/bootseer/images/<name>-<key>``, where the key hashes every
+input (suite, variant, mirror, packages, the builder's format version): change one and you
+get a new image, not a stale one. A build happens in a temporary directory beside it under
+an exclusive lock and is renamed into place only when complete, so a crash or a concurrent
+build never leaves a half image under the final name. ``bootseer-build.json`` in the layout
+records what was built and how big it is (layout readers ignore unknown files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import platformdirs
+
+from . import debian, layers, oci
+from .debian import BuildError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1  # bump when the builder's output changes: old cache entries then miss
+BUILD_INFO = "bootseer-build.json"
+
+
+@dataclass(frozen=True)
+class ImageRecipe:
+    """Everything an image is built from; two equal recipes give the same cache entry."""
+
+    suite: str = "bookworm"
+    variant: str = "minbase"
+    mirror: str = debian.DEFAULT_MIRROR
+    packages: tuple[str, ...] = ()  # installed with apt in a second layer; none: one layer
+
+    @property
+    def name(self) -> str:
+        """Human-readable, e.g. ``debian-bookworm-minbase-python3``."""
+        parts = ["debian", self.suite, self.variant, *self.packages]
+        return "-".join("".join(c if c.isalnum() or c in ".+" else "_" for c in p)
+                        for p in parts)
+
+    @property
+    def key(self) -> str:
+        data = json.dumps(asdict(self) | {"format": FORMAT_VERSION}, sort_keys=True)
+        return hashlib.sha256(data.encode()).hexdigest()[:12]
+
+    @property
+    def cmd(self) -> list[str]:
+        return ["python3"] if "python3" in self.packages else ["bash"]
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """What ``bootseer-build.json`` records about a built image."""
+
+    name: str
+    key: str
+    recipe: dict
+    manifest_digest: str
+    created: str
+    build_seconds: float
+    rootfs_bytes: int  # regular-file bytes of the final root filesystem
+    layers: list[dict] = field(default_factory=list)  # per layer: digest, sizes, entries...
+
+    @property
+    def compressed_bytes(self) -> int:
+        return sum(layer["size"] for layer in self.layers)
+
+
+def images_dir() -> Path:
+    """Where built images are cached: ``<user cache dir>/bootseer/images``."""
+    return Path(platformdirs.user_cache_dir("bootseer")) / "images"
+
+
+def build_image(out_dir: str | Path | None = None, *, with_python: bool = False,
+                suite: str = "bookworm", mirror: str | None = None,
+                cache_dir: str | Path | None = None, rebuild: bool = False) -> Path:
+    """The Debian ``suite`` minbase image (plus a python3 layer), as an OCI layout directory.
+
+    Built into the cache on first use (needs root, ``debootstrap`` and the network to the
+    Debian archive); later calls with the same inputs return it at once. With ``out_dir``,
+    a copy is placed there (replacing an OCI layout already there) and its path returned;
+    otherwise the cached layout's path. ``mirror`` defaults to the machine's apt source.
+    """
+    recipe = ImageRecipe(suite=suite, mirror=mirror or debian.find_mirror(suite),
+                         packages=("python3",) if with_python else ())
+    cached = build_recipe(recipe, cache_dir=cache_dir, rebuild=rebuild)
+    return cached if out_dir is None else place(cached, Path(out_dir))
+
+
+def build_recipe(recipe: ImageRecipe, *, cache_dir: str | Path | None = None,
+                 rebuild: bool = False) -> Path:
+    """The cached OCI layout for ``recipe``, built first if missing (or if ``rebuild``)."""
+    root = Path(cache_dir) if cache_dir is not None else images_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{recipe.name}-{recipe.key}"
+    if not rebuild and (final / BUILD_INFO).is_file():
+        return final
+    with _lock(root / f".{final.name}.lock"):
+        if not rebuild and (final / BUILD_INFO).is_file():
+            return final  # someone else built it while we waited
+        for stale in root.glob(f".build-{final.name}-*"):
+            log.info("removing %s, left by an interrupted build", stale)
+            _remove_tree(stale)
+        work = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{final.name}-"))
+        try:
+            _build(recipe, work)
+            _replace_dir(work / "image", final)
+        finally:
+            _remove_tree(work)
+    info = read_build_info(final)
+    log.info("built %s in %.1f s: rootfs %d bytes, layers %d bytes compressed", final,
+             info.build_seconds, info.rootfs_bytes, info.compressed_bytes)
+    return final
+
+
+def read_build_info(layout: Path) -> BuildInfo:
+    return BuildInfo(**json.loads((layout / BUILD_INFO).read_text()))
+
+
+def _build(recipe: ImageRecipe, work: Path) -> None:
+    started = time.monotonic()
+    rootfs, layout = work / "rootfs", work / "image"
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    blobs_written: list[layers.LayerBlob] = []
+    history: list[oci.History] = []
+
+    def add_layer(created_by: str, changes: list[layers.Change], states: layers.Snapshot) -> None:
+        blob = layers.write_layer(rootfs, changes, states, blobs / f".layer-{len(history)}.tmp")
+        os.replace(blob.path, oci.blob_path(layout, blob.digest))
+        blobs_written.append(blob)
+        history.append(oci.History(_now(), created_by))
+        log.info("layer %d (%s): %d entries, %d whiteouts, %d bytes tar, %d bytes gzip",
+                 len(history), created_by, blob.entries, blob.whiteouts, blob.tar_size,
+                 blob.size)
+
+    debian.debootstrap(rootfs, suite=recipe.suite, variant=recipe.variant, mirror=recipe.mirror)
+    before = layers.snapshot(rootfs)
+    add_layer(f"debootstrap --variant={recipe.variant} {recipe.suite} / {recipe.mirror}",
+              layers.full(before), before)
+    after = before
+    if recipe.packages:
+        debian.apt_install(rootfs, recipe.packages)
+        after = layers.snapshot(rootfs)
+        add_layer(f"RUN apt-get update && apt-get install -y --no-install-recommends "
+                  f"{' '.join(recipe.packages)} && apt-get clean && rm -rf "
+                  f"/var/lib/apt/lists/*", layers.diff(before, after), after)
+    created = _now()
+    manifest_digest = oci.write_layout(
+        layout, blobs_written, history, cmd=recipe.cmd, created=created,
+        ref_name=recipe.name, annotations={"dev.bootseer.devimage.key": recipe.key})
+    info = BuildInfo(
+        name=recipe.name, key=recipe.key, recipe=asdict(recipe),
+        manifest_digest=manifest_digest, created=created,
+        build_seconds=round(time.monotonic() - started, 1),
+        rootfs_bytes=layers.tree_bytes(after),
+        layers=[{"digest": b.digest, "diff_id": b.diff_id, "size": b.size,
+                 "tar_size": b.tar_size, "entries": b.entries, "whiteouts": b.whiteouts,
+                 "content_bytes": b.content_bytes, "created_by": h.created_by}
+                for b, h in zip(blobs_written, history)])
+    (layout / BUILD_INFO).write_text(json.dumps(asdict(info), indent=2) + "\n")
+
+
+def place(layout: Path, out_dir: Path) -> Path:
+    """Copy the OCI layout ``layout`` to ``out_dir`` (atomically; an OCI layout already at
+    ``out_dir`` is replaced, any other non-empty directory is an error)."""
+    out_dir = out_dir.absolute()
+    if out_dir == layout.absolute():
+        return out_dir
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "oci-layout").exists():
+        raise BuildError(f"{out_dir} exists, is not empty and is not an OCI layout; "
+                         "not overwriting it")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BuildError(f"{out_dir} exists and is not a directory")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
+    try:
+        shutil.copytree(layout, tmp / "image")
+        _replace_dir(tmp / "image", out_dir)
+    finally:
+        _remove_tree(tmp)
+    return out_dir
+
+
+def _replace_dir(new: Path, final: Path) -> None:
+    """Rename ``new`` to ``final``; an existing ``final`` is moved aside first, then removed."""
+    if not final.exists():
+        os.rename(new, final)
+        return
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    os.rename(final, old)
+    os.rename(new, final)
+    _remove_tree(old)
+
+
+def _remove_tree(path: Path) -> None:
+    """``rmtree``, refusing to descend into anything mounted below ``path`` (a chroot's
+    /proc left mounted would otherwise be walked)."""
+    if not path.exists():
+        return
+    mounted = _mounts_below(path)
+    if mounted:
+        raise BuildError(f"not removing {path}: still mounted below it: {', '.join(mounted)}")
+    shutil.rmtree(path)
+
+
+def _mounts_below(path: Path) -> list[str]:
+    prefix = str(path.resolve()).rstrip("/") + "/"
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            target = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)),
+                            line.split()[4])
+            if (target + "/").startswith(prefix):
+                found.append(target)
+    return found
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def summary(layout: Path) -> str:
+    """A few lines about a built image, for people."""
+    info = read_build_info(layout)
+    lines = [f"{layout}", f"  image    {info.name} ({info.manifest_digest})",
+             f"  rootfs   {info.rootfs_bytes / 1e6:.1f} MB in files",
+             f"  layers   {info.compressed_bytes / 1e6:.1f} MB gzip "
+             f"(built in {info.build_seconds:.0f} s)"]
+    for i, layer in enumerate(info.layers, 1):
+        lines.append(f"  layer {i}  {layer['size'] / 1e6:.1f} MB gzip, "
+                     f"{layer['tar_size'] / 1e6:.1f} MB tar, {layer['entries']} entries, "
+                     f"{layer['whiteouts']} whiteouts: {layer['created_by']}")
+    return "\n".join(lines)
+
+
+__all__: Sequence[str] = ["BuildInfo", "ImageRecipe", "build_image", "build_recipe",
+                          "images_dir", "place", "read_build_info", "summary"]

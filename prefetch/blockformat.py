@@ -1,0 +1,139 @@
+"""The lazy image format: a metadata index of the merged rootfs, and content in blocks.
+
+An image converted by Bootseer is three kinds of store objects:
+
+* **blocks** — every regular file's content cut into ``block_size`` pieces (1 MiB by
+  default), each compressed with zstd and identified by the sha256 of its *uncompressed*
+  bytes, so identical blocks (across layers, files and images) are stored once;
+* **packs** — blocks are appended to pack objects (``packs/<sha256 of the pack>``, up to
+  ``pack_target`` bytes each) in the order the converter meets them, so a file's blocks,
+  and the files of a directory, sit next to each other and a run of neighbouring blocks
+  is one ranged read;
+* **the image manifest** — one blob (zstd-compressed JSON, format version
+  :data:`FORMAT`): the image config, every path of the merged rootfs with its metadata
+  and its list of blocks, and the block table (digest → pack, offset, lengths). Its blob
+  digest is the image id; the ref ``images/<name>`` names it.
+
+A reader needs only the manifest to list and stat everything, and one ranged read per run
+of blocks to read content. Every block is checked against its digest after decompression.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import zstandard
+
+from bootseer.errors import BootseerError
+from prefetch.rootfs import Kind
+
+FORMAT = "bootseer-image/1"
+DEFAULT_BLOCK_SIZE = 1 << 20
+DEFAULT_PACK_TARGET = 64 << 20
+PACK_PREFIX = "packs/"
+IMAGE_REF_PREFIX = "images/"
+
+
+class ImageManifestError(BootseerError):
+    """An image manifest is malformed or of an unknown format version."""
+
+
+@dataclass(frozen=True)
+class BlockLocation:
+    """Where one block lives: ``length`` compressed bytes at ``offset`` of pack ``pack``."""
+
+    digest: str  # sha256 hex of the uncompressed block
+    pack: int  # index into Manifest.packs
+    offset: int
+    length: int  # compressed
+    size: int  # uncompressed
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One path of the merged rootfs, as the lazy mount serves it."""
+
+    path: str
+    kind: Kind
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    mtime: float
+    link_target: str | None
+    xattrs: dict[str, bytes]
+    devmajor: int
+    devminor: int
+    ino: int
+    nlink: int
+    blocks: tuple[int, ...] = ()  # indexes into Manifest.blocks, in file order
+
+
+@dataclass
+class Manifest:
+    """Everything a node needs to serve an image lazily."""
+
+    block_size: int
+    config: dict[str, Any]
+    source: dict[str, Any]
+    entries: list[FileEntry]
+    blocks: list[BlockLocation]
+    packs: list[str]  # store keys of the packs
+    by_path: dict[str, FileEntry] = field(init=False, repr=False)
+    children: dict[str, list[str]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.by_path = {e.path: e for e in self.entries}
+        self.children = {}
+        for entry in self.entries:
+            if entry.path != "/":
+                parent, _, name = entry.path.rpartition("/")
+                self.children.setdefault(parent or "/", []).append(name)
+
+    @property
+    def content_bytes(self) -> int:
+        return sum(e.size for e in self.entries if e.kind == Kind.FILE)
+
+    def encode(self) -> bytes:
+        body = {
+            "format": FORMAT,
+            "block_size": self.block_size,
+            "config": self.config,
+            "source": self.source,
+            "packs": self.packs,
+            "blocks": [[b.digest, b.pack, b.offset, b.length, b.size] for b in self.blocks],
+            "entries": [
+                [e.path, e.kind.value, e.mode, e.uid, e.gid, e.size, e.mtime, e.link_target,
+                 {k: base64.b64encode(v).decode() for k, v in e.xattrs.items()},
+                 e.devmajor, e.devminor, e.ino, e.nlink, list(e.blocks)]
+                for e in self.entries
+            ],
+        }
+        raw = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+        return zstandard.ZstdCompressor(level=10).compress(raw)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Manifest:
+        try:
+            body = json.loads(zstandard.ZstdDecompressor().decompress(data))
+        except (zstandard.ZstdError, ValueError) as exc:
+            raise ImageManifestError(f"image manifest is not valid: {exc}") from exc
+        if body.get("format") != FORMAT:
+            raise ImageManifestError(f"image manifest format {body.get('format')!r} is not "
+                                     f"supported (this Bootseer reads {FORMAT})")
+        try:
+            blocks = [BlockLocation(*b) for b in body["blocks"]]
+            entries = [
+                FileEntry(p, Kind(k), mode, uid, gid, size, mtime, link,
+                          {n: base64.b64decode(v) for n, v in xattrs.items()},
+                          major, minor, ino, nlink, tuple(blist))
+                for p, k, mode, uid, gid, size, mtime, link, xattrs, major, minor, ino, nlink,
+                blist in body["entries"]
+            ]
+            return cls(body["block_size"], body["config"], body["source"], entries, blocks,
+                       body["packs"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ImageManifestError(f"image manifest is malformed: {exc}") from exc

@@ -1,0 +1,194 @@
+"""Lazy images end to end: convert into the store, mount with real FUSE, compare with tar -x;
+block fetching, dedup, corruption and a killed mount process."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_prefetch_image_source import OCI_LAYER_GZIP, write_image, write_layout
+from test_prefetch_rootfs import (
+    describe_disk,
+    dir_,
+    extract_like_a_runtime,
+    layer,
+    multi_layer_image,
+    reg,
+)
+
+from bootseer.mounts import is_mounted
+from bootseer.store import BlobStore, open_store
+from bootseer.store.local import LocalStore
+from prefetch.blockcache import BlockCache
+from prefetch.blockformat import Manifest
+from prefetch.convert import convert
+from prefetch.image_source import open_image
+from prefetch.lazyimage import BlockIntegrityError, LazyImage
+
+MIB = 1 << 20
+BIG = random.Random(11).randbytes(5 * MIB + 12345)  # six 1 MiB blocks, incompressible
+
+
+def big_image(root: Path) -> Path:
+    layers = [layer(dir_("data"), reg("data/big.bin", BIG), reg("data/small.txt", b"small\n"))]
+    return write_layout(root, [write_image(root, layers, [OCI_LAYER_GZIP])])
+
+
+def bootseer(*args: str, store: Path, cache: Path, check: bool = True):
+    env = {**os.environ, "BOOTSEER_STORE": f"file://{store}", "BOOTSEER_CACHE_DIR": str(cache)}
+    result = subprocess.run([sys.executable, "-m", "bootseer", *args], capture_output=True,
+                            text=True, env=env, timeout=120)
+    if check and result.returncode != 0:
+        raise AssertionError(f"bootseer {args}: {result.stderr}")
+    return result
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> dict[str, Path]:
+    paths = {name: tmp_path / name for name in ("store", "cache", "mnt", "image", "ref")}
+    for path in paths.values():
+        path.mkdir()
+    return paths
+
+
+@pytest.fixture
+def mounted(dirs):
+    """Unmounts whatever the test mounted at dirs["mnt"]."""
+    yield dirs
+    if is_mounted(dirs["mnt"]):
+        subprocess.run(["umount", "-l", str(dirs["mnt"])], check=False)
+
+
+def test_lazy_mount_equals_tar_extraction(mounted) -> None:
+    """The multi-layer image (whiteouts, opaque dirs, hard links, xattrs, devices, ...)."""
+    d = mounted
+    layers = multi_layer_image()
+    layout = write_layout(d["image"], [write_image(d["image"], layers, [OCI_LAYER_GZIP] * 3)])
+    out = bootseer("image", "convert", str(layout), "--name", "multi", store=d["store"],
+                   cache=d["cache"])
+    assert out.stdout.strip().startswith("sha256:")
+    assert "dedup ratio" in out.stderr
+    extract_like_a_runtime(layers, d["ref"], d["image"])
+    bootseer("image", "mount", "multi", str(d["mnt"]), store=d["store"], cache=d["cache"])
+    on_mount, mount_groups = describe_disk(d["mnt"])
+    on_disk, disk_groups = describe_disk(d["ref"])
+    assert sorted(on_mount) == sorted(on_disk)
+    for path in on_disk:
+        assert on_mount[path] == on_disk[path], path
+    assert mount_groups == disk_groups
+    with pytest.raises(OSError) as info:
+        open(d["mnt"] / "new", "w")
+    assert info.value.errno == errno.EROFS
+
+
+def test_reads_fetch_only_what_they_need_and_then_hit_the_cache(mounted) -> None:
+    d = mounted
+    bootseer("image", "convert", str(big_image(d["image"])), "--name", "big", store=d["store"],
+             cache=d["cache"])
+    bootseer("image", "mount", "big", str(d["mnt"]), store=d["store"], cache=d["cache"])
+    with open(d["mnt"] / "data" / "big.bin", "rb") as f:
+        f.seek(3 * MIB + 10)
+        assert f.read(100) == BIG[3 * MIB + 10 : 3 * MIB + 110]
+    stats = json.loads(bootseer("image", "stats", str(d["mnt"]), store=d["store"],
+                                cache=d["cache"]).stdout)
+    # block 3, plus blocks 4 and 5 read ahead in the same ranged read; not blocks 0-2
+    assert (stats["blocks_fetched"], stats["fetch_requests"]) == (3, 1)
+    assert (d["mnt"] / "data" / "big.bin").read_bytes() == BIG
+    stats = json.loads(bootseer("image", "stats", str(d["mnt"]), store=d["store"],
+                                cache=d["cache"]).stdout)
+    assert (stats["blocks_fetched"], stats["fetch_requests"]) == (6, 2)
+    assert stats["cache_hits"] >= 1
+
+
+def test_converting_again_stores_nothing_new(dirs) -> None:
+    blobs = BlobStore(open_store(str(dirs["store"])))
+    first = convert(open_image(big_image(dirs["image"])), blobs, name="a")
+    again = convert(open_image(big_image(dirs["image"])), blobs, name="b")
+    assert first.new_blocks == 7 and again.new_blocks == 0 and again.stored_bytes == 0
+    assert again.image_id == first.image_id  # same content, same manifest
+
+
+class CountingStore(LocalStore):
+    """Counts ranged reads and makes each slow, so concurrent readers overlap."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.reads = 0
+        self.lock = threading.Lock()
+
+    def _read_range(self, key: str, offset: int, length: int) -> bytes:
+        with self.lock:
+            self.reads += 1
+        time.sleep(0.2)
+        return super()._read_range(key, offset, length)
+
+
+def test_concurrent_readers_of_a_block_fetch_it_once(dirs) -> None:
+    store = CountingStore(str(dirs["store"]))
+    blobs = BlobStore(store)
+    convert(open_image(big_image(dirs["image"])), blobs, name="big")
+    image = LazyImage(BlobStore(store), "big", BlockCache(dirs["cache"], 1 << 30))
+    entry = image.lookup("/data/big.bin")
+    store.reads = 0
+    results: list[bytes] = []
+    threads = [threading.Thread(target=lambda: results.append(image.read(entry, MIB, 100)))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [BIG[MIB : MIB + 100]] * 8
+    assert store.reads == 1 and image.stats.blocks_fetched == 1 + image.readahead_blocks
+
+
+def test_a_corrupt_block_is_refetched_once_then_fails(dirs, caplog) -> None:
+    blobs = BlobStore(open_store(str(dirs["store"])))
+    result = convert(open_image(big_image(dirs["image"])), blobs, name="big")
+    manifest = Manifest.decode(blobs.get(result.image_id))
+    block = manifest.blocks[manifest.by_path["/data/big.bin"].blocks[2]]
+    pack = dirs["store"] / manifest.packs[block.pack]
+    data = bytearray(pack.read_bytes())
+    data[block.offset + 100] ^= 0xFF
+    pack.write_bytes(bytes(data))
+    image = LazyImage(blobs, "big", BlockCache(dirs["cache"], 1 << 30))
+    entry = image.lookup("/data/big.bin")
+    assert image.read(entry, MIB, 10) == BIG[MIB : MIB + 10]  # read-ahead met the bad block
+    image = LazyImage(blobs, "big", BlockCache(dirs["cache"], 1 << 30), readahead_blocks=0)
+    with pytest.raises(BlockIntegrityError, match=block.digest):
+        image.read(entry, 2 * MIB, 10)
+    assert image.stats.refetches == 1
+    assert "fetching it again" in caplog.text
+
+
+def test_cache_survives_a_killed_mount(mounted) -> None:
+    """SIGKILL the FUSE server in the middle of reads; a new mount serves correct bytes."""
+    d = mounted
+    bootseer("image", "convert", str(big_image(d["image"])), "--name", "big", store=d["store"],
+             cache=d["cache"])
+    # What a process killed mid-write can leave: a temporary and a truncated block.
+    (d["cache"] / "blocks" / "tmp").mkdir(parents=True)
+    (d["cache"] / "blocks" / "tmp" / "partial.1234").write_bytes(b"half a blo")
+    bootseer("image", "mount", "big", str(d["mnt"]), store=d["store"], cache=d["cache"])
+    pid = int(subprocess.run(["pgrep", "-f", f"image mount --foreground big {d['mnt']}"],
+                             capture_output=True, text=True).stdout.split()[0])
+    reader = subprocess.Popen(["dd", f"if={d['mnt']}/data/big.bin", "of=/dev/null", "bs=64k"],
+                              stderr=subprocess.DEVNULL)
+    time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    reader.wait(timeout=30)
+    subprocess.run(["umount", str(d["mnt"])], check=True)
+    cached = list((d["cache"] / "blocks" / "blocks").glob("*/*"))
+    if cached:  # damage one cached block the way a crash after rename could
+        cached[0].write_bytes(cached[0].read_bytes()[:1000])
+    bootseer("image", "mount", "big", str(d["mnt"]), store=d["store"], cache=d["cache"])
+    assert (d["mnt"] / "data" / "big.bin").read_bytes() == BIG
+    assert not list((d["cache"] / "blocks" / "tmp").iterdir())
