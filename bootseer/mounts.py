@@ -8,6 +8,7 @@ False for a mount whose server died (the stat fails with ENOTCONN).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 from bootseer.errors import BootseerError
+
+log = logging.getLogger(__name__)
 
 
 def is_mounted(mountpoint: Path) -> bool:
@@ -49,14 +52,29 @@ def check_mountpoint(mountpoint: Path) -> None:
         raise BootseerError(f"mount point {mountpoint} is not a directory (mkdir it first)")
 
 
-def unmount(mountpoint: Path) -> None:
-    """Unmount a FUSE or overlay mount, also one whose FUSE server died."""
-    tool = shutil.which("fusermount3") or shutil.which("fusermount")
-    commands = ([[tool, "-u", str(mountpoint)]] if tool else []) + [["umount", str(mountpoint)]]
-    errors = []
-    for command in commands:
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode == 0:
+def unmount(mountpoint: Path, *, attempts: int = 10) -> None:
+    """Unmount a FUSE or overlay mount (also one whose FUSE server died).
+
+    A mount that is busy for a moment (a container's last process exiting) is retried;
+    one that stays busy is detached lazily. Unmounting something not mounted is a no-op.
+    """
+    if not is_mounted(mountpoint):
+        return
+    # A user's FUSE mount is theirs to unmount only through the setuid fusermount3.
+    fusermount = shutil.which("fusermount3") or shutil.which("fusermount")
+    command = ["umount", str(mountpoint)]
+    if os.geteuid() != 0 and fusermount:
+        command = [fusermount, "-u", str(mountpoint)]
+    error = ""
+    for attempt in range(attempts):
+        result = subprocess.run(command, capture_output=True, text=True,
+                                stdin=subprocess.DEVNULL)
+        if result.returncode == 0 or not is_mounted(mountpoint):
             return
-        errors.append(result.stderr.strip())
-    raise BootseerError(f"could not unmount {mountpoint}: {'; '.join(errors)}")
+        error = result.stderr.strip()
+        time.sleep(0.05 * (attempt + 1))
+    log.warning("unmounting %s: %s; detaching it lazily", mountpoint, error)
+    result = subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, text=True,
+                            stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise BootseerError(f"could not unmount {mountpoint}: {result.stderr.strip()}")

@@ -21,6 +21,10 @@ PACKAGES=(
   # Not Debian's `fuse` package: it conflicts with fuse3.
   fuse3
   libfuse2
+  # bootseer.devimage: real Debian images for the lazy-image tests and demo (issue 5)
+  debootstrap                    # builds the bookworm minbase root filesystem (layer 1)
+  debian-archive-keyring         # debootstrap checks the archive's Release signature with it
+  runc                           # runs commands in an unpacked or lazily mounted image
 )
 
 missing=()

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemRe
 
 from bootseer.store import Store, open_store
 from stripedfs.config import StripeConfig
-from stripedfs.files import StripedFile
+from stripedfs.files import striped_file
 from stripedfs.reader import PendingRange, StripedReader
 
 
@@ -37,8 +37,8 @@ class _StoreFileSystem(FileSystemBase):
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         if "r" not in mode:
             raise io.UnsupportedOperation("the striped DCP reader only reads")
-        with StripedFile(StripedReader(self.store, str(path), config=self.config)) as f:
-            yield io.BufferedReader(f)
+        with striped_file(StripedReader(self.store, str(path), config=self.config)) as f:
+            yield f
 
     def concat_path(self, path: str | os.PathLike, suffix: str) -> str:
         return posixpath.join(str(path), suffix) if str(path) else suffix

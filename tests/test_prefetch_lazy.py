@@ -192,3 +192,22 @@ def test_cache_survives_a_killed_mount(mounted) -> None:
     bootseer("image", "mount", "big", str(d["mnt"]), store=d["store"], cache=d["cache"])
     assert (d["mnt"] / "data" / "big.bin").read_bytes() == BIG
     assert not list((d["cache"] / "blocks" / "tmp").iterdir())
+
+
+def test_real_debian_python_image_starts_lazily_in_runc(dirs, tmp_path: Path) -> None:
+    """debootstrap minbase + python3 (two layers): convert, then python3 -c in runc on an
+    overlay over the lazy mount, fetching a small part of the image."""
+    from bootseer.devimage import build_image
+
+    layout = build_image(with_python=True)  # cached after the first build (~35 s)
+    bootseer("image", "convert", str(layout), "--name", "py", store=dirs["store"],
+             cache=dirs["cache"])
+    stats_file = tmp_path / "stats.json"
+    run = bootseer("image", "run", "--stats", str(stats_file), "py", "--", "python3", "-c",
+                   "import json, sys; print(6 * 7, sys.version_info[0])",
+                   store=dirs["store"], cache=dirs["cache"])
+    assert run.stdout.strip() == "42 3"
+    stats = json.loads(stats_file.read_text())
+    fraction = stats["bytes_fetched"] / stats["image_content_bytes"]
+    assert 0 < fraction < 0.5, stats
+    assert "fetched" in run.stderr

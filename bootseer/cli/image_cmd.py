@@ -10,18 +10,20 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import click
 
 from bootseer.cli import AppContext, pass_app
+from bootseer.errors import BootseerError
 from bootseer.mounts import check_mountpoint, spawn_mount, unmount
 from bootseer.progress import byte_progress, console
 from bootseer.units import format_size
 from prefetch.blockcache import BlockCache
-from prefetch.blockformat import DEFAULT_BLOCK_SIZE, IMAGE_REF_PREFIX
+from prefetch.blockformat import DEFAULT_BLOCK_SIZE, IMAGE_REF_PREFIX, Manifest
 from prefetch.image_source import open_image
-from prefetch.lazyimage import STATS_XATTR
+from prefetch.lazyimage import STATS_XATTR, resolve_image
 
 
 @click.group()
@@ -95,3 +97,53 @@ def umount(mountpoint: Path) -> None:
 def stats(mountpoint: Path) -> None:
     """Print a mounted image's fetch statistics as JSON."""
     click.echo(json.dumps(json.loads(os.getxattr(mountpoint, STATS_XATTR)), indent=2))
+
+
+@image.command("run")
+@click.argument("name")
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds before the container is killed.")
+@click.option("--stats", "stats_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the fetch statistics of the run as JSON to this file.")
+@pass_app
+def run(app: AppContext, name: str, argv: tuple[str, ...], timeout: float,
+        stats_file: Path | None) -> None:
+    """Run ARGV (instead of the image's Cmd) in a runc container on image NAME, lazily.
+
+    The root is an overlay: a fresh writable layer over the lazy mount. The command's
+    output is printed, then what the start fetched; the exit code is the command's.
+    """
+    from prefetch.container import overlay_mount, run_rootfs
+
+    manifest = Manifest.decode(app.blobs.get(resolve_image(app.blobs, name)))
+    image_config = manifest.config.get("config") or {}
+    # Docker's rule: arguments replace the image's Cmd; its Entrypoint stays in front.
+    argv = tuple(image_config.get("Entrypoint") or ()) + (argv or tuple(image_config.get("Cmd")
+                                                                        or ()))
+    if not argv:
+        raise BootseerError(f"image {name} has no Cmd: give the command after --")
+    env = dict(item.split("=", 1) for item in image_config.get("Env") or () if "=" in item)
+    with tempfile.TemporaryDirectory(prefix="bootseer-run-") as tmp:
+        work = Path(tmp)
+        lower = work / "lower"
+        lower.mkdir()
+        spawn_mount([sys.executable, "-m", "bootseer", "--store", app.loaded.config.store,
+                     "image", "mount", "--foreground", name, str(lower)],
+                    lower, f"image {name}", 60.0)
+        try:
+            with overlay_mount(lower, work / "upper", work / "work", work / "rootfs") as root:
+                result = run_rootfs(root, list(argv), env=env, timeout=timeout,
+                                    cwd=image_config.get("WorkingDir") or "/")
+            stats = json.loads(os.getxattr(lower, STATS_XATTR))
+        finally:
+            unmount(lower)
+    stats["image_content_bytes"] = manifest.content_bytes
+    if stats_file:
+        stats_file.write_text(json.dumps(stats, indent=2) + "\n")
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    console.print(f"fetched {format_size(stats['bytes_fetched'])} in "
+                  f"{stats['blocks_fetched']} blocks ({stats['fetch_requests']} reads) of "
+                  f"{format_size(manifest.content_bytes)} of image content")
+    sys.exit(result.returncode)

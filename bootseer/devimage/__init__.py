@@ -18,6 +18,9 @@ Command line: ``python -m bootseer.devimage build [--python] [--out DIR]``, ``un
 ``scripts/install-system-deps.sh``.
 """
 
+from bootseer.mounts import unmount
+from prefetch.container import RuncError, mount_overlay, overlay_mount, run_rootfs
+
 from .build import (
     BuildInfo,
     ImageRecipe,
@@ -29,7 +32,6 @@ from .build import (
     summary,
 )
 from .debian import BuildError, find_mirror
-from .runc import RuncError, mount_overlay, overlay_mount, run_rootfs, unmount
 from .unpack import UnpackError, unpack_image
 
 __all__ = [

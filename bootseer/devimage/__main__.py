@@ -17,9 +17,9 @@ from pathlib import Path
 import click
 
 from bootseer.errors import BootseerError
+from prefetch.container import overlay_mount, run_rootfs
 
 from .build import build_image, summary
-from .runc import overlay_mount, run_rootfs
 from .unpack import unpack_image
 
 

@@ -53,8 +53,10 @@ def unpack_image(image: str | Path | ImageSource, dest: str | Path) -> Path:
         with layer.open() as stream, tarfile.open(fileobj=stream, mode="r|",
                                                   errors="surrogateescape") as tar:
             _Applier(dest, f"{number} ({layer.digest[:19]})", tar, dir_times).run()
-    for rel, (atime, mtime) in sorted(dir_times.items(), key=lambda i: -i[0].count("/")):
-        os.utime(dest / rel, ns=(atime, mtime), follow_symlinks=False)
+    for rel, times in sorted(dir_times.items(), key=lambda i: -i[0].count("/")):
+        path = dest / rel
+        if path.is_dir() and not path.is_symlink():  # a later layer may have removed it
+            os.utime(path, ns=times, follow_symlinks=False)
     return dest
 
 

@@ -23,12 +23,12 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from bootseer.errors import BootseerError
+from bootseer.mounts import unmount
 
 log = logging.getLogger(__name__)
 
@@ -170,25 +170,6 @@ def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
     if proc.returncode != 0:
         raise RuncError(f"mounting an overlay at {target} failed: {proc.stderr.strip()}"
                         f"{' (needs root)' if os.geteuid() != 0 else ''}")
-
-
-def unmount(target: Path, *, attempts: int = 10) -> None:
-    """Unmount ``target``, retrying while it is busy, then detaching it lazily."""
-    error = ""
-    for attempt in range(attempts):
-        proc = subprocess.run(["umount", str(target)], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL)
-        if proc.returncode == 0:
-            return
-        error = proc.stderr.strip()
-        if "not mounted" in error:
-            return
-        time.sleep(0.05 * (attempt + 1))
-    log.warning("unmounting %s: %s; detaching it lazily", target, error)
-    proc = subprocess.run(["umount", "-l", str(target)], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise RuncError(f"cannot unmount {target}: {proc.stderr.strip()}")
 
 
 @contextlib.contextmanager
