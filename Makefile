@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint system-deps venv clean bench-ckpt bench-hdfs
+.PHONY: demo test lint system-deps venv clean bench-ckpt bench-hdfs bench-blocksize
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ bench-hdfs: system-deps venv
 
 bench-ckpt: system-deps venv
 	$(BIN)/python benchmarks/bench_ckpt.py --out bench-results/ckpt.json
+
+bench-blocksize: system-deps venv
+	$(BIN)/python benchmarks/bench_blocksize.py --out bench-results/blocksize.json
 
 clean:
 	rm -rf $(VENV) build bench-results .pytest_cache
