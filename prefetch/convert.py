@@ -127,8 +127,13 @@ def convert(
     block_size: int = DEFAULT_BLOCK_SIZE,
     pack_target: int = DEFAULT_PACK_TARGET,
     on_progress: Callable[[int], None] | None = None,
+    origin: str | None = None,
 ) -> ConvertResult:
-    """Convert ``source`` into the store behind ``blobs``; returns the image id and a summary."""
+    """Convert ``source`` into the store behind ``blobs``; returns the image id and a summary.
+
+    ``origin`` is what the user named as the source (a registry reference, say) when
+    ``source`` is a temporary copy of it.
+    """
     known = known_blocks(blobs)
     packs = _PackWriter(blobs, pack_target)
     compressor = zstandard.ZstdCompressor(level=3)
@@ -180,12 +185,13 @@ def convert(
                                  entry.devmajor, entry.devminor, entry.ino, entry.nlink,
                                  tuple(refs)))
     manifest = Manifest(block_size, source.config,
-                        {"location": source.location, "manifest_digest": source.manifest_digest,
+                        {"location": origin or source.location,
+                         "manifest_digest": source.manifest_digest,
                          "config_digest": source.config_digest},
                         entries, block_table, pack_keys)
     info = blobs.put(manifest.encode())
     if name:
-        blobs.set_ref(IMAGE_REF_PREFIX + name, info.digest, {"source": source.location})
+        blobs.set_ref(IMAGE_REF_PREFIX + name, info.digest, {"source": origin or source.location})
     return ConvertResult(
         image_id=info.digest, name=name,
         files=sum(1 for e in entries if e.kind == Kind.FILE),

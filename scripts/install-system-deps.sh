@@ -25,6 +25,10 @@ PACKAGES=(
   debootstrap                    # builds the bookworm minbase root filesystem (layer 1)
   debian-archive-keyring         # debootstrap checks the archive's Release signature with it
   runc                           # runs commands in an unpacked or lazily mounted image
+  # prefetch.sources and its tests: images from a registry and from a Docker engine
+  skopeo                         # docker:// sources are copied into an OCI layout
+  docker-registry                # a real OCI registry (distribution 2.8) on loopback
+  docker.io                      # dockerd with a private data root, for docker-daemon:
 )
 
 missing=()

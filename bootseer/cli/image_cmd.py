@@ -32,19 +32,25 @@ def image() -> None:
 
 
 @image.command("convert")
-@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.argument("source")
 @click.option("--name", help="Also name the image (ref images/NAME).")
 @click.option("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, show_default=True,
               help="Bytes per content block.")
+@click.option("--insecure", is_flag=True,
+              help="docker://: allow a registry over HTTP or with an unverified certificate.")
 @pass_app
-def convert(app: AppContext, source: Path, name: str | None, block_size: int) -> None:
-    """Convert SOURCE (an OCI image layout directory or a `docker save` archive)."""
+def convert(app: AppContext, source: str, name: str | None, block_size: int,
+            insecure: bool) -> None:
+    """Convert SOURCE: an OCI image layout directory, a `docker save` archive,
+    docker://REGISTRY/REPO:TAG (via skopeo) or docker-daemon:REPO:TAG (the Docker engine)."""
     from prefetch.convert import convert as run_convert
+    from prefetch.sources import materialized
 
-    src = open_image(source)
-    with byte_progress(f"converting {source.name}", None) as advance:
-        result = run_convert(src, app.blobs, name=name, block_size=block_size,
-                             on_progress=advance)
+    with materialized(source, insecure=insecure) as local:
+        src = open_image(local)
+        with byte_progress(f"converting {Path(source).name}", None) as advance:
+            result = run_convert(src, app.blobs, name=name, block_size=block_size,
+                                 on_progress=advance, origin=source)
     click.echo(result.image_id)
     console.print(
         f"{result.files} files, {format_size(result.content_bytes)} of content in "
