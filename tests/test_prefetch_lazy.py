@@ -36,6 +36,7 @@ from prefetch.lazyimage import BlockIntegrityError, LazyImage
 
 MIB = 1 << 20
 BIG = random.Random(11).randbytes(5 * MIB + 12345)  # six 1 MiB blocks, incompressible
+MIB_BLOCKS = ("--block-size", str(MIB))  # the block counts below assume 1 MiB blocks
 
 
 def big_image(root: Path) -> Path:
@@ -92,7 +93,8 @@ def test_lazy_mount_equals_tar_extraction(mounted) -> None:
 
 def test_reads_fetch_only_what_they_need_and_then_hit_the_cache(mounted) -> None:
     d = mounted
-    bootseer("image", "convert", str(big_image(d["image"])), "--name", "big", store=d["store"],
+    bootseer("image", "convert", str(big_image(d["image"])), "--name", "big", *MIB_BLOCKS,
+             store=d["store"],
              cache=d["cache"])
     bootseer("image", "mount", "big", str(d["mnt"]), store=d["store"], cache=d["cache"])
     with open(d["mnt"] / "data" / "big.bin", "rb") as f:
@@ -111,8 +113,8 @@ def test_reads_fetch_only_what_they_need_and_then_hit_the_cache(mounted) -> None
 
 def test_converting_again_stores_nothing_new(dirs) -> None:
     blobs = BlobStore(open_store(str(dirs["store"])))
-    first = convert(open_image(big_image(dirs["image"])), blobs, name="a")
-    again = convert(open_image(big_image(dirs["image"])), blobs, name="b")
+    first = convert(open_image(big_image(dirs["image"])), blobs, name="a", block_size=MIB)
+    again = convert(open_image(big_image(dirs["image"])), blobs, name="b", block_size=MIB)
     assert first.new_blocks == 7 and again.new_blocks == 0 and again.stored_bytes == 0
     assert again.image_id == first.image_id  # same content, same manifest
 
@@ -135,7 +137,7 @@ class CountingStore(LocalStore):
 def test_concurrent_readers_of_a_block_fetch_it_once(dirs) -> None:
     store = CountingStore(str(dirs["store"]))
     blobs = BlobStore(store)
-    convert(open_image(big_image(dirs["image"])), blobs, name="big")
+    convert(open_image(big_image(dirs["image"])), blobs, name="big", block_size=MIB)
     image = LazyImage(BlobStore(store), "big", BlockCache(dirs["cache"], 1 << 30))
     entry = image.lookup("/data/big.bin")
     store.reads = 0
@@ -152,7 +154,7 @@ def test_concurrent_readers_of_a_block_fetch_it_once(dirs) -> None:
 
 def test_a_corrupt_block_is_refetched_once_then_fails(dirs, caplog) -> None:
     blobs = BlobStore(open_store(str(dirs["store"])))
-    result = convert(open_image(big_image(dirs["image"])), blobs, name="big")
+    result = convert(open_image(big_image(dirs["image"])), blobs, name="big", block_size=MIB)
     manifest = Manifest.decode(blobs.get(result.image_id))
     block = manifest.blocks[manifest.by_path["/data/big.bin"].blocks[2]]
     pack = dirs["store"] / manifest.packs[block.pack]
@@ -172,7 +174,8 @@ def test_a_corrupt_block_is_refetched_once_then_fails(dirs, caplog) -> None:
 def test_cache_survives_a_killed_mount(mounted) -> None:
     """SIGKILL the FUSE server in the middle of reads; a new mount serves correct bytes."""
     d = mounted
-    bootseer("image", "convert", str(big_image(d["image"])), "--name", "big", store=d["store"],
+    bootseer("image", "convert", str(big_image(d["image"])), "--name", "big", *MIB_BLOCKS,
+             store=d["store"],
              cache=d["cache"])
     # What a process killed mid-write can leave: a temporary and a truncated block.
     (d["cache"] / "blocks" / "tmp").mkdir(parents=True)
