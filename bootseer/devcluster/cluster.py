@@ -22,11 +22,13 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from bootseer.filelock import file_lock
+
 from . import linkcap
 from .config import datanode_overrides, write_configs
 from .jars import ensure_jars, server_classpath
 from .libhdfs import ensure_libhdfs
-from .paths import file_lock, java_home
+from .paths import java_home
 from .process import (
     ProcessRecord,
     is_alive_and_ours,

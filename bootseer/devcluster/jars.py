@@ -19,8 +19,10 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from bootseer.filelock import file_lock
+
 from .downloads import download_sdist
-from .paths import cache_dir, file_lock
+from .paths import cache_dir
 
 __all__ = ["JarsError", "ensure_jars", "server_classpath", "webapp_root", "DEBIAN_JARS",
            "PYSPARK_VERSION"]

@@ -16,8 +16,10 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from bootseer.filelock import file_lock
+
 from .downloads import download_sdist
-from .paths import cache_dir, file_lock, java_home
+from .paths import cache_dir, java_home
 
 __all__ = ["LibhdfsError", "ensure_libhdfs", "PYDOOP_VERSION"]
 

@@ -31,7 +31,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .paths import file_lock
+from bootseer.filelock import file_lock
+
 from .units import LinkCap
 
 __all__ = ["LinkCapError", "TcRecord", "apply_link_cap", "remove_link_cap", "tc_available",

@@ -7,16 +7,13 @@ people running side by side each pass their own state dir.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import platformdirs
 
-__all__ = ["cache_dir", "default_state_dir", "java_home", "file_lock", "JavaNotFound"]
+__all__ = ["cache_dir", "default_state_dir", "java_home", "JavaNotFound"]
 
 CACHE_ENV = "BOOTSEER_HDFS_CACHE"
 STATE_ENV = "BOOTSEER_HDFS_STATE"
@@ -69,15 +66,3 @@ def java_home() -> Path:
         "no JDK with include/jni.h and lib/server/libjvm.so found (tried "
         + ", ".join(map(str, candidates))
         + "); run scripts/install-system-deps.sh or set BOOTSEER_JAVA_HOME")
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on `path`, so concurrent starts do not download or build twice."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -19,8 +19,6 @@ records what was built and how big it is (layout readers ignore unknown files).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -29,12 +27,14 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import platformdirs
+
+from bootseer.filelock import file_lock
 
 from . import debian, layers, oci
 from .debian import BuildError
@@ -118,7 +118,7 @@ def build_recipe(recipe: ImageRecipe, *, cache_dir: str | Path | None = None,
     final = root / f"{recipe.name}-{recipe.key}"
     if not rebuild and (final / BUILD_INFO).is_file():
         return final
-    with _lock(root / f".{final.name}.lock"):
+    with file_lock(root / f".{final.name}.lock"):
         if not rebuild and (final / BUILD_INFO).is_file():
             return final  # someone else built it while we waited
         for stale in root.glob(f".build-{final.name}-*"):
@@ -237,16 +237,6 @@ def _mounts_below(path: Path) -> list[str]:
             if (target + "/").startswith(prefix):
                 found.append(target)
     return found
-
-
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _now() -> str:
