@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ def resolve_image(blobs: BlobStore, image: str) -> str:
 
 class LazyImage:
     def __init__(self, blobs: BlobStore, image: str, cache: BlockCache, *,
-                 readahead_blocks: int = 3) -> None:
+                 readahead_blocks: int = 3, recent_blocks: int = 16) -> None:
         self.blobs, self.cache = blobs, cache
         #: On a miss, also fetch up to this many following blocks of the same file: files
         #: are mostly read to the end, and their blocks sit next to each other in a pack,
@@ -63,6 +64,10 @@ class LazyImage:
         self.manifest = Manifest.decode(blobs.get(self.image_id))
         self.stats = LazyStats()
         self._inflight: dict[str, Future] = {}
+        # FUSE reads 128 KiB at a time: the block being read stays in memory rather than
+        # being read back (and re-verified) from the disk cache for every request.
+        self._recent: OrderedDict[str, bytes] = OrderedDict()
+        self._recent_blocks = recent_blocks
         self._lock = threading.Lock()
         self._decompressor = threading.local()
 
@@ -103,7 +108,11 @@ class LazyImage:
         waits: dict[int, Future] = {}
         for i in indexes:
             digest = table[i].digest
-            cached = self.cache.get(digest)
+            cached = self._recent_get(digest)
+            if cached is None:
+                cached = self.cache.get(digest)
+                if cached is not None:
+                    self._recent_put(digest, cached)
             if cached is not None:
                 found[i] = cached
                 with self._lock:
@@ -135,6 +144,20 @@ class LazyImage:
         for i, future in waits.items():
             found[i] = future.result()
         return [found[i] for i in indexes]
+
+    def _recent_get(self, digest: str) -> bytes | None:
+        with self._lock:
+            data = self._recent.get(digest)
+            if data is not None:
+                self._recent.move_to_end(digest)
+            return data
+
+    def _recent_put(self, digest: str, data: bytes) -> None:
+        with self._lock:
+            self._recent[digest] = data
+            self._recent.move_to_end(digest)
+            while len(self._recent) > self._recent_blocks:
+                self._recent.popitem(last=False)
 
     def _inflight_result(self, digest: str) -> bytes:
         with self._lock:
@@ -186,6 +209,7 @@ class LazyImage:
                 out.append(exc)
                 continue
             self.cache.put(location.digest, data)
+            self._recent_put(location.digest, data)
             out.append(data)
         with self._lock:
             self.stats.blocks_fetched += len(run)
