@@ -25,6 +25,7 @@ from bootseer.store import BlobStore
 from bootseer.store.blobs import is_digest
 from prefetch.blockcache import BlockCache
 from prefetch.blockformat import IMAGE_REF_PREFIX, BlockLocation, FileEntry, Manifest
+from prefetch.hotlist import Recorder
 from prefetch.rootfs import Kind
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class LazyImage:
         self.image_id = resolve_image(blobs, image)
         self.manifest = Manifest.decode(blobs.get(self.image_id))
         self.stats = LazyStats()
+        #: While set, the first access of every block is noted (see prefetch.hotlist).
+        self.recorder: Recorder | None = None
         self._inflight: dict[str, Future] = {}
         # FUSE reads 128 KiB at a time: the block being read stays in memory rather than
         # being read back (and re-verified) from the disk cache for every request.
@@ -90,6 +93,9 @@ class LazyImage:
             return b""
         bs = self.manifest.block_size
         first, last = offset // bs, (end - 1) // bs
+        if self.recorder is not None:
+            for i in entry.blocks[first : last + 1]:
+                self.recorder.saw(self.manifest.blocks[i].digest, entry.path)
         ahead = list(entry.blocks[last + 1 : last + 1 + self.readahead_blocks])
         blocks = self.blocks(list(entry.blocks[first : last + 1]), also=ahead)
         data = b"".join(blocks)

@@ -1,0 +1,151 @@
+"""Hot lists: which blocks of an image a start reads, and in which order.
+
+A :class:`Recorder` notes the first access of each block while a container starts from a
+lazy mount (block digest, the file it was read for, seconds since the start). The result
+is a :class:`HotList`, kept in the store per image and per workload (the same image
+started with another entry point reads other blocks) under the ref
+``hot/<image hex>/<workload>``. Several recordings merge into one: the union of their
+blocks, ordered by the median of their first-access times, so the list converges to what
+starts have in common and stays small. A hot list is only advice: one that does not
+decode, or that names blocks the image does not have (the image changed), is ignored
+with a warning, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+from bootseer.store import BlobStore
+from prefetch.blockformat import Manifest
+
+log = logging.getLogger(__name__)
+
+FORMAT = "bootseer-hotlist/1"
+DEFAULT_WORKLOAD = "default"
+
+
+@dataclass(frozen=True)
+class HotBlock:
+    digest: str
+    path: str  # the file it was first read for (for people reading the list)
+    seconds: float  # median time of first access since the start, over the recordings
+
+
+@dataclass(frozen=True)
+class HotList:
+    image_id: str
+    workload: str
+    blocks: tuple[HotBlock, ...]
+    recordings: int = 1
+    #: Per block, the first-access times of every recording, so merges stay exact.
+    samples: dict[str, list[float]] = field(default_factory=dict, compare=False)
+
+    def encode(self) -> bytes:
+        body = {"format": FORMAT, "image_id": self.image_id, "workload": self.workload,
+                "recordings": self.recordings,
+                "blocks": [[b.digest, b.path, self.samples.get(b.digest, [b.seconds])]
+                           for b in self.blocks]}
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> HotList:
+        body = json.loads(data)
+        if body.get("format") != FORMAT:
+            raise ValueError(f"unknown hot list format {body.get('format')!r}")
+        samples = {digest: [float(t) for t in times] for digest, _, times in body["blocks"]}
+        blocks = tuple(HotBlock(digest, path, statistics.median(samples[digest]))
+                       for digest, path, _ in body["blocks"])
+        return cls(body["image_id"], body["workload"], blocks, int(body["recordings"]),
+                   samples)
+
+
+def merge(lists: list[HotList]) -> HotList:
+    """One list from several recordings of the same image and workload."""
+    if not lists:
+        raise ValueError("nothing to merge")
+    first = lists[0]
+    samples: dict[str, list[float]] = {}
+    paths: dict[str, str] = {}
+    for hot in lists:
+        if (hot.image_id, hot.workload) != (first.image_id, first.workload):
+            raise ValueError("hot lists of different images or workloads do not merge")
+        for block in hot.blocks:
+            samples.setdefault(block.digest, []).extend(hot.samples.get(block.digest,
+                                                                        [block.seconds]))
+            paths.setdefault(block.digest, block.path)
+    order = sorted(samples, key=lambda d: (statistics.median(samples[d]), d))
+    blocks = tuple(HotBlock(d, paths[d], statistics.median(samples[d])) for d in order)
+    return HotList(first.image_id, first.workload, blocks,
+                   sum(h.recordings for h in lists), samples)
+
+
+class Recorder:
+    """Notes first accesses of blocks; thread-safe, cheap enough for every read."""
+
+    def __init__(self, image_id: str, workload: str = DEFAULT_WORKLOAD) -> None:
+        self.image_id, self.workload = image_id, workload
+        self._start = time.monotonic()
+        self._first: dict[str, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+        self.stopped = False
+
+    def saw(self, digest: str, path: str) -> None:
+        if self.stopped or digest in self._first:
+            return
+        with self._lock:
+            self._first.setdefault(digest, (path, time.monotonic() - self._start))
+
+    def stop(self) -> HotList:
+        """End the recording ("the start is over") and return what it saw."""
+        with self._lock:
+            self.stopped = True
+            order = sorted(self._first.items(), key=lambda item: (item[1][1], item[0]))
+        return HotList(self.image_id, self.workload,
+                       tuple(HotBlock(d, p, t) for d, (p, t) in order), 1,
+                       {d: [t] for d, (_, t) in order})
+
+
+def ref_name(image_id: str, workload: str) -> str:
+    return f"hot/{image_id.removeprefix('sha256:')}/{workload}"
+
+
+def save(blobs: BlobStore, recording: HotList) -> HotList:
+    """Merge ``recording`` into the stored list of its image and workload; store the result."""
+    stored = load(blobs, recording.image_id, recording.workload)
+    merged = merge([stored, recording]) if stored is not None else recording
+    info = blobs.put(merged.encode())
+    blobs.set_ref(ref_name(merged.image_id, merged.workload), info.digest,
+                  {"recordings": merged.recordings, "blocks": len(merged.blocks)})
+    return merged
+
+
+def load(blobs: BlobStore, image_id: str, workload: str = DEFAULT_WORKLOAD,
+         manifest: Manifest | None = None) -> HotList | None:
+    """The stored hot list, or None if there is none or it cannot be used (with a warning).
+
+    With ``manifest``, blocks the image does not have are dropped: a stale list (the image
+    was rebuilt under the same name) still helps with what did not change.
+    """
+    try:
+        ref = blobs.get_ref(ref_name(image_id, workload))
+    except FileNotFoundError:
+        return None
+    try:
+        hot = HotList.decode(blobs.get(ref.digest))
+    except Exception as exc:
+        log.warning("ignoring the hot list of image %s (%s): %s", image_id, workload, exc)
+        return None
+    if manifest is not None:
+        known = {b.digest for b in manifest.blocks}
+        kept = tuple(b for b in hot.blocks if b.digest in known)
+        if len(kept) < len(hot.blocks):
+            log.warning("hot list of image %s (%s): %d of %d blocks are not in the image; "
+                        "ignoring them", image_id, workload, len(hot.blocks) - len(kept),
+                        len(hot.blocks))
+        hot = HotList(hot.image_id, hot.workload, kept, hot.recordings, hot.samples)
+    return hot
