@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import zstandard
 
-from bootseer.store import BlobStore, ObjectWriter
+from bootseer.store import BlobStore, ObjectWriter, Store
 from prefetch.blockformat import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_PACK_TARGET,
@@ -64,8 +64,9 @@ class _Known:
 class _PackWriter:
     """Appends compressed blocks to pack objects, publishing each when it is full."""
 
-    def __init__(self, blobs: BlobStore, target: int) -> None:
-        self.blobs, self.target = blobs, target
+    def __init__(self, store: Store, target: int, known: dict[str, _Known]) -> None:
+        self.store, self.target = store, target
+        self.known = known  # every block in the store; a pack's blocks join it when published
         self._writer: ObjectWriter | None = None
         self._hash = hashlib.sha256()
         self._offset = 0
@@ -73,9 +74,9 @@ class _PackWriter:
         self.staged: set[str] = set()  # every block appended by this conversion
         self.stored_bytes = 0
 
-    def append(self, digest: str, compressed: bytes, size: int, known: dict[str, _Known]) -> None:
+    def append(self, digest: str, compressed: bytes, size: int) -> None:
         if self._writer is None:
-            self._writer = self.blobs.store.open_writer()
+            self._writer = self.store.open_writer()
             self._hash, self._offset = hashlib.sha256(), 0
         self._writer.write(compressed)
         self._hash.update(compressed)
@@ -84,9 +85,9 @@ class _PackWriter:
         self._offset += len(compressed)
         self.stored_bytes += len(compressed)
         if self._offset >= self.target:
-            self.flush(known)
+            self.flush()
 
-    def flush(self, known: dict[str, _Known]) -> None:
+    def flush(self) -> None:
         if self._writer is None:
             return
         key = PACK_PREFIX + self._hash.hexdigest()
@@ -96,7 +97,7 @@ class _PackWriter:
             pass
         for digest, location in self._pending:
             location.pack_key = key
-            known[digest] = location
+            self.known[digest] = location
         self._writer, self._pending = None, []
 
     def abort(self) -> None:
@@ -135,7 +136,7 @@ def convert(
     ``source`` is a temporary copy of it.
     """
     known = known_blocks(blobs)
-    packs = _PackWriter(blobs, pack_target)
+    packs = _PackWriter(blobs.store, pack_target, known)
     compressor = zstandard.ZstdCompressor(level=3)
     blocks_seen = 0
 
@@ -146,7 +147,7 @@ def convert(
             digest = hashlib.sha256(chunk).hexdigest()
             blocks_seen += 1
             if digest not in known and digest not in packs.staged:
-                packs.append(digest, compressor.compress(chunk), len(chunk), known)
+                packs.append(digest, compressor.compress(chunk), len(chunk))
             digests.append(digest)
             if on_progress:
                 on_progress(len(chunk))
@@ -155,7 +156,7 @@ def convert(
     streams = _layer_streams(source)
     try:
         index = merge_layers(streams, store_content)
-        packs.flush(known)
+        packs.flush()
     except BaseException:
         packs.abort()
         raise
