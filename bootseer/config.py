@@ -73,6 +73,10 @@ class ImageConfig:
     """Options for lazy images on this node."""
 
     cache_size: ByteSize = ByteSize(10 << 30)  # local block cache cap (LRU beyond it)
+    prefetch: bool = True  # prefetch a mounted image's hot list, if it has one
+    prefetch_concurrency: int = 4  # prefetch reads in flight at once
+    prefetch_request_size: ByteSize = ByteSize(8 << 20)  # bytes per prefetch read, at most
+    record_timeout: float = 300.0  # seconds after which a recording ends, ready or not
 
 
 @dataclass
@@ -150,6 +154,10 @@ def _coerce(kind: Any, raw: Any, key: str, origin: str) -> Any:
             if isinstance(raw, bool):
                 raise ValueError
             return int(raw)
+        if kind is float:
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)
         if kind is Path:
             return Path(os.path.expanduser(str(raw)))
         if kind is str:
@@ -160,8 +168,8 @@ def _coerce(kind: Any, raw: Any, key: str, origin: str) -> Any:
         pass
     else:
         raise AssertionError(f"unsupported config type {kind} for {key}")
-    expected = {bool: "true or false", int: "an integer", ByteSize: "a size like 64m",
-                str: "a string"}.get(kind, str(kind))
+    expected = {bool: "true or false", int: "an integer", float: "a number",
+                ByteSize: "a size like 64m", str: "a string"}.get(kind, str(kind))
     raise ConfigError(f"{origin}: {key}: expected {expected}, got {raw!r}")
 
 

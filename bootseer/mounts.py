@@ -45,6 +45,23 @@ def spawn_mount(args: list[str], mountpoint: Path, what: str, timeout: float) ->
     return child.pid
 
 
+def wait_for_exit(pid: int, timeout: float) -> None:
+    """Wait for a server started by :func:`spawn_mount` to exit after its unmount (it may
+    have work to finish, such as storing a recording)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not our child (or already reaped): watch /proc instead
+            if not Path(f"/proc/{pid}").exists():
+                return
+            done = 0
+        if done:
+            return
+        time.sleep(0.02)
+    raise BootseerError(f"the mount server (pid {pid}) did not exit within {timeout:.0f}s")
+
+
 def check_mountpoint(mountpoint: Path) -> None:
     if is_mounted(mountpoint):
         raise BootseerError(f"{mountpoint} is already a mount point (unmount it first)")

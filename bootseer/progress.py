@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -10,6 +10,7 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
@@ -19,8 +20,21 @@ from rich.progress import (
 console = Console(stderr=True, highlight=False, soft_wrap=True)  # errors stay one line
 
 
+class Advance:
+    """``advance(n_bytes)``; ``advance.set_total(n)`` when the total is known only later."""
+
+    def __init__(self, progress: Progress, task: TaskID) -> None:
+        self._progress, self._task = progress, task
+
+    def __call__(self, n: int) -> None:
+        self._progress.advance(self._task, n)
+
+    def set_total(self, total: int) -> None:
+        self._progress.update(self._task, total=total)
+
+
 @contextmanager
-def byte_progress(description: str, total: int | None) -> Iterator[Callable[[int], None]]:
+def byte_progress(description: str, total: int | None) -> Iterator[Advance]:
     """Yield an ``advance(n_bytes)`` callback drawing a transfer bar while the block runs."""
     progress = Progress(
         TextColumn("{task.description}"),
@@ -34,4 +48,4 @@ def byte_progress(description: str, total: int | None) -> Iterator[Callable[[int
     )
     with progress:
         task = progress.add_task(description, total=total)
-        yield lambda n: progress.advance(task, n)
+        yield Advance(progress, task)

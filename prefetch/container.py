@@ -62,9 +62,12 @@ def _runc() -> str:
 
 
 def bundle_config(rootfs: Path, argv: Sequence[str], env: Mapping[str, str], *,
-                  readonly: bool = False, cwd: str = "/",
-                  hostname: str = "bootseer") -> dict:
-    """The ``config.json`` of a bundle that runs ``argv`` as root in ``rootfs``."""
+                  readonly: bool = False, cwd: str = "/", hostname: str = "bootseer",
+                  binds: Mapping[str, Path] | None = None) -> dict:
+    """The ``config.json`` of a bundle that runs ``argv`` as root in ``rootfs``.
+
+    ``binds`` maps container paths to host directories, bind-mounted read-write.
+    """
     root_path = Path(os.path.realpath(rootfs))  # runc wants it absolute, not a symlink
     mounts = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
@@ -83,6 +86,10 @@ def bundle_config(rootfs: Path, argv: Sequence[str], env: Mapping[str, str], *,
     if readonly:
         mounts.append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                        "options": ["nosuid", "nodev", "mode=1777"]})
+    for destination, source in (binds or {}).items():
+        mounts.append({"destination": destination, "type": "bind",
+                       "source": str(Path(source).resolve()),
+                       "options": ["rbind", "rw", "nosuid", "nodev"]})
     caps = list(DEFAULT_CAPABILITIES)
     return {
         "ociVersion": "1.0.2",
@@ -110,7 +117,8 @@ def bundle_config(rootfs: Path, argv: Sequence[str], env: Mapping[str, str], *,
 
 def run_rootfs(rootfs: str | Path, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                timeout: float = 60, readonly: bool = False, cwd: str = "/",
-               text: bool = True) -> subprocess.CompletedProcess:
+               text: bool = True,
+               binds: Mapping[str, Path] | None = None) -> subprocess.CompletedProcess:
     """Run ``argv`` as root in a container whose root is ``rootfs``; return its exit code,
     stdout and stderr (runc's own errors land in stderr too).
 
@@ -127,7 +135,7 @@ def run_rootfs(rootfs: str | Path, argv: Sequence[str], *, env: Mapping[str, str
         bundle.mkdir()
         state.mkdir(mode=0o700)
         config = bundle_config(rootfs, argv, DEFAULT_ENV | dict(env or {}), readonly=readonly,
-                               cwd=cwd)
+                               cwd=cwd, binds=binds)
         (bundle / "config.json").write_text(json.dumps(config, indent=2))
         cmd = [runc, "--root", str(state), "run", "--bundle", str(bundle), container]
         log.debug("running %s: %s", container, list(argv))

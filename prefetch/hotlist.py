@@ -9,6 +9,11 @@ blocks, ordered by the median of their first-access times, so the list converges
 starts have in common and stays small. A hot list is only advice: one that does not
 decode, or that names blocks the image does not have (the image changed), is ignored
 with a warning, never an error.
+
+Saving a recording also lays the hot blocks out again (:mod:`prefetch.hotpack`): their
+compressed bytes, copied in hot-list order into one *hot pack*, so that a prefetch is a
+few large sequential reads rather than one small read per block scattered over the
+image's packs. The list records where each block sits in the hot pack.
 """
 
 from __future__ import annotations
@@ -37,6 +42,18 @@ class HotBlock:
 
 
 @dataclass(frozen=True)
+class HotLayout:
+    """Where the hot blocks sit in a hot pack: digest -> (offset, compressed length)."""
+
+    pack: str  # store key, packs/<sha256>
+    pieces: dict[str, tuple[int, int]]
+
+    @property
+    def size(self) -> int:
+        return sum(length for _, length in self.pieces.values())
+
+
+@dataclass(frozen=True)
 class HotList:
     image_id: str
     workload: str
@@ -44,12 +61,20 @@ class HotList:
     recordings: int = 1
     #: Per block, the first-access times of every recording, so merges stay exact.
     samples: dict[str, list[float]] = field(default_factory=dict, compare=False)
+    layout: HotLayout | None = field(default=None, compare=False)
+
+    def with_blocks(self, blocks: tuple[HotBlock, ...]) -> HotList:
+        return HotList(self.image_id, self.workload, blocks, self.recordings, self.samples,
+                       self.layout)
 
     def encode(self) -> bytes:
         body = {"format": FORMAT, "image_id": self.image_id, "workload": self.workload,
                 "recordings": self.recordings,
                 "blocks": [[b.digest, b.path, self.samples.get(b.digest, [b.seconds])]
                            for b in self.blocks]}
+        if self.layout is not None:
+            body["layout"] = {"pack": self.layout.pack,
+                              "pieces": {d: list(p) for d, p in self.layout.pieces.items()}}
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
@@ -60,8 +85,13 @@ class HotList:
         samples = {digest: [float(t) for t in times] for digest, _, times in body["blocks"]}
         blocks = tuple(HotBlock(digest, path, statistics.median(samples[digest]))
                        for digest, path, _ in body["blocks"])
+        layout = None
+        if body.get("layout"):
+            layout = HotLayout(str(body["layout"]["pack"]),
+                               {d: (int(o), int(n))
+                                for d, (o, n) in body["layout"]["pieces"].items()})
         return cls(body["image_id"], body["workload"], blocks, int(body["recordings"]),
-                   samples)
+                   samples, layout)
 
 
 def merge(lists: list[HotList]) -> HotList:
@@ -114,10 +144,23 @@ def ref_name(image_id: str, workload: str) -> str:
     return f"hot/{image_id.removeprefix('sha256:')}/{workload}"
 
 
-def save(blobs: BlobStore, recording: HotList) -> HotList:
-    """Merge ``recording`` into the stored list of its image and workload; store the result."""
-    stored = load(blobs, recording.image_id, recording.workload)
+def save(blobs: BlobStore, recording: HotList, manifest: Manifest | None = None) -> HotList:
+    """Merge ``recording`` into the stored list of its image and workload; store the result.
+
+    With the image's ``manifest``, the hot blocks are also laid out in a hot pack — again
+    only when the merge changed which blocks are hot (a new order of the same blocks keeps
+    the pack: a prefetch reads it in list order anyway, only in more pieces).
+    """
+    from prefetch.hotpack import write_hot_pack
+
+    stored = load(blobs, recording.image_id, recording.workload, manifest)
     merged = merge([stored, recording]) if stored is not None else recording
+    if manifest is not None:
+        layout = stored.layout if stored is not None else None
+        if layout is None or set(layout.pieces) != {b.digest for b in merged.blocks}:
+            layout = write_hot_pack(blobs, manifest, [b.digest for b in merged.blocks])
+        merged = HotList(merged.image_id, merged.workload, merged.blocks, merged.recordings,
+                         merged.samples, layout)
     info = blobs.put(merged.encode())
     blobs.set_ref(ref_name(merged.image_id, merged.workload), info.digest,
                   {"recordings": merged.recordings, "blocks": len(merged.blocks)})
@@ -147,5 +190,5 @@ def load(blobs: BlobStore, image_id: str, workload: str = DEFAULT_WORKLOAD,
             log.warning("hot list of image %s (%s): %d of %d blocks are not in the image; "
                         "ignoring them", image_id, workload, len(hot.blocks) - len(kept),
                         len(hot.blocks))
-        hot = HotList(hot.image_id, hot.workload, kept, hot.recordings, hot.samples)
+        hot = hot.with_blocks(kept)
     return hot

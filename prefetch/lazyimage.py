@@ -7,6 +7,11 @@ other in a pack are fetched with one ranged read, then decompressed and checked 
 their digest before anyone sees them. A block that fails the check is fetched once more;
 if it fails again the read fails with :class:`BlockIntegrityError` (EIO through FUSE).
 Concurrent readers of the same missing block wait for one fetch.
+
+A :class:`~prefetch.prefetcher.Prefetcher` fills the same cache ahead of the reads, from the
+image's hot list: it claims blocks through the same in-flight table, so a read of a block
+being prefetched waits for that fetch instead of fetching it again, and it holds back
+while reads are fetching blocks of their own (reads go first).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 
 import zstandard
 
-from bootseer.errors import IntegrityError
+from bootseer.errors import BootseerError, IntegrityError
 from bootseer.store import BlobStore
 from bootseer.store.blobs import is_digest
 from prefetch.blockcache import BlockCache
@@ -40,17 +45,46 @@ class BlockIntegrityError(IntegrityError):
 
 
 @dataclass
-class LazyStats:
+class FetchCounts:
+    """What fetching from the store cost, counted separately for reads and for prefetch."""
+
     blocks_fetched: int = 0
     bytes_fetched: int = 0  # compressed bytes read from the store
     fetch_requests: int = 0  # ranged reads sent to the store
+    refetches: int = 0  # blocks fetched again after a failed digest check or read
+    failed_blocks: int = 0  # blocks that could not be fetched (the read failed with EIO)
+
+
+@dataclass
+class LazyStats(FetchCounts):
+    """What reads cost (a miss and its read-ahead); the prefetcher counts its own."""
+
     cache_hits: int = 0
-    refetches: int = 0  # blocks fetched again after a failed digest check
+    prefetch_hits: int = 0  # blocks a read found in the cache because the prefetcher put them
+    prefetch_waits: int = 0  # blocks a read waited for while the prefetcher fetched them
+
+
+#: A block to fetch from some pack: (manifest index, offset, compressed length).
+Piece = tuple[int, int, int]
 
 
 def resolve_image(blobs: BlobStore, image: str) -> str:
     """An image id (``sha256:...``) as is, or the id the ref ``images/<image>`` names."""
     return image if is_digest(image) else blobs.get_ref(IMAGE_REF_PREFIX + image).digest
+
+
+def load_manifest(blobs: BlobStore, image_id: str, cache: BlockCache) -> Manifest:
+    """The image's manifest, from the node's cache when it is there (it is content-addressed
+    like a block, so the cache verifies it the same way), else from the store."""
+    digest = image_id.removeprefix("sha256:")
+    data = cache.get(digest)
+    if data is None:
+        data = blobs.get(image_id)  # verified against the digest by the blob store
+        try:
+            cache.put(digest, data)
+        except OSError as exc:
+            log.warning("could not cache the manifest of %s: %s", image_id, exc)
+    return Manifest.decode(data)
 
 
 class LazyImage:
@@ -62,11 +96,15 @@ class LazyImage:
         #: so they come in the same ranged read instead of one round trip each.
         self.readahead_blocks = readahead_blocks
         self.image_id = resolve_image(blobs, image)
-        self.manifest = Manifest.decode(blobs.get(self.image_id))
+        self.manifest = load_manifest(blobs, self.image_id, cache)
         self.stats = LazyStats()
         #: While set, the first access of every block is noted (see prefetch.hotlist).
         self.recorder: Recorder | None = None
         self._inflight: dict[str, Future] = {}
+        self._prefetched: set[str] = set()  # put by the prefetcher, not yet read
+        #: Reads fetching from the store right now; the prefetcher yields to them.
+        self.demand_fetches = 0
+        self.demand_changed = threading.Condition()
         # FUSE reads 128 KiB at a time: the block being read stays in memory rather than
         # being read back (and re-verified) from the disk cache for every request.
         self._recent: OrderedDict[str, bytes] = OrderedDict()
@@ -114,23 +152,28 @@ class LazyImage:
         waits: dict[int, Future] = {}
         for i in indexes:
             digest = table[i].digest
-            cached = self._recent_get(digest)
-            if cached is None:
-                cached = self.cache.get(digest)
+            while True:  # twice at most, unless the block comes and goes between the checks
+                cached = self._cached(digest)
                 if cached is not None:
-                    self._recent_put(digest, cached)
-            if cached is not None:
-                found[i] = cached
+                    found[i] = cached
+                    with self._lock:
+                        self.stats.cache_hits += 1
+                        if digest in self._prefetched:
+                            self._prefetched.discard(digest)
+                            self.stats.prefetch_hits += 1
+                    break
                 with self._lock:
-                    self.stats.cache_hits += 1
-                continue
-            with self._lock:
-                future = self._inflight.get(digest)
-                if future is None:
-                    self._inflight[digest] = Future()
-                    mine.append(i)
-                else:
-                    waits[i] = future
+                    future = self._inflight.get(digest)
+                    if future is not None:
+                        waits[i] = future
+                        if getattr(future, "prefetch", False):
+                            self.stats.prefetch_waits += 1
+                            self._prefetched.discard(digest)
+                        break
+                    if digest not in self.cache:  # else a fetch just finished: read it
+                        self._inflight[digest] = Future()
+                        mine.append(i)
+                        break
         extra = []
         with self._lock:
             for i in also:
@@ -139,7 +182,14 @@ class LazyImage:
                     self._inflight[digest] = Future()
                     extra.append(i)
         if mine or extra:
-            self._fetch(mine + extra)
+            with self.demand_changed:
+                self.demand_fetches += 1
+            try:
+                self._fetch(mine + extra)
+            finally:
+                with self.demand_changed:
+                    self.demand_fetches -= 1
+                    self.demand_changed.notify_all()
         for i in mine:
             found[i] = self._inflight_result(table[i].digest)
         for i in extra:
@@ -150,6 +200,15 @@ class LazyImage:
         for i, future in waits.items():
             found[i] = future.result()
         return [found[i] for i in indexes]
+
+    def _cached(self, digest: str) -> bytes | None:
+        """The block from memory or the disk cache, or None."""
+        data = self._recent_get(digest)
+        if data is None:
+            data = self.cache.get(digest)
+            if data is not None:
+                self._recent_put(digest, data)
+        return data
 
     def _recent_get(self, digest: str) -> bytes | None:
         with self._lock:
@@ -175,60 +234,115 @@ class LazyImage:
         table = self.manifest.blocks
         for run in _runs(sorted(set(indexes), key=lambda i: (table[i].pack, table[i].offset)),
                          table):
-            try:
-                blocks = self._fetch_run([table[i] for i in run])
-            except BaseException as exc:
-                for i in run:
+            pieces = [(i, table[i].offset, table[i].length) for i in run]
+            self.fetch_pieces(self.manifest.packs[table[run[0]].pack], pieces, self.stats)
+
+    # -- what the prefetcher uses -------------------------------------------------------------
+
+    def claim(self, index: int) -> bool:
+        """Take on fetching block ``index`` for the prefetcher: False if it is already local
+        or on its way. A claimed block must be settled by :meth:`fetch_pieces`."""
+        digest = self.manifest.blocks[index].digest
+        with self._lock:
+            if digest in self._inflight or digest in self._recent or digest in self.cache:
+                return False
+            future: Future = Future()
+            future.prefetch = True  # type: ignore[attr-defined]
+            self._inflight[digest] = future
+            return True
+
+    def fetch_pieces(self, pack: str, pieces: list[Piece], stats: FetchCounts,
+                     *, prefetch: bool = False) -> int:
+        """Fetch claimed blocks that sit next to each other in ``pack`` with one ranged read,
+        verify them, cache them and settle their futures; return the bytes read.
+
+        A block that does not verify (or a read that fails) is fetched again from its place
+        in the image's own packs, so a damaged or missing hot pack costs time, not data.
+        """
+        table = self.manifest.blocks
+        unsettled = {i for i, _, _ in pieces}
+        try:
+            return self._fetch_pieces(pack, pieces, stats, prefetch, unsettled)
+        finally:  # whatever went wrong, nobody may be left waiting on a block
+            for i in unsettled:
+                self._settle(table[i].digest,
+                             exc=BootseerError(f"fetching block {table[i].digest} failed"))
+
+    def _fetch_pieces(self, pack: str, pieces: list[Piece], stats: FetchCounts,
+                      prefetch: bool, unsettled: set[int]) -> int:
+        table = self.manifest.blocks
+        start, end = pieces[0][1], pieces[-1][1] + pieces[-1][2]
+        try:
+            raw = self.blobs.store.read_range(pack, start, end - start)
+        except Exception as exc:
+            if pack in self.manifest.packs:  # already the block's home: nothing to fall back to
+                for i, _, _ in pieces:
+                    unsettled.discard(i)
                     self._settle(table[i].digest, exc=exc)
+                with self._lock:
+                    stats.failed_blocks += len(pieces)
+                return 0
+            log.warning("reading %d blocks from %s failed (%s); using the image's packs",
+                        len(pieces), pack, exc)
+            raw = None
+        else:
+            with self._lock:
+                stats.fetch_requests += 1
+                stats.bytes_fetched += end - start
+        for i, offset, length in pieces:
+            location = table[i]
+            data = None
+            if raw is not None:
+                data = self._decompress(raw[offset - start : offset - start + length], location)
+            try:
+                if data is None:
+                    data = self._refetch(location, stats)
+            except Exception as exc:
+                unsettled.discard(i)
+                self._settle(location.digest, exc=exc)
+                with self._lock:
+                    stats.failed_blocks += 1
                 continue
-            for i, data in zip(run, blocks):
-                if isinstance(data, BaseException):
-                    self._settle(table[i].digest, exc=data)
-                else:
-                    self._settle(table[i].digest, data=data)
+            try:
+                self.cache.put(location.digest, data)
+            except OSError as exc:  # a full disk: serve the block anyway, uncached
+                log.warning("could not cache block %s: %s", location.digest, exc)
+            if not prefetch:  # prefetched blocks must not push out the ones being read
+                self._recent_put(location.digest, data)
+            with self._lock:
+                stats.blocks_fetched += 1
+                if prefetch:
+                    self._prefetched.add(location.digest)
+            unsettled.discard(i)
+            self._settle(location.digest, data=data)
+        return end - start if raw is not None else 0
 
     def _settle(self, digest: str, *, data: bytes | None = None,
                 exc: BaseException | None = None) -> None:
         with self._lock:
             future = self._inflight[digest]
+            if getattr(future, "prefetch", False):
+                # Nobody may be waiting: forget it now, or it would stay "in flight" forever.
+                del self._inflight[digest]
         if exc is not None:
             future.set_exception(exc)
+            if getattr(future, "prefetch", False):
+                future.exception()  # retrieved: no "never retrieved" noise
         else:
             future.set_result(data)
 
-    def _fetch_run(self, run: list[BlockLocation]) -> list[bytes | BlockIntegrityError]:
-        """One ranged read for the run; each block's bytes, or the error of that block."""
-        pack = self.manifest.packs[run[0].pack]
-        start, end = run[0].offset, run[-1].offset + run[-1].length
-        raw = self.blobs.store.read_range(pack, start, end - start)
+    def _refetch(self, location: BlockLocation, stats: FetchCounts) -> bytes:
+        """The block from its place in the image's packs, after a failed check or read."""
         with self._lock:
-            self.stats.fetch_requests += 1
-            self.stats.bytes_fetched += end - start
-        out = []
-        for location in run:
-            piece = raw[location.offset - start : location.offset - start + location.length]
-            data = self._decompress(piece, location)
-            try:
-                if data is None:
-                    data = self._refetch(location)
-            except BlockIntegrityError as exc:
-                out.append(exc)
-                continue
-            self.cache.put(location.digest, data)
-            self._recent_put(location.digest, data)
-            out.append(data)
-        with self._lock:
-            self.stats.blocks_fetched += len(run)
-        return out
-
-    def _refetch(self, location: BlockLocation) -> bytes:
-        with self._lock:
-            self.stats.refetches += 1
+            stats.refetches += 1
         pack = self.manifest.packs[location.pack]
-        log.warning("block %s from %s failed its digest check; fetching it again",
+        log.warning("block %s did not verify or could not be read; fetching it from %s",
                     location.digest, pack)
         data = self._decompress(
             self.blobs.store.read_range(pack, location.offset, location.length), location)
+        with self._lock:
+            stats.fetch_requests += 1
+            stats.bytes_fetched += location.length
         if data is None:
             raise BlockIntegrityError(
                 f"image {self.image_id}: block {location.digest} (pack {pack}, bytes "

@@ -64,11 +64,14 @@ def _register_commands() -> None:
     from bootseer.cli.config_cmd import config
     from bootseer.cli.image_cmd import image
     from bootseer.cli.store_cmd import store
+    from bootseer.cli.warm_cmd import ready, warm
 
     cli.add_command(ckpt)
     cli.add_command(config)
     cli.add_command(image)
+    cli.add_command(ready)
     cli.add_command(store)
+    cli.add_command(warm)
 
 
 _register_commands()

@@ -11,19 +11,30 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import click
 
 from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
-from bootseer.mounts import check_mountpoint, spawn_mount, unmount
+from bootseer.mounts import check_mountpoint, spawn_mount, unmount, wait_for_exit
 from bootseer.progress import byte_progress, console
+from bootseer.ready import READY_FILE_ENV
 from bootseer.units import format_size
+from prefetch import hotlist
 from prefetch.blockcache import BlockCache
 from prefetch.blockformat import DEFAULT_BLOCK_SIZE, IMAGE_REF_PREFIX, Manifest
+from prefetch.hotlist import DEFAULT_WORKLOAD
 from prefetch.image_source import open_image
 from prefetch.lazyimage import STATS_XATTR, resolve_image
+from prefetch.recording import ReadyWhen
+from prefetch.session import SessionOptions
+
+#: ``image run`` records starts by default until the hot list merges this many.
+RECORD_UNTIL = 3
+#: Where a recorded container finds the directory of its ready file.
+READY_DIR = "/run/bootseer"
 
 
 @click.group()
@@ -67,28 +78,89 @@ def ls(app: AppContext) -> None:
         click.echo(f"{name[len(IMAGE_REF_PREFIX):]}\t{app.blobs.get_ref(name).digest}")
 
 
+def _session_flags(f):
+    """Options shared by ``mount`` and ``run``: which hot list, prefetch, recording."""
+    for decorator in reversed([
+        click.option("--workload", default=DEFAULT_WORKLOAD, show_default=True,
+                     help="Workload key: starts of the same image with another entry point "
+                          "read other blocks, so each key has its own hot list."),
+        click.option("--prefetch/--no-prefetch", default=None,
+                     help="Prefetch the hot list in the background (default: config "
+                          "image.prefetch, on)."),
+        click.option("--ready-marker", type=click.Path(path_type=Path),
+                     help="Recording: the start is over when this file appears."),
+        click.option("--record-timeout", type=float,
+                     help="Recording: the start is over after this many seconds (default: "
+                          "config image.record_timeout)."),
+    ]):
+        f = decorator(f)
+    return f
+
+
+def _options(app: AppContext, workload: str, prefetch: bool | None, record: bool,
+             ready_file: Path | None, ready_marker: Path | None,
+             record_timeout: float | None, report: Path | None) -> SessionOptions:
+    cfg = app.loaded.config.image
+    when = ReadyWhen(ready_file, ready_marker,
+                     cfg.record_timeout if record_timeout is None else record_timeout)
+    return SessionOptions(workload=workload, prefetch=cfg.prefetch if prefetch is None
+                          else prefetch, prefetch_concurrency=cfg.prefetch_concurrency,
+                          prefetch_request_size=cfg.prefetch_request_size,
+                          record=when if record else None, report=report)
+
+
 @image.command("mount")
 @click.argument("name")
 @click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
+@_session_flags
+@click.option("--record", is_flag=True,
+              help="Record which blocks this start reads into the image's hot list.")
+@click.option("--ready-file", type=click.Path(path_type=Path),
+              help="Recording: the start is over when the workload creates this file.")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the mount's final statistics as JSON here when it ends.")
 @click.option("--foreground", is_flag=True, help="Serve in this process until unmounted.")
-@click.option("--timeout", type=float, default=60.0, show_default=True)
+@click.option("--timeout", type=float, default=60.0, show_default=True,
+              help="Seconds to wait for the mount to appear.")
 @pass_app
-def mount(app: AppContext, name: str, mountpoint: Path, foreground: bool,
+def mount(app: AppContext, name: str, mountpoint: Path, workload: str, prefetch: bool | None,
+          ready_marker: Path | None, record_timeout: float | None, record: bool,
+          ready_file: Path | None, report: Path | None, foreground: bool,
           timeout: float) -> None:
-    """Mount image NAME (a name or an image id) read-only at MOUNTPOINT, lazily."""
+    """Mount image NAME (a name or an image id) read-only at MOUNTPOINT, lazily.
+
+    Its hot list for the workload, if it has one, is prefetched in the background.
+    """
     check_mountpoint(mountpoint)
+    options = _options(app, workload, prefetch, record, ready_file, ready_marker,
+                       record_timeout, report)
     if foreground:
-        from prefetch.fuse import mount as serve
-        from prefetch.lazyimage import LazyImage
+        from prefetch.session import serve
 
         cfg = app.loaded.config
-        cache = BlockCache(cfg.cache_dir / "blocks", cfg.image.cache_size)
-        serve(LazyImage(app.blobs, name, cache), mountpoint)
+        serve(app.blobs, name, BlockCache(cfg.cache_dir / "blocks", cfg.image.cache_size),
+              mountpoint, options)
         return
-    args = [sys.executable, "-m", "bootseer", "--store", app.loaded.config.store,
-            "image", "mount", "--foreground", name, str(mountpoint)]
-    pid = spawn_mount(args, mountpoint, f"image {name}", timeout)
+    pid = spawn_mount(_mount_argv(app, name, mountpoint, options), mountpoint,
+                      f"image {name}", timeout)
     console.print(f"mounted image {name} at {mountpoint} (pid {pid})")
+
+
+def _mount_argv(app: AppContext, name: str, mountpoint: Path,
+                options: SessionOptions) -> list[str]:
+    """The command line of a FUSE server process for ``options``."""
+    args = [sys.executable, "-m", "bootseer", "--store", app.loaded.config.store, "image",
+            "mount", "--foreground", name, str(mountpoint), "--workload", options.workload,
+            "--prefetch" if options.prefetch else "--no-prefetch"]
+    if options.record is not None:
+        args += ["--record", "--record-timeout", str(options.record.timeout)]
+        if options.record.ready_file is not None:
+            args += ["--ready-file", str(options.record.ready_file)]
+        if options.record.marker is not None:
+            args += ["--ready-marker", str(options.record.marker)]
+    if options.report is not None:
+        args += ["--report", str(options.report)]
+    return args
 
 
 @image.command("umount")
@@ -108,48 +180,90 @@ def stats(mountpoint: Path) -> None:
 @image.command("run")
 @click.argument("name")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+@_session_flags
+@click.option("--record/--no-record", default=None,
+              help="Record this start into the hot list (default: while the hot list has "
+                   f"fewer than {RECORD_UNTIL} recordings).")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Seconds before the container is killed.")
 @click.option("--stats", "stats_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the fetch statistics of the run as JSON to this file.")
+              help="Also write the statistics of the run as JSON to this file.")
 @pass_app
-def run(app: AppContext, name: str, argv: tuple[str, ...], timeout: float,
-        stats_file: Path | None) -> None:
+def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
+        prefetch: bool | None, ready_marker: Path | None, record_timeout: float | None,
+        record: bool | None, timeout: float, stats_file: Path | None) -> None:
     """Run ARGV (instead of the image's Cmd) in a runc container on image NAME, lazily.
 
-    The root is an overlay: a fresh writable layer over the lazy mount. The command's
-    output is printed, then what the start fetched; the exit code is the command's.
+    The root is an overlay: a fresh writable layer over the lazy mount. The image's hot
+    list is prefetched while the container starts. A recorded start ends when the
+    container exits, creates $BOOTSEER_READY_FILE (`bootseer ready`), creates
+    --ready-marker (a path inside the container), or after --record-timeout. The
+    command's output is printed, then what the start fetched; the exit code is the
+    command's.
     """
     from prefetch.container import overlay_mount, run_rootfs
 
-    manifest = Manifest.decode(app.blobs.get(resolve_image(app.blobs, name)))
+    image_id = resolve_image(app.blobs, name)
+    manifest = Manifest.decode(app.blobs.get(image_id))
     image_config = manifest.config.get("config") or {}
     # Docker's rule: arguments replace the image's Cmd; its Entrypoint stays in front.
     argv = tuple(image_config.get("Entrypoint") or ()) + (argv or tuple(image_config.get("Cmd")
                                                                         or ()))
     if not argv:
         raise BootseerError(f"image {name} has no Cmd: give the command after --")
+    if record is None:
+        hot = hotlist.load(app.blobs, image_id, workload)
+        record = hot is None or hot.recordings < RECORD_UNTIL
     env = dict(item.split("=", 1) for item in image_config.get("Env") or () if "=" in item)
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bootseer-run-") as tmp:
         work = Path(tmp)
-        lower = work / "lower"
+        lower, signal, root = work / "lower", work / "signal", work / "rootfs"
         lower.mkdir()
-        spawn_mount([sys.executable, "-m", "bootseer", "--store", app.loaded.config.store,
-                     "image", "mount", "--foreground", name, str(lower)],
-                    lower, f"image {name}", 60.0)
+        signal.mkdir()
+        binds = {}
+        if record:
+            binds[READY_DIR] = signal
+            env[READY_FILE_ENV] = f"{READY_DIR}/ready"
+        marker = root / str(ready_marker).lstrip("/") if ready_marker else None
+        options = _options(app, workload, prefetch, record, signal / "ready", marker,
+                           record_timeout, work / "report.json")
+        pid = spawn_mount(_mount_argv(app, image_id, lower, options), lower,
+                          f"image {name}", 60.0)
         try:
-            with overlay_mount(lower, work / "upper", work / "work", work / "rootfs") as root:
-                result = run_rootfs(root, list(argv), env=env, timeout=timeout,
+            with overlay_mount(lower, work / "upper", work / "work", root):
+                result = run_rootfs(root, list(argv), env=env, timeout=timeout, binds=binds,
                                     cwd=image_config.get("WorkingDir") or "/")
-            stats = json.loads(os.getxattr(lower, STATS_XATTR))
+            ran = time.monotonic() - started
         finally:
             unmount(lower)
+        wait_for_exit(pid, 600.0)  # the server stores the recording before it exits
+        stats = json.loads((work / "report.json").read_text())
     stats["image_content_bytes"] = manifest.content_bytes
+    stats["run_seconds"] = round(ran, 3)
     if stats_file:
         stats_file.write_text(json.dumps(stats, indent=2) + "\n")
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
-    console.print(f"fetched {format_size(stats['bytes_fetched'])} in "
-                  f"{stats['blocks_fetched']} blocks ({stats['fetch_requests']} reads) of "
-                  f"{format_size(manifest.content_bytes)} of image content")
+    console.print(_summary(stats, manifest))
     sys.exit(result.returncode)
+
+
+def _summary(stats: dict, manifest: Manifest) -> str:
+    lines = [f"started in {stats['run_seconds']:.2f} s; reads fetched "
+             f"{format_size(stats['bytes_fetched'])} in {stats['blocks_fetched']} blocks "
+             f"({stats['fetch_requests']} reads) of {format_size(manifest.content_bytes)} "
+             f"of image content"]
+    pre = stats.get("prefetch")
+    if pre:
+        lines.append(f"prefetch: {pre['blocks_fetched']} of {pre['hot_blocks']} hot blocks "
+                     f"({format_size(pre['bytes_fetched'])}, {pre['fetch_requests']} reads); "
+                     f"reads found {stats['prefetch_hits']} prefetched, waited for "
+                     f"{stats['prefetch_waits']}")
+    rec = stats.get("recording")
+    if rec and rec.get("hot_blocks"):
+        lines.append(f"recorded this start ({rec['ended']}): the hot list of workload "
+                     f"{rec['workload']!r} has {rec['hot_blocks']} blocks "
+                     f"({format_size(rec['hot_bytes'] or 0)}) from {rec['recordings']} "
+                     f"recording(s)")
+    return "\n".join(lines)

@@ -10,11 +10,13 @@ builds one from the Debian archive the machine already uses — no registry, no 
         run_rootfs(root, ["python3", "-c", "print(6*7)"]).stdout   # "42\\n"
 
 Layer 1 is ``debootstrap --variant=minbase bookworm``, layer 2 (``--python``) the diff
-that ``apt-get install python3`` made, as a Dockerfile step would. The layout is what
-:func:`prefetch.image_source.open_image` reads.
+that ``apt-get install python3`` made, as a Dockerfile step would. ``with_torch=True``
+(``--torch``) adds layer 3 on top of those same two layers: torch 2.13.0 (CPU) and numpy
+pip-installed into ``/usr/local/lib/python3.11/dist-packages``, a >= 1 GiB image for the
+start-time benchmark. The layout is what :func:`prefetch.image_source.open_image` reads.
 
-Command line: ``python -m bootseer.devimage build [--python] [--out DIR]``, ``unpack``,
-``run``. All of it needs root, and ``debootstrap`` and ``runc`` from
+Command line: ``python -m bootseer.devimage build [--python|--torch] [--out DIR]``,
+``unpack``, ``run``. All of it needs root, and ``debootstrap`` and ``runc`` from
 ``scripts/install-system-deps.sh``.
 """
 
@@ -32,10 +34,10 @@ from .build import (
     summary,
 )
 from .debian import BuildError, find_mirror
-from .unpack import UnpackError, unpack_image
+from .unpack import UnpackError, unpack_image, unpack_layers
 
 __all__ = [
     "BuildError", "BuildInfo", "ImageRecipe", "RuncError", "UnpackError", "build_image",
     "build_recipe", "find_mirror", "images_dir", "mount_overlay", "overlay_mount", "place",
-    "read_build_info", "run_rootfs", "summary", "unmount", "unpack_image",
+    "read_build_info", "run_rootfs", "summary", "unmount", "unpack_image", "unpack_layers",
 ]

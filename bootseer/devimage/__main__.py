@@ -2,6 +2,7 @@
 
     python -m bootseer.devimage build --python            # prints the cached layout's path
     python -m bootseer.devimage build --python --out img  # and a copy of it in ./img
+    python -m bootseer.devimage build --torch             # + torch and numpy (>= 1 GiB)
     python -m bootseer.devimage unpack img rootfs
     python -m bootseer.devimage run rootfs -- python3 -c 'print(6*7)'
 """
@@ -34,19 +35,21 @@ def main(verbose: bool) -> None:
 @main.command()
 @click.option("--python", "with_python", is_flag=True,
               help="Add python3 from the archive as a second layer.")
+@click.option("--torch", "with_torch", is_flag=True,
+              help="Also pip-install torch (CPU) and numpy as a third layer (implies --python).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Also place a copy of the image here (replaces an OCI layout there).")
 @click.option("--suite", default="bookworm", show_default=True)
 @click.option("--mirror", default=None,
               help="Debian archive URL. Default: the one the machine's apt uses.")
 @click.option("--rebuild", is_flag=True, help="Build again even if the image is cached.")
-def build(with_python: bool, out: Path | None, suite: str, mirror: str | None,
-          rebuild: bool) -> None:
+def build(with_python: bool, with_torch: bool, out: Path | None, suite: str,
+          mirror: str | None, rebuild: bool) -> None:
     """Build the image (or find it in the cache) and print where it is."""
     started = time.monotonic()
     try:
-        path = build_image(out, with_python=with_python, suite=suite, mirror=mirror,
-                           rebuild=rebuild)
+        path = build_image(out, with_python=with_python, with_torch=with_torch, suite=suite,
+                           mirror=mirror, rebuild=rebuild)
     except BootseerError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(summary(path))

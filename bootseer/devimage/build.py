@@ -3,11 +3,20 @@
     from bootseer.devimage import build_image
     layout = build_image(with_python=True)       # ~1 min the first time, instant after
     layout = build_image(tmp / "img", with_python=True)   # a private copy of it
+    layout = build_image(with_torch=True)        # + torch and numpy: a >= 1 GiB image
 
 Layer 1 is ``debootstrap --variant=minbase SUITE`` from the machine's own Debian archive;
 with packages (``with_python`` asks for ``python3``), layer 2 is what installing them in a
 chroot changed, like a Dockerfile ``RUN apt-get install`` step (see
 :mod:`bootseer.devimage.layers` for how the diff is taken).
+
+With pip requirements (``with_torch`` asks for the CPU build of torch 2.13.0 from
+``/opt/wheels`` and numpy), the image is built ``FROM`` the cached image without them:
+its layer blobs are reused as they are (same digests, so a store holding both keeps them
+once) and its rootfs is unpacked, then the host's pip installs the requirements into the
+image's ``/usr/local/lib/python3.X/dist-packages`` (:mod:`bootseer.devimage.pip`) and what
+that changed becomes layer 3, like ``RUN pip install``. A check command (``import torch``)
+then runs in the image with runc before the image is published.
 
 The cache is ``<user cache dir>/bootseer/images/<name>-<key>``, where the key hashes every
 input (suite, variant, mirror, packages, the builder's format version): change one and you
@@ -28,21 +37,28 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 import platformdirs
 
 from bootseer.filelock import file_lock
+from prefetch.container import run_rootfs
+from prefetch.image_source import open_image
 
-from . import debian, layers, oci
+from . import debian, layers, oci, pip
 from .debian import BuildError
+from .unpack import unpack_image
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1  # bump when the builder's output changes: old cache entries then miss
 BUILD_INFO = "bootseer-build.json"
+WHEELS_DIR = "/opt/wheels"  # where the machine keeps wheels no index has (CPU torch)
+TORCH_REQUIREMENTS = ("torch==2.13.0+cpu", "numpy")
+TORCH_CHECK = ("python3", "-c", "import numpy, torch; print(torch.__version__, "
+               "numpy.__version__, float(torch.ones(8, 8).sum()))")
 
 
 @dataclass(frozen=True)
@@ -53,18 +69,31 @@ class ImageRecipe:
     variant: str = "minbase"
     mirror: str = debian.DEFAULT_MIRROR
     packages: tuple[str, ...] = ()  # installed with apt in a second layer; none: one layer
+    pip: tuple[str, ...] = ()  # pip requirements, installed in a third layer (wheels only)
+    find_links: tuple[str, ...] = ()  # local wheel directories pip may take them from
 
     @property
     def name(self) -> str:
         """Human-readable, e.g. ``debian-bookworm-minbase-python3``."""
         parts = ["debian", self.suite, self.variant, *self.packages]
+        if self.pip:
+            parts += ["pip", *(req.replace("==", "-") for req in self.pip)]
         return "-".join("".join(c if c.isalnum() or c in ".+" else "_" for c in p)
                         for p in parts)
 
     @property
     def key(self) -> str:
-        data = json.dumps(asdict(self) | {"format": FORMAT_VERSION}, sort_keys=True)
+        fields = asdict(self)
+        for name in ("pip", "find_links"):  # absent when empty: older images keep their keys
+            if not fields[name]:
+                del fields[name]
+        data = json.dumps(fields | {"format": FORMAT_VERSION}, sort_keys=True)
         return hashlib.sha256(data.encode()).hexdigest()[:12]
+
+    @property
+    def base(self) -> ImageRecipe | None:
+        """The image this one is built ``FROM`` (the same without the pip layer), if any."""
+        return replace(self, pip=(), find_links=()) if self.pip else None
 
     @property
     def cmd(self) -> list[str]:
@@ -83,6 +112,8 @@ class BuildInfo:
     build_seconds: float
     rootfs_bytes: int  # regular-file bytes of the final root filesystem
     layers: list[dict] = field(default_factory=list)  # per layer: digest, sizes, entries...
+    pip_installed: list[str] = field(default_factory=list)  # name-version, pip layer only
+    check: dict | None = None  # the check command run in the image, and its output
 
     @property
     def compressed_bytes(self) -> int:
@@ -95,24 +126,36 @@ def images_dir() -> Path:
 
 
 def build_image(out_dir: str | Path | None = None, *, with_python: bool = False,
-                suite: str = "bookworm", mirror: str | None = None,
+                with_torch: bool = False, suite: str = "bookworm", mirror: str | None = None,
                 cache_dir: str | Path | None = None, rebuild: bool = False) -> Path:
-    """The Debian ``suite`` minbase image (plus a python3 layer), as an OCI layout directory.
+    """The Debian ``suite`` minbase image (plus a python3 layer, plus a torch layer), as an
+    OCI layout directory.
 
     Built into the cache on first use (needs root, ``debootstrap`` and the network to the
-    Debian archive); later calls with the same inputs return it at once. With ``out_dir``,
-    a copy is placed there (replacing an OCI layout already there) and its path returned;
-    otherwise the cached layout's path. ``mirror`` defaults to the machine's apt source.
+    Debian archive; ``with_torch`` also the torch wheel in :data:`WHEELS_DIR` and the
+    package index for its dependencies); later calls with the same inputs return it at
+    once. ``with_torch`` implies ``with_python``. With ``out_dir``, a copy is placed there
+    (replacing an OCI layout already there) and its path returned; otherwise the cached
+    layout's path. ``mirror`` defaults to the machine's apt source. ``rebuild`` rebuilds
+    the requested image only, not the one it is built from.
     """
     recipe = ImageRecipe(suite=suite, mirror=mirror or debian.find_mirror(suite),
-                         packages=("python3",) if with_python else ())
-    cached = build_recipe(recipe, cache_dir=cache_dir, rebuild=rebuild)
+                         packages=("python3",) if with_python or with_torch else ())
+    check = None
+    if with_torch:
+        recipe = replace(recipe, pip=TORCH_REQUIREMENTS, find_links=(WHEELS_DIR,))
+        check = TORCH_CHECK
+    cached = build_recipe(recipe, cache_dir=cache_dir, rebuild=rebuild, check=check)
     return cached if out_dir is None else place(cached, Path(out_dir))
 
 
 def build_recipe(recipe: ImageRecipe, *, cache_dir: str | Path | None = None,
-                 rebuild: bool = False) -> Path:
-    """The cached OCI layout for ``recipe``, built first if missing (or if ``rebuild``)."""
+                 rebuild: bool = False, check: Sequence[str] | None = None) -> Path:
+    """The cached OCI layout for ``recipe``, built first if missing (or if ``rebuild``).
+
+    ``check`` is a command run (read-only, with runc) in a freshly built image before it
+    is published; a non-zero exit fails the build. Its output is kept in the build info.
+    """
     root = Path(cache_dir) if cache_dir is not None else images_dir()
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{recipe.name}-{recipe.key}"
@@ -126,7 +169,7 @@ def build_recipe(recipe: ImageRecipe, *, cache_dir: str | Path | None = None,
             _remove_tree(stale)
         work = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{final.name}-"))
         try:
-            _build(recipe, work)
+            _build(recipe, work, cache_dir=root, check=check)
             _replace_dir(work / "image", final)
         finally:
             _remove_tree(work)
@@ -140,13 +183,16 @@ def read_build_info(layout: Path) -> BuildInfo:
     return BuildInfo(**json.loads((layout / BUILD_INFO).read_text()))
 
 
-def _build(recipe: ImageRecipe, work: Path) -> None:
+def _build(recipe: ImageRecipe, work: Path, *, cache_dir: Path,
+           check: Sequence[str] | None = None) -> None:
     started = time.monotonic()
     rootfs, layout = work / "rootfs", work / "image"
     blobs = layout / "blobs" / "sha256"
     blobs.mkdir(parents=True)
     blobs_written: list[layers.LayerBlob] = []
     history: list[oci.History] = []
+    pip_installed: list[str] = []
+    created_by = ""  # of the layer on top, when there is one
 
     def add_layer(created_by: str, changes: list[layers.Change], states: layers.Snapshot) -> None:
         blob = layers.write_layer(rootfs, changes, states, blobs / f".layer-{len(history)}.tmp")
@@ -157,17 +203,35 @@ def _build(recipe: ImageRecipe, work: Path) -> None:
                  len(history), created_by, blob.entries, blob.whiteouts, blob.tar_size,
                  blob.size)
 
-    debian.debootstrap(rootfs, suite=recipe.suite, variant=recipe.variant, mirror=recipe.mirror)
-    before = layers.snapshot(rootfs)
-    add_layer(f"debootstrap --variant={recipe.variant} {recipe.suite} / {recipe.mirror}",
-              layers.full(before), before)
-    after = before
-    if recipe.packages:
-        debian.apt_install(rootfs, recipe.packages)
+    if recipe.base is not None:
+        # FROM the cached base image: its layers as they are, its rootfs as the start.
+        base = build_recipe(recipe.base, cache_dir=cache_dir)
+        _reuse_layers(base, layout, blobs_written, history)
+        unpack_image(base, rootfs)
+        before = layers.snapshot(rootfs)
+        version = pip.image_python_version(rootfs)
+        pip_installed = pip.pip_install(rootfs, recipe.pip, recipe.find_links)
         after = layers.snapshot(rootfs)
-        add_layer(f"RUN apt-get update && apt-get install -y --no-install-recommends "
-                  f"{' '.join(recipe.packages)} && apt-get clean && rm -rf "
-                  f"/var/lib/apt/lists/*", layers.diff(before, after), after)
+        log.info("pip installed %s", ", ".join(pip_installed))
+        links = "".join(f" --find-links {d}" for d in recipe.find_links)
+        created_by = (f"RUN pip install --target /usr/local/lib/python{version}/dist-packages "
+                      f"--only-binary=:all:{links} {' '.join(recipe.pip)}")
+    else:
+        debian.debootstrap(rootfs, suite=recipe.suite, variant=recipe.variant,
+                           mirror=recipe.mirror)
+        before = layers.snapshot(rootfs)
+        add_layer(f"debootstrap --variant={recipe.variant} {recipe.suite} / {recipe.mirror}",
+                  layers.full(before), before)
+        after = before
+        if recipe.packages:
+            debian.apt_install(rootfs, recipe.packages)
+            after = layers.snapshot(rootfs)
+            created_by = (f"RUN apt-get update && apt-get install -y --no-install-recommends "
+                          f"{' '.join(recipe.packages)} && apt-get clean && rm -rf "
+                          f"/var/lib/apt/lists/*")
+    check_result = _check(rootfs, check) if check else None  # before minutes of gzip
+    if after is not before:
+        add_layer(created_by, layers.diff(before, after), after)
     created = _now()
     manifest_digest = oci.write_layout(
         layout, blobs_written, history, cmd=recipe.cmd, created=created,
@@ -180,8 +244,42 @@ def _build(recipe: ImageRecipe, work: Path) -> None:
         layers=[{"digest": b.digest, "diff_id": b.diff_id, "size": b.size,
                  "tar_size": b.tar_size, "entries": b.entries, "whiteouts": b.whiteouts,
                  "content_bytes": b.content_bytes, "created_by": h.created_by}
-                for b, h in zip(blobs_written, history)])
+                for b, h in zip(blobs_written, history)],
+        pip_installed=pip_installed, check=check_result)
     (layout / BUILD_INFO).write_text(json.dumps(asdict(info), indent=2) + "\n")
+
+
+def _reuse_layers(base: Path, layout: Path, blobs_written: list[layers.LayerBlob],
+                  history: list[oci.History]) -> None:
+    """Take the layers of the built image ``base`` (blobs, sizes, history) as ours."""
+    info = read_build_info(base)
+    config = open_image(base).config
+    steps = config.get("history") or []
+    for i, layer in enumerate(info.layers):
+        path = oci.blob_path(layout, layer["digest"])
+        try:
+            os.link(oci.blob_path(base, layer["digest"]), path)  # immutable: share it
+        except OSError:
+            shutil.copyfile(oci.blob_path(base, layer["digest"]), path)
+        blobs_written.append(layers.LayerBlob(
+            path, layer["digest"], layer["size"], layer["diff_id"], layer["tar_size"],
+            layer["entries"], layer["whiteouts"], layer["content_bytes"]))
+        step = steps[i] if i < len(steps) else {}
+        history.append(oci.History(step.get("created") or info.created,
+                                   step.get("created_by") or layer["created_by"]))
+    log.info("reusing the %d layers of %s", len(info.layers), base.name)
+
+
+def _check(rootfs: Path, argv: Sequence[str]) -> dict:
+    """Run ``argv`` in the image (read-only root, runc); fail the build unless it exits 0."""
+    started = time.monotonic()
+    proc = run_rootfs(rootfs, list(argv), readonly=True, timeout=600)
+    if proc.returncode != 0:
+        raise BuildError(f"the image's check {list(argv)} failed (rc={proc.returncode}):\n"
+                         f"{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    log.info("check %s: %s", list(argv), proc.stdout.strip())
+    return {"argv": list(argv), "stdout": proc.stdout.strip(),
+            "seconds": round(time.monotonic() - started, 1)}
 
 
 def place(layout: Path, out_dir: Path) -> Path:
@@ -254,6 +352,10 @@ def summary(layout: Path) -> str:
         lines.append(f"  layer {i}  {layer['size'] / 1e6:.1f} MB gzip, "
                      f"{layer['tar_size'] / 1e6:.1f} MB tar, {layer['entries']} entries, "
                      f"{layer['whiteouts']} whiteouts: {layer['created_by']}")
+    if info.pip_installed:
+        lines.append(f"  pip      {' '.join(info.pip_installed)}")
+    if info.check:
+        lines.append(f"  check    {info.check['stdout']}")
     return "\n".join(lines)
 
 

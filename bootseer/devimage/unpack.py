@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -35,6 +36,16 @@ def unpack_image(image: str | Path | ImageSource, dest: str | Path) -> Path:
     ``dest`` must be missing or empty; it gets mode 0755, like a container's root.
     """
     source = image if isinstance(image, ImageSource) else open_image(image)
+    return unpack_layers(_layer_streams(source), dest)
+
+
+def unpack_layers(layers: Iterable[tuple[str, BinaryIO]], dest: str | Path) -> Path:
+    """Apply ``(name, decompressed tar stream)`` layers, base first, into ``dest``.
+
+    For callers that get layers some other way than from an image on disk (a pull that
+    extracts each layer as soon as it has arrived). Each stream is read while it is the
+    current item of ``layers``; a generator may check a layer's digest after it.
+    """
     dest = Path(dest).absolute()
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
@@ -49,13 +60,14 @@ def unpack_image(image: str | Path | ImageSource, dest: str | Path) -> Path:
                 shutil.copyfileobj(fileobj, out, 1 << 20)
             return target
 
-        streams = _layer_streams(source)
         try:
-            index = merge_layers(streams, stage)
+            index = merge_layers(layers, stage)
         except UnsafeLayerError as exc:
             raise UnpackError(str(exc)) from exc
         finally:
-            streams.close()
+            close = getattr(layers, "close", None)
+            if close is not None:
+                close()
         placed: dict[Path, Path] = {}  # staged content -> where it went
         for entry in index:
             if entry.path != "/":

@@ -1,0 +1,183 @@
+"""Prefetch: fetch an image's hot list into the local block cache, early, in the background.
+
+The hot list says which blocks a start reads and in which order. The prefetcher walks it
+in that order and turns it into *requests*: runs of blocks that sit next to each other in
+one pack (the hot pack, when the list has one, else the image's own packs), each at most
+``request_size`` bytes. ``concurrency`` requests are in flight at once, issued in list
+order, so the blocks the start needs first arrive first.
+
+It shares the lazy image's in-flight table (:meth:`LazyImage.claim`): a block a read is
+already fetching is skipped, and a read of a block the prefetcher is fetching waits for
+that fetch, so nothing is fetched twice. Reads go first: while any read is fetching
+blocks of its own, only one prefetch request is in flight. A hot list that no longer
+matches the image (it was rebuilt) only loses the blocks that changed — they were dropped
+when the list was loaded — and a hot pack that cannot be read falls back, block by block,
+to the image's packs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prefetch.hotlist import HotList
+from prefetch.lazyimage import FetchCounts, LazyImage, Piece
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PrefetchStats(FetchCounts):
+    hot_blocks: int = 0  # blocks of the hot list that the image has
+    hot_bytes: int = 0  # their compressed size: what a prefetch from nothing reads
+    already_local: int = 0  # hot blocks cached, or being fetched by a read, when their turn came
+    hot_pack: bool = False  # requests came from the hot pack (else from the image's packs)
+    done: bool = False
+    seconds: float = 0.0  # from start to the last request
+
+
+@dataclass(frozen=True)
+class Request:
+    """One ranged read of the prefetch: blocks adjacent in ``pack``, in hot-list order."""
+
+    pack: str
+    pieces: list[Piece]
+
+    @property
+    def size(self) -> int:
+        return self.pieces[-1][1] + self.pieces[-1][2] - self.pieces[0][1]
+
+
+def plan(image: LazyImage, hot: HotList, request_size: int) -> list[Request]:
+    """The hot list as ranged reads, in list order."""
+    index = {b.digest: i for i, b in reversed(list(enumerate(image.manifest.blocks)))}
+    layout = hot.layout
+    requests: list[Request] = []
+    for block in hot.blocks:
+        i = index.get(block.digest)
+        if i is None:
+            continue
+        if layout is not None and block.digest in layout.pieces:
+            pack = layout.pack
+            offset, length = layout.pieces[block.digest]
+        else:
+            location = image.manifest.blocks[i]
+            pack, offset, length = image.manifest.packs[location.pack], location.offset, \
+                location.length
+        last = requests[-1] if requests else None
+        if last is not None and last.pack == pack and \
+                last.pieces[-1][1] + last.pieces[-1][2] == offset and \
+                last.size + length <= request_size:
+            last.pieces.append((i, offset, length))
+        else:
+            requests.append(Request(pack, [(i, offset, length)]))
+    return requests
+
+
+class Prefetcher:
+    def __init__(self, image: LazyImage, hot: HotList, *, concurrency: int = 4,
+                 request_size: int = 8 << 20,
+                 on_progress: Callable[[int], None] | None = None) -> None:
+        if concurrency < 1:
+            raise ValueError("prefetch concurrency must be at least 1")
+        self.image, self.hot, self.concurrency = image, hot, concurrency
+        self.requests = plan(image, hot, request_size)
+        self.on_progress = on_progress
+        self.stats = PrefetchStats(
+            hot_blocks=sum(len(r.pieces) for r in self.requests),
+            hot_bytes=sum(r.size for r in self.requests),
+            hot_pack=hot.layout is not None and any(r.pack == hot.layout.pack
+                                                    for r in self.requests))
+        self._next = 0
+        self._active = 0  # requests in flight
+        self._live = 0  # worker threads still running
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._started = 0.0
+
+    @property
+    def digests(self) -> list[str]:
+        table = self.image.manifest.blocks
+        return [table[i].digest for r in self.requests for i, _, _ in r.pieces]
+
+    def start(self) -> Prefetcher:
+        """Prefetch in background threads; returns at once."""
+        self._started = time.monotonic()
+        self._live = min(self.concurrency, len(self.requests)) or 1
+        for n in range(self._live):
+            thread = threading.Thread(target=self._work, name=f"prefetch-{n}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the prefetch to finish; True if it did."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self.stats.done
+
+    def stop(self) -> None:
+        """Issue no more requests (those in flight complete)."""
+        self._stopped.set()
+        with self.image.demand_changed:
+            self.image.demand_changed.notify_all()
+
+    def _take(self) -> Request | None:
+        with self._lock:
+            if self._stopped.is_set() or self._next >= len(self.requests):
+                return None
+            request = self.requests[self._next]
+            self._next += 1
+            return request
+
+    def _work(self) -> None:
+        try:
+            while (request := self._take()) is not None:
+                self._yield_to_reads()
+                try:
+                    self._fetch(request)
+                finally:
+                    with self.image.demand_changed:
+                        self._active -= 1
+                        self.image.demand_changed.notify_all()
+                if self.on_progress:
+                    self.on_progress(request.size)
+        except Exception:  # a prefetch is advice: log it, never take the mount down
+            log.exception("prefetch of image %s stopped", self.image.image_id)
+        finally:
+            with self._lock:
+                self._live -= 1
+                if self._live == 0:
+                    self.stats.done = self._next >= len(self.requests)
+                    self.stats.seconds = round(time.monotonic() - self._started, 3)
+
+    def _yield_to_reads(self) -> None:
+        """While reads are fetching blocks of their own, keep one request in flight at most."""
+        cond = self.image.demand_changed
+        with cond:
+            while self.image.demand_fetches > 0 and self._active >= 1 and \
+                    not self._stopped.is_set():
+                cond.wait(0.05)
+            self._active += 1
+
+    def _fetch(self, request: Request) -> None:
+        claimed = [p for p in request.pieces if self.image.claim(p[0])]
+        with self._lock:
+            self.stats.already_local += len(request.pieces) - len(claimed)
+        for run in _adjacent(claimed):
+            self.image.fetch_pieces(request.pack, run, self.stats, prefetch=True)
+
+
+def _adjacent(pieces: list[Piece]) -> list[list[Piece]]:
+    runs: list[list[Piece]] = []
+    for piece in pieces:
+        if runs and runs[-1][-1][1] + runs[-1][-1][2] == piece[1]:
+            runs[-1].append(piece)
+        else:
+            runs.append([piece])
+    return runs

@@ -1,0 +1,90 @@
+"""One lazy mount for one container start: prefetch its hot list, record it, serve it.
+
+This is what a FUSE server process runs (``bootseer image mount --foreground``): load the
+image, start prefetching the hot list of (image, workload) before the mount is even
+there, start a recording if asked, serve until unmounted, then end the recording and
+store it, and write a final report of what the start cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootseer.store import BlobStore
+from prefetch import hotlist
+from prefetch.blockcache import BlockCache
+from prefetch.hotlist import DEFAULT_WORKLOAD
+from prefetch.lazyimage import LazyImage
+from prefetch.prefetcher import Prefetcher
+from prefetch.recording import ReadyWhen, Recording
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    workload: str = DEFAULT_WORKLOAD
+    prefetch: bool = True
+    prefetch_concurrency: int = 4
+    prefetch_request_size: int = 8 << 20
+    record: ReadyWhen | None = None  # None: do not record this start
+    report: Path | None = None  # final statistics as JSON, written when the mount ends
+
+
+def start_prefetch(image: LazyImage, workload: str, *, concurrency: int,
+                   request_size: int) -> Prefetcher | None:
+    """Prefetch the image's hot list for ``workload`` in the background, if it has one."""
+    hot = hotlist.load(image.blobs, image.image_id, workload, image.manifest)
+    if hot is None or not hot.blocks:
+        log.info("image %s has no hot list for %r: nothing to prefetch", image.image_id,
+                 workload)
+        return None
+    return Prefetcher(image, hot, concurrency=concurrency, request_size=request_size).start()
+
+
+def mount_stats(image: LazyImage, prefetcher: Prefetcher | None = None,
+                recording: Recording | None = None) -> dict:
+    """What a mount has cost and done so far, as :data:`STATS_XATTR` reports it."""
+    stats: dict = dataclasses.asdict(image.stats)
+    stats["prefetch"] = dataclasses.asdict(prefetcher.stats) if prefetcher else None
+    if recording is not None:
+        result = recording.result
+        stats["recording"] = {"workload": recording.workload, "ended": recording.reason,
+                              "hot_blocks": len(result.blocks) if result else None,
+                              "recordings": result.recordings if result else None,
+                              "hot_bytes": result.layout.size if result and result.layout
+                              else None}
+    return stats
+
+
+def serve(blobs: BlobStore, image_name: str, cache: BlockCache, mountpoint: Path,
+          options: SessionOptions) -> None:
+    from prefetch.fuse import mount  # loads libfuse: only in the server process
+
+    image = LazyImage(blobs, image_name, cache)
+    prefetcher = None
+    if options.prefetch:
+        prefetcher = start_prefetch(image, options.workload,
+                                    concurrency=options.prefetch_concurrency,
+                                    request_size=options.prefetch_request_size)
+    recording = None
+    if options.record is not None:
+        recording = Recording(image, options.workload, options.record).start()
+    try:
+        mount(image, mountpoint, prefetcher=prefetcher, recording=recording)
+    finally:
+        if prefetcher is not None:
+            prefetcher.stop()
+        if recording is not None:
+            recording.finish("exit")
+        if options.report is not None:
+            report = mount_stats(image, prefetcher, recording)
+            report["image_id"] = image.image_id
+            tmp = options.report.with_name(f".{options.report.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(report, indent=2) + "\n")
+            os.replace(tmp, options.report)

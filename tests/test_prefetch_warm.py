@@ -1,0 +1,166 @@
+"""``bootseer warm`` and record-then-prefetch end to end: real FUSE mounts, real runc
+containers on the Debian + python3 image, and the real HDFS cluster as the store."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from test_prefetch_lazy import BIG, MIB, MIB_BLOCKS, big_image, bootseer
+
+from bootseer.store import BlobStore, open_store
+from prefetch import hotlist
+from prefetch.blockcache import BlockCache
+from prefetch.convert import convert
+from prefetch.image_source import open_image
+from prefetch.lazyimage import LazyImage
+from prefetch.warm import warm_image
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> dict[str, Path]:
+    paths = {name: tmp_path / name for name in ("store", "cache", "image", "mnt")}
+    for path in paths.values():
+        path.mkdir()
+    return paths
+
+
+def recorded_big_image(d: dict[str, Path]) -> str:
+    """The 6 MiB test image with a hot list (blocks 1, 3, 4 of /data/big.bin) for "train"."""
+    bootseer("image", "convert", str(big_image(d["image"])), "--name", "big", *MIB_BLOCKS,
+             store=d["store"], cache=d["cache"])
+    blobs = BlobStore(open_store(str(d["store"])))
+    image = LazyImage(blobs, "big", BlockCache(d["image"] / "record-cache", 1 << 30),
+                      readahead_blocks=0)
+    image.recorder = hotlist.Recorder(image.image_id, "train")
+    for n in (3, 1, 4):
+        image.read(image.lookup("/data/big.bin"), n * MIB, 10)
+    hotlist.save(blobs, image.recorder.stop(), image.manifest)
+    return image.image_id
+
+
+def test_warm_stages_the_hot_blocks_then_a_mount_reads_nothing_from_the_store(dirs) -> None:
+    recorded_big_image(dirs)
+    out = bootseer("warm", "--image", "big", "--workload", "train", "--json",
+                   store=dirs["store"], cache=dirs["cache"])
+    summary = json.loads(out.stdout)
+    assert summary["complete"] and summary["hot_list"] and summary["blocks"] == 3
+    assert summary["fetched_blocks"] == 3 and summary["fetch_requests"] == 1  # the hot pack
+    again = json.loads(bootseer("warm", "--image", "big", "--workload", "train", "--json",
+                                store=dirs["store"], cache=dirs["cache"]).stdout)
+    assert again["already_local"] == 3 and again["fetched_blocks"] == 0
+    # Everything the start needs is local: the manifest and the hot blocks. Remove the
+    # image's packs and hot pack from the store: the warmed blocks still read.
+    blobs = BlobStore(open_store(str(dirs["store"])))
+    image = LazyImage(blobs, summary["image_id"], BlockCache(dirs["cache"] / "blocks", 1 << 30),
+                      readahead_blocks=0)
+    for pack in (dirs["store"] / "packs").iterdir():
+        pack.unlink()
+    entry = image.lookup("/data/big.bin")
+    for n in (1, 3, 4):
+        assert image.read(entry, n * MIB, MIB) == BIG[n * MIB : (n + 1) * MIB]
+    assert image.stats.blocks_fetched == 0
+
+
+def test_warm_without_a_hot_list_stages_the_manifest_and_says_so(dirs) -> None:
+    recorded_big_image(dirs)
+    out = bootseer("warm", "--image", "big", "--workload", "other", store=dirs["store"],
+                   cache=dirs["cache"])
+    assert "no hot list for workload 'other'" in out.stderr and out.returncode == 0
+    out = bootseer("warm", "--image", "big", "--workload", "other", "--all", "--json",
+                   store=dirs["store"], cache=dirs["cache"])
+    assert json.loads(out.stdout)["blocks"] == 7  # every block of the image
+
+
+def test_warm_exit_status_says_when_not_everything_is_local(dirs) -> None:
+    recorded_big_image(dirs)
+    tiny = bootseer("--debug", "warm", "--image", "big", "--workload", "train", "--json",
+                    store=dirs["store"], cache=dirs["cache"], check=False,
+                    env={"BOOTSEER_IMAGE_CACHE_SIZE": "1m"})
+    assert tiny.returncode == 3, tiny.stderr
+    assert json.loads(tiny.stdout)["missing"] >= 2 and "too small" in tiny.stderr
+    for pack in (dirs["store"] / "packs").iterdir():
+        pack.unlink()
+    gone = bootseer("warm", "--image", "big", "--workload", "train", store=dirs["store"],
+                    cache=dirs["cache"] / "fresh", check=False)
+    assert gone.returncode == 3 and "are not local" in gone.stderr
+    missing = bootseer("warm", "--image", "nope", store=dirs["store"], cache=dirs["cache"],
+                       check=False)
+    assert missing.returncode == 1 and missing.stderr.startswith("error:")
+
+
+def test_record_then_prefetch_a_real_python_start_in_runc(dirs, tmp_path: Path) -> None:
+    """First start records (ended by the ready file), the second prefetches it."""
+    from bootseer.devimage import build_image
+
+    bootseer("image", "convert", str(build_image(with_python=True)), "--name", "py",
+             store=dirs["store"], cache=dirs["cache"])
+    script = ("python3 -c 'import json, decimal, email.parser; print(1)'; "
+              "touch \"$BOOTSEER_READY_FILE\"; sleep 0.5; "
+              "cat /usr/bin/perl > /dev/null; echo done")
+    first = tmp_path / "first.json"
+    run = bootseer("image", "run", "--record", "--workload", "t", "--stats", str(first), "py",
+                   "--", "sh", "-c", script, store=dirs["store"], cache=dirs["cache"])
+    assert run.stdout.split() == ["1", "done"]
+    recorded = json.loads(first.read_text())["recording"]
+    assert recorded["ended"] == "ready" and recorded["hot_blocks"] > 5
+    assert "recorded this start (ready)" in run.stderr
+    blobs = BlobStore(open_store(str(dirs["store"])))
+    image_id = blobs.get_ref("images/py").digest
+    hot = hotlist.load(blobs, image_id, "t")
+    paths = {b.path for b in hot.blocks}
+    assert "/usr/bin/python3.11" in paths and "/usr/bin/perl" not in paths  # after ready
+    second = tmp_path / "second.json"
+    bootseer("image", "run", "--no-record", "--workload", "t", "--stats", str(second), "py",
+             "--", "python3", "-c", "import json, decimal, email.parser; print(1)",
+             store=dirs["store"], cache=dirs["cache"] / "cold")
+    stats = json.loads(second.read_text())
+    pre = stats["prefetch"]
+    assert pre["hot_blocks"] == len(hot.blocks) and pre["hot_pack"] and pre["done"]
+    assert pre["fetch_requests"] <= 3  # a few large reads of the hot pack
+    assert stats["prefetch_hits"] + stats["prefetch_waits"] >= len(hot.blocks) // 2
+    assert stats["blocks_fetched"] <= 2, stats  # reads hardly ever went to the store
+    assert "recording" not in stats
+
+
+def test_ready_marker_ends_a_recording_and_default_runs_record_until_three(dirs,
+                                                                           tmp_path) -> None:
+    from bootseer.devimage import build_image
+
+    bootseer("image", "convert", str(build_image(with_python=True)), "--name", "py",
+             store=dirs["store"], cache=dirs["cache"])
+    stats = tmp_path / "s.json"
+    for n in (1, 2, 3, 4):
+        bootseer("image", "run", "--ready-marker", "/tmp/up", "--stats", str(stats), "py",
+                 "--", "sh", "-c", "python3 -c 'print(1)'; touch /tmp/up; sleep 0.4",
+                 store=dirs["store"], cache=dirs["cache"] / str(n))
+        recording = json.loads(stats.read_text()).get("recording")
+        if n <= 3:
+            assert recording["ended"] == "marker" and recording["recordings"] == n
+        else:
+            assert recording is None  # three recordings merged: the list has converged
+
+
+def test_record_prefetch_and_warm_on_hdfs(hdfs_cluster, tmp_path: Path) -> None:
+    """The hot list, the hot pack and the prefetch against the real HDFS cluster."""
+    root = f"/test-prefetch-{uuid.uuid4().hex[:8]}"
+    blobs = BlobStore(open_store(f"{hdfs_cluster.namenode_rpc_url}{root}"))
+    result = convert(open_image(big_image(tmp_path / "image")), blobs, name="big",
+                     block_size=MIB)
+    image = LazyImage(blobs, "big", BlockCache(tmp_path / "c1", 1 << 30), readahead_blocks=0)
+    image.recorder = hotlist.Recorder(image.image_id, "h")
+    for n in (5, 0, 2):
+        image.read(image.lookup("/data/big.bin"), n * MIB, 10)
+    hot = hotlist.save(blobs, image.recorder.stop(), image.manifest)
+    assert blobs.store.stat(hot.layout.pack).size == hot.layout.size
+    cache = BlockCache(tmp_path / "c2", 1 << 30)
+    warmed = warm_image(blobs, cache, "big", "h")
+    assert warmed.complete and warmed.fetched_blocks == 3 and warmed.fetch_requests == 1
+    assert warmed.image_id == result.image_id
+    image = LazyImage(blobs, "big", cache, readahead_blocks=0)
+    for n in (5, 0, 2):
+        assert image.read(image.lookup("/data/big.bin"), n * MIB, MIB) == \
+            BIG[n * MIB : (n + 1) * MIB]
+    assert image.stats.blocks_fetched == 0
