@@ -54,6 +54,12 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("bootseer"))
 
 
+def default_agent_socket() -> Path:
+    if _is_root():
+        return Path("/run/bootseer/agent.sock")
+    return Path(platformdirs.user_runtime_dir("bootseer")) / "agent.sock"
+
+
 class ByteSize(int):
     """An int that config files may write as ``"64m"`` or ``"1GiB"``."""
 
@@ -80,6 +86,13 @@ class ImageConfig:
 
 
 @dataclass
+class AgentConfig:
+    """Where the node agent listens (``bootseer agent``), and where clients look for it."""
+
+    socket: Path = field(default_factory=default_agent_socket)
+
+
+@dataclass
 class Config:
     """Everything Bootseer reads from its configuration."""
 
@@ -88,6 +101,7 @@ class Config:
     log_level: str = "warning"  # debug, info, warning, error
     hdfs: HdfsConfig = field(default_factory=HdfsConfig)
     image: ImageConfig = field(default_factory=ImageConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     def get(self, key: str) -> Any:
         node: Any = self

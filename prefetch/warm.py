@@ -36,6 +36,7 @@ class WarmResult:
     fetch_requests: int
     missing: int  # blocks still not local at the end
     seconds: float
+    via: str = "agent"  # who did the work: the node agent, or the caller ("standalone")
 
     @property
     def complete(self) -> bool:
@@ -44,15 +45,16 @@ class WarmResult:
 
 def warm_image(blobs: BlobStore, cache: BlockCache, image: str, workload: str, *,
                all_blocks: bool = False, concurrency: int = 4, request_size: int = 8 << 20,
-               on_plan: Callable[[int], None] | None = None,
+               lazy: LazyImage | None = None, on_plan: Callable[[int], None] | None = None,
                on_progress: Callable[[int], None] | None = None) -> WarmResult:
     """Fetch the hot blocks of (``image``, ``workload``) into ``cache``; wait until done.
 
     ``on_plan`` gets the bytes to stage before the fetching starts, ``on_progress`` the
-    bytes of each request as it completes.
+    bytes of each request as it completes. ``lazy`` is the image if the caller has it open
+    (its in-flight table is then shared with the caller's reads).
     """
     started = time.monotonic()
-    lazy = LazyImage(blobs, image, cache)  # also caches the manifest
+    lazy = lazy or LazyImage(blobs, image, cache)  # also caches the manifest
     hot = hotlist.load(blobs, lazy.image_id, workload, lazy.manifest)
     wanted = hot
     if all_blocks:  # in pack order: the cheapest order to read them in

@@ -60,12 +60,14 @@ def cli(ctx: click.Context, store_url: str | None, config_file: Path | None, deb
 
 
 def _register_commands() -> None:
+    from bootseer.cli.agent_cmd import agent
     from bootseer.cli.ckpt_cmd import ckpt
     from bootseer.cli.config_cmd import config
     from bootseer.cli.image_cmd import image
     from bootseer.cli.store_cmd import store
     from bootseer.cli.warm_cmd import ready, warm
 
+    cli.add_command(agent)
     cli.add_command(ckpt)
     cli.add_command(config)
     cli.add_command(image)

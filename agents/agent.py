@@ -1,0 +1,136 @@
+"""The node agent: one long-lived process per node that owns the local caches.
+
+It serves a small HTTP API on a Unix socket (aiohttp on uvloop). Being long-lived is the
+point: the store client (for ``hdfs://``, a JVM) is opened once, the block cache and the
+in-flight table of each image are shared by every request, so two ``warm`` calls for the
+same image never fetch a block twice.
+
+API (JSON; long operations stream NDJSON events, one per line):
+
+* ``GET /v1/health`` -> ``{"version", "pid", "store", "cache_dir"}``
+* ``POST /v1/warm`` ``{"image", "workload", "all"}`` -> events ``{"event": "plan",
+  "bytes"}``, ``{"event": "progress", "bytes"}``..., then ``{"event": "result", ...}``
+  (the fields of :class:`prefetch.warm.WarmResult`) or ``{"event": "error", "message"}``.
+
+SIGTERM and SIGINT stop it gracefully: requests in progress finish their current step,
+the socket is removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from aiohttp import web
+
+from bootseer import __version__
+from bootseer.config import Config
+from bootseer.errors import BootseerError
+from bootseer.store import BlobStore, open_configured_store
+from prefetch.blockcache import BlockCache
+from prefetch.lazyimage import LazyImage, resolve_image
+from prefetch.warm import warm_image
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.blobs = BlobStore(open_configured_store(config))
+        self.cache = BlockCache(config.cache_dir / "blocks", config.image.cache_size)
+        self._images: dict[str, LazyImage] = {}  # by image id: one in-flight table each
+        self._lock = threading.Lock()
+
+    def image(self, name: str) -> LazyImage:
+        image_id = resolve_image(self.blobs, name)
+        with self._lock:
+            if image_id not in self._images:
+                self._images[image_id] = LazyImage(self.blobs, image_id, self.cache)
+            return self._images[image_id]
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.add_routes([web.get("/v1/health", self.health), web.post("/v1/warm", self.warm)])
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": __version__, "pid": os.getpid(),
+                                  "store": self.config.store,
+                                  "cache_dir": str(self.config.cache_dir)})
+
+    async def warm(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not isinstance(body, dict) or not isinstance(body.get("image"), str):
+            raise web.HTTPBadRequest(text="expected a JSON object with an 'image' string")
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+        def emit(event: dict[str, Any] | None) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        def work() -> None:
+            try:
+                image = self.image(body["image"])
+                result = warm_image(
+                    self.blobs, self.cache, image.image_id,
+                    str(body.get("workload") or "default"), all_blocks=bool(body.get("all")),
+                    concurrency=self.config.image.prefetch_concurrency,
+                    request_size=self.config.image.prefetch_request_size, lazy=image,
+                    on_plan=lambda n: emit({"event": "plan", "bytes": n}),
+                    on_progress=lambda n: emit({"event": "progress", "bytes": n}))
+                result.image = body["image"]
+                emit({"event": "result", **dataclasses.asdict(result),
+                      "complete": result.complete})
+            except (BootseerError, OSError) as exc:
+                emit({"event": "error", "message": str(exc)})
+            except Exception as exc:
+                log.exception("warm of %s failed", body.get("image"))
+                emit({"event": "error", "message": f"internal error: {exc}"})
+            finally:
+                emit(None)
+
+        task = loop.run_in_executor(None, work)
+        while (event := await events.get()) is not None:
+            await response.write(json.dumps(event).encode() + b"\n")
+        await task
+        await response.write_eof()
+        return response
+
+
+async def _serve(agent: Agent, socket_path: Path) -> None:
+    runner = web.AppRunner(agent.app(), handle_signals=False)
+    await runner.setup()
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    socket_path.unlink(missing_ok=True)  # a previous agent's, or we could not bind
+    site = web.UnixSite(runner, str(socket_path))
+    await site.start()
+    os.chmod(socket_path, 0o660)
+    log.info("bootseer agent %s listening on %s (pid %d)", __version__, socket_path,
+                os.getpid())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        socket_path.unlink(missing_ok=True)
+        log.info("bootseer agent stopped")
+
+
+def run(config: Config, socket_path: Path | None = None) -> None:
+    """Run the agent in the foreground until SIGTERM/SIGINT."""
+    agent = Agent(config)
+    uvloop.run(_serve(agent, socket_path or config.agent.socket))

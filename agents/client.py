@@ -1,0 +1,68 @@
+"""Talk to the node agent over its Unix socket (httpx), for the CLI and the runtime hook."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bootseer.errors import BootseerError
+
+
+class AgentUnavailable(BootseerError):
+    """No agent answers on the socket (none runs, or it died and left its socket)."""
+
+
+class AgentError(BootseerError):
+    """The agent answered with an error; the message is the agent's."""
+
+
+class AgentClient:
+    def __init__(self, socket_path: Path, timeout: float = 10.0) -> None:
+        self.socket_path = socket_path
+        self._client = httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)),
+                                    base_url="http://bootseer-agent",
+                                    timeout=httpx.Timeout(timeout, read=None))
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.close()
+
+    def health(self) -> dict[str, Any]:
+        try:
+            response = self._client.get("/v1/health")
+        except httpx.TransportError as exc:
+            raise AgentUnavailable(f"no agent answers on {self.socket_path}: {exc}") from exc
+        response.raise_for_status()
+        return response.json()
+
+    def warm(self, image: str, workload: str, *, all_blocks: bool = False,
+             on_plan: Callable[[int], None] | None = None,
+             on_progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Ask the agent to warm ``image``; the summary (WarmResult's fields) when done."""
+        body = {"image": image, "workload": workload, "all": all_blocks}
+        try:
+            with self._client.stream("POST", "/v1/warm", json=body) as response:
+                if response.status_code != 200:
+                    raise AgentError(f"agent: {response.read().decode(errors='replace')}")
+                for line in response.iter_lines():
+                    if not line:
+                        continue
+                    event = json.loads(line)
+                    kind = event.pop("event")
+                    if kind == "plan" and on_plan:
+                        on_plan(event["bytes"])
+                    elif kind == "progress" and on_progress:
+                        on_progress(event["bytes"])
+                    elif kind == "error":
+                        raise AgentError(event["message"])
+                    elif kind == "result":
+                        return event
+        except httpx.TransportError as exc:
+            raise AgentUnavailable(f"no agent answers on {self.socket_path}: {exc}") from exc
+        raise AgentError("the agent ended the warm without a result")

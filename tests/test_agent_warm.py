@@ -1,0 +1,87 @@
+"""The node agent serving ``bootseer warm``: through the agent, without one, and with a
+dead agent's socket left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_prefetch_lazy import bootseer
+from test_prefetch_warm import recorded_big_image
+
+from agents.client import AgentClient
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> dict[str, Path]:
+    paths = {name: tmp_path / name for name in ("store", "cache", "image", "agent-cache")}
+    for path in paths.values():
+        path.mkdir()
+    return paths
+
+
+@pytest.fixture
+def agent(dirs, tmp_path: Path):
+    sock = tmp_path / "run" / "agent.sock"
+    env = {**os.environ, "BOOTSEER_STORE": f"file://{dirs['store']}",
+           "BOOTSEER_CACHE_DIR": str(dirs["agent-cache"])}
+    proc = subprocess.Popen([sys.executable, "-m", "bootseer", "agent", "--socket", str(sock)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "the agent did not create its socket"
+        time.sleep(0.05)
+    yield proc, sock
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_warm_goes_through_a_running_agent(dirs, agent) -> None:
+    proc, sock = agent
+    recorded_big_image(dirs)
+    env = {"BOOTSEER_AGENT_SOCKET": str(sock)}
+    with AgentClient(sock) as client:
+        assert client.health()["pid"] == proc.pid
+    assert sock.stat().st_mode & 0o777 == 0o660
+    first = json.loads(bootseer("warm", "--image", "big", "--workload", "train", "--json",
+                                store=dirs["store"], cache=dirs["cache"], env=env).stdout)
+    assert first["via"] == "agent" and first["complete"] and first["fetched_blocks"] == 3
+    # The agent used its own cache (the node's), not the caller's.
+    assert (dirs["agent-cache"] / "blocks" / "blocks").is_dir()
+    assert not (dirs["cache"] / "blocks").exists()
+    again = json.loads(bootseer("warm", "--image", "big", "--workload", "train", "--json",
+                                store=dirs["store"], cache=dirs["cache"], env=env).stdout)
+    assert again["already_local"] == 3 and again["fetched_blocks"] == 0
+    bad = bootseer("warm", "--image", "nope", store=dirs["store"], cache=dirs["cache"],
+                   env=env, check=False)
+    assert bad.returncode == 1 and "error:" in bad.stderr and "nope" in bad.stderr
+    proc.send_signal(signal.SIGTERM)  # graceful: exits 0 and removes its socket
+    assert proc.wait(20) == 0 and not sock.exists()
+
+
+def test_warm_without_an_agent_or_with_a_dead_ones_socket(dirs, tmp_path: Path) -> None:
+    recorded_big_image(dirs)
+    sock = tmp_path / "agent.sock"
+    env = {"BOOTSEER_AGENT_SOCKET": str(sock)}
+    alone = json.loads(bootseer("warm", "--image", "big", "--workload", "train", "--json",
+                                store=dirs["store"], cache=dirs["cache"], env=env).stdout)
+    assert alone["via"] == "standalone" and alone["complete"]
+    dead = socket.socket(socket.AF_UNIX)  # bound, never listening: what a killed agent leaves
+    dead.bind(str(sock))
+    out = bootseer("warm", "--image", "big", "--workload", "train", "--json",
+                   store=dirs["store"], cache=dirs["cache"] / "other", env=env)
+    assert json.loads(out.stdout)["via"] == "standalone"
+    assert "no agent answers" in out.stderr
+    required = bootseer("warm", "--agent", "--image", "big", store=dirs["store"],
+                        cache=dirs["cache"], env=env, check=False)
+    assert required.returncode == 1 and "bootseer agent" in required.stderr
+    dead.close()
