@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint system-deps venv clean bench-ckpt bench-hdfs bench-blocksize
+.PHONY: demo test lint system-deps venv clean bench-ckpt bench-hdfs bench-blocksize bench-image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,9 @@ bench-ckpt: system-deps venv
 
 bench-blocksize: system-deps venv
 	$(BIN)/python benchmarks/bench_blocksize.py --out bench-results/blocksize.json
+
+bench-image: system-deps venv
+	$(BIN)/python benchmarks/bench_image.py --out bench-results/image.json
 
 clean:
 	rm -rf $(VENV) build bench-results .pytest_cache

@@ -89,7 +89,7 @@ def load_manifest(blobs: BlobStore, image_id: str, cache: BlockCache) -> Manifes
 
 class LazyImage:
     def __init__(self, blobs: BlobStore, image: str, cache: BlockCache, *,
-                 readahead_blocks: int = 3, recent_blocks: int = 16) -> None:
+                 readahead_blocks: int = 3, recent_blocks: int = 32) -> None:
         self.blobs, self.cache = blobs, cache
         #: On a miss, also fetch up to this many following blocks of the same file: files
         #: are mostly read to the end, and their blocks sit next to each other in a pack,
@@ -136,9 +136,15 @@ class LazyImage:
                 self.recorder.saw(self.manifest.blocks[i].digest, entry.path)
         ahead = list(entry.blocks[last + 1 : last + 1 + self.readahead_blocks])
         blocks = self.blocks(list(entry.blocks[first : last + 1]), also=ahead)
-        data = b"".join(blocks)
+        # Copy out only the requested bytes: joining whole blocks first would allocate (and
+        # fault in) megabytes for every 128 KiB FUSE read.
         start = offset - first * bs
-        return data[start : start + end - offset]
+        if len(blocks) == 1:
+            return blocks[0][start : start + end - offset]
+        pieces = [memoryview(b) for b in blocks]
+        pieces[0] = pieces[0][start:]
+        pieces[-1] = pieces[-1][: end - last * bs]
+        return b"".join(pieces)
 
     def blocks(self, indexes: list[int], also: list[int] = ()) -> list[bytes]:
         """The uncompressed blocks at these manifest indexes, fetching what is missing.
