@@ -89,7 +89,8 @@ def load_manifest(blobs: BlobStore, image_id: str, cache: BlockCache) -> Manifes
 
 class LazyImage:
     def __init__(self, blobs: BlobStore, image: str, cache: BlockCache, *,
-                 readahead_blocks: int = 3, recent_blocks: int = 32) -> None:
+                 readahead_blocks: int = 3, recent_blocks: int = 32,
+                 prefetch_memory: int = 512 << 20) -> None:
         self.blobs, self.cache = blobs, cache
         #: On a miss, also fetch up to this many following blocks of the same file: files
         #: are mostly read to the end, and their blocks sit next to each other in a pack,
@@ -102,6 +103,11 @@ class LazyImage:
         self.recorder: Recorder | None = None
         self._inflight: dict[str, Future] = {}
         self._prefetched: set[str] = set()  # put by the prefetcher, not yet read
+        # ... and, up to prefetch_memory bytes, their verified bytes: the first read of a
+        # prefetched block then costs neither a disk read nor a second digest check.
+        self._prefetched_data: OrderedDict[str, bytes] = OrderedDict()
+        self._prefetched_bytes = 0
+        self._prefetch_memory = prefetch_memory
         #: Reads fetching from the store right now; the prefetcher yields to them.
         self.demand_fetches = 0
         self.demand_changed = threading.Condition()
@@ -182,7 +188,7 @@ class LazyImage:
                         break
         extra = []
         with self._lock:
-            for i in also:
+            for i in also if mine else ():  # read ahead on a miss only
                 digest = table[i].digest
                 if digest not in self._inflight and digest not in self.cache:
                     self._inflight[digest] = Future()
@@ -211,6 +217,13 @@ class LazyImage:
         """The block from memory or the disk cache, or None."""
         data = self._recent_get(digest)
         if data is None:
+            with self._lock:
+                data = self._prefetched_data.pop(digest, None)
+                if data is not None:
+                    self._prefetched_bytes -= len(data)
+            if data is not None:
+                self._recent_put(digest, data)
+                return data
             data = self.cache.get(digest)
             if data is not None:
                 self._recent_put(digest, data)
@@ -250,7 +263,8 @@ class LazyImage:
         or on its way. A claimed block must be settled by :meth:`fetch_pieces`."""
         digest = self.manifest.blocks[index].digest
         with self._lock:
-            if digest in self._inflight or digest in self._recent or digest in self.cache:
+            if digest in self._inflight or digest in self._recent or \
+                    digest in self._prefetched_data or digest in self.cache:
                 return False
             future: Future = Future()
             future.prefetch = True  # type: ignore[attr-defined]
@@ -319,6 +333,11 @@ class LazyImage:
                 stats.blocks_fetched += 1
                 if prefetch:
                     self._prefetched.add(location.digest)
+                    self._prefetched_data[location.digest] = data
+                    self._prefetched_bytes += len(data)
+                    while self._prefetched_bytes > self._prefetch_memory:
+                        _, old = self._prefetched_data.popitem(last=False)  # still on disk
+                        self._prefetched_bytes -= len(old)
             unsettled.discard(i)
             self._settle(location.digest, data=data)
         return end - start if raw is not None else 0

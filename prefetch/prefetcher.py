@@ -2,9 +2,10 @@
 
 The hot list says which blocks a start reads and in which order. The prefetcher walks it
 in that order and turns it into *requests*: runs of blocks that sit next to each other in
-one pack (the hot pack, when the list has one, else the image's own packs), each at most
-``request_size`` bytes. ``concurrency`` requests are in flight at once, issued in list
-order, so the blocks the start needs first arrive first.
+one pack (the hot pack, when the list has one, else the image's own packs). The first
+request is small (:data:`FIRST_REQUEST`) and each next one may be twice as large, up to
+``request_size``: the blocks the start needs first arrive after a short read, the bulk
+comes in large ones. ``concurrency`` requests are in flight at once, issued in list order.
 
 It shares the lazy image's in-flight table (:meth:`LazyImage.claim`): a block a read is
 already fetching is skipped, and a read of a block the prefetcher is fetching waits for
@@ -27,6 +28,9 @@ from prefetch.hotlist import HotList
 from prefetch.lazyimage import FetchCounts, LazyImage, Piece
 
 log = logging.getLogger(__name__)
+
+#: Bytes of the first request; the limit doubles with each request up to request_size.
+FIRST_REQUEST = 1 << 20
 
 
 @dataclass
@@ -56,6 +60,7 @@ def plan(image: LazyImage, hot: HotList, request_size: int) -> list[Request]:
     index = {b.digest: i for i, b in reversed(list(enumerate(image.manifest.blocks)))}
     layout = hot.layout
     requests: list[Request] = []
+    limit = min(FIRST_REQUEST, request_size)
     for block in hot.blocks:
         i = index.get(block.digest)
         if i is None:
@@ -70,9 +75,11 @@ def plan(image: LazyImage, hot: HotList, request_size: int) -> list[Request]:
         last = requests[-1] if requests else None
         if last is not None and last.pack == pack and \
                 last.pieces[-1][1] + last.pieces[-1][2] == offset and \
-                last.size + length <= request_size:
+                last.size + length <= limit:
             last.pieces.append((i, offset, length))
         else:
+            if requests:
+                limit = min(limit * 2, request_size)
             requests.append(Request(pack, [(i, offset, length)]))
     return requests
 
