@@ -59,7 +59,7 @@ IMAGE = "torch"
 WORKLOAD = ["python3", "-c",
             "import torch; x = torch.ones(256, 256); print(float((x @ x).sum()))"]
 EXPECTED = "16777216.0"  # 256 * 256 * 256
-CASES = ("local", "full_pull", "lazy", "lazy_prefetch")
+CASES = ("local", "full_pull", "lazy", "lazy_prefetch", "lazy_warmed")
 LATENCY = "none added: kernel has no sch_netem"
 
 
@@ -94,7 +94,6 @@ class Bench:
         self.url = f"{self.cluster.namenode_rpc_url}/bench"
         self.env = dict(os.environ)
         self.details: dict[str, list[dict]] = {}
-        self.new_flags = self.workload_flag = False
 
     # -- running things ----------------------------------------------------------------------
 
@@ -106,11 +105,12 @@ class Bench:
                              *WORKLOAD)
 
     def timed(self, name: str, i: int, make_argv: Callable[[Path, Path], list[str]],
-              output: str | None) -> dict:
+              output: str | None, prepare: list[str] | None = None) -> dict:
         """One cold run: fresh cache dir, dropped page cache, spawn to exit.
 
         ``make_argv(run_dir, json_path)``: the command, given its fresh scratch directory
-        and where it writes its JSON ``output`` ("stats" or "report"), if any.
+        and where it writes its JSON ``output`` ("stats" or "report"), if any. ``prepare``
+        runs first, untimed, with the same cache directory (``bootseer warm``).
         """
         run_dir = self.work / f"{name}-{i}"
         json_path = self.work / f"{name}-{i}.json"
@@ -119,6 +119,9 @@ class Bench:
         run_dir.mkdir()
         argv = make_argv(run_dir, json_path)
         env = self.env | {"BOOTSEER_CACHE_DIR": str(run_dir / "cache")}
+        if prepare:
+            subprocess.run(prepare, env=env, check=True, capture_output=True,
+                           timeout=self.args.timeout)
         drop_page_cache()
         start = time.perf_counter()
         proc = subprocess.run(argv, env=env, capture_output=True, text=True,
@@ -138,8 +141,9 @@ class Bench:
         return row
 
     def case(self, name: str, make_argv: Callable[[Path, Path], list[str]], *,
-             output: str | None = None, runs: int | None = None) -> list[dict]:
-        rows = [self.timed(name, i, make_argv, output)
+             output: str | None = None, runs: int | None = None,
+             prepare: list[str] | None = None) -> list[dict]:
+        rows = [self.timed(name, i, make_argv, output, prepare)
                 for i in range(self.args.runs if runs is None else runs)]
         self.details[name] = rows
         return rows
@@ -181,18 +185,6 @@ class Bench:
         log.info("link capped at %s", self.cap)
         return setup
 
-    def check_flags(self) -> None:
-        """Whether ``image run`` has --record/--prefetch; prefetch runs need them."""
-        help_text = subprocess.run(self.bootseer("image", "run", "--help"), env=self.env,
-                                   capture_output=True, text=True, check=True).stdout
-        self.new_flags = all(f in help_text for f in ("--no-record", "--no-prefetch"))
-        self.workload_flag = "--workload" in help_text and bool(self.args.workload)
-        if not self.new_flags:
-            if "lazy_prefetch" in self.cases:
-                raise SystemExit("bootseer image run has no --record/--no-prefetch yet: "
-                                 "lazy_prefetch cannot run (use --cases to leave it out)")
-            log.warning("image run has no --no-prefetch/--no-record: lazy runs without them")
-
     # -- the benchmark -------------------------------------------------------------------------
 
     def run(self) -> dict:
@@ -201,9 +193,7 @@ class Bench:
         if unknown:
             raise SystemExit(f"unknown cases {sorted(unknown)}; known: {', '.join(CASES)}")
         setup = self.setup()
-        if {"lazy", "lazy_prefetch"} & set(self.cases):
-            self.check_flags()
-        workload = ["--workload", self.args.workload] if self.workload_flag else []
+        workload = ["--workload", self.args.workload]
         times: dict[str, list[float]] = {}
         record: dict | None = None
         if "local" in self.cases:
@@ -221,8 +211,8 @@ class Bench:
             times["full_pull"] = [r["seconds"] for r in rows]
         if "lazy" in self.cases:
             log.info("lazy: lazy mount, no prefetch")
-            flags = ["--no-prefetch", "--no-record"] if self.new_flags else []
-            rows = self.case("lazy", lambda d, out: self.image_run(*flags, stats=out),
+            rows = self.case("lazy", lambda d, out: self.image_run(
+                "--no-prefetch", "--no-record", stats=out),
                              output="stats")
             times["lazy"] = [r["seconds"] for r in rows]
         if "lazy_prefetch" in self.cases:
@@ -233,6 +223,13 @@ class Bench:
             rows = self.case("lazy_prefetch", lambda d, out: self.image_run(
                 "--no-record", *workload, stats=out), output="stats")
             times["lazy_prefetch"] = [r["seconds"] for r in rows]
+        if "lazy_warmed" in self.cases:
+            log.info("lazy_warmed: bootseer warm first (untimed), then the start: what is "
+                     "left when every hot block is already local")
+            rows = self.case("lazy_warmed", lambda d, out: self.image_run(
+                "--no-record", *workload, stats=out), output="stats",
+                prepare=self.bootseer("warm", "--image", IMAGE, *workload))
+            times["lazy_warmed"] = [r["seconds"] for r in rows]
         return self.result(setup, times, record)
 
     def result(self, setup: dict, times: dict[str, list[float]], record: dict | None) -> dict:
@@ -247,13 +244,6 @@ class Bench:
                     for r in self.details.get(case, [])]
 
         hot_bytes = median_of(prefetch_stat("lazy_prefetch", "hot_bytes"))
-        hot_source = "prefetch stats of the lazy_prefetch runs"
-        if hot_bytes is None and record is not None:
-            hot_bytes = (record.get("stats", {}).get("recording") or {}).get("hot_bytes")
-            hot_source = "recording stats of the record run"
-        if hot_bytes is None and record is not None:
-            hot_bytes = record.get("stats", {}).get("bytes_fetched")
-            hot_source = "bytes_fetched of the record run (no prefetch stats)"
         floor = (med["local"] + hot_bytes / rate
                  if "local" in med and hot_bytes is not None else None)
 
@@ -263,9 +253,7 @@ class Bench:
         pre, full, lazy = med.get("lazy_prefetch"), med.get("full_pull"), med.get("lazy")
         # What a prefetch run moved over the link: demand fetches plus the prefetcher's.
         demand = stat("lazy_prefetch", "bytes_fetched")
-        prefetched = [p if p is not None else q for p, q in zip(
-            prefetch_stat("lazy_prefetch", "prefetched_bytes"),
-            prefetch_stat("lazy_prefetch", "bytes_fetched"))]
+        prefetched = prefetch_stat("lazy_prefetch", "bytes_fetched")
         total = [d + (p or 0) if d is not None else None for d, p in zip(demand, prefetched)]
         content = median_of(stat("lazy", "image_content_bytes")
                             + stat("lazy_prefetch", "image_content_bytes"))
@@ -294,12 +282,15 @@ class Bench:
             "image_bytes": self.info.rootfs_bytes,
             "compressed_layer_bytes": self.info.compressed_bytes,
             "hot_bytes": hot_bytes,
-            "hot_bytes_source": hot_source if hot_bytes is not None else None,
+            "hot_bytes_note": "compressed bytes of the hot list (what the prefetch reads)",
             "bytes_fetched_lazy": median_of(stat("lazy", "bytes_fetched")),
             "bytes_fetched_lazy_prefetch": median_of(total),
             "bytes_fetched_lazy_prefetch_note": "demand fetches + the prefetcher's fetches",
             "demand_bytes_lazy_prefetch": median_of(demand),
             "prefetched_bytes": median_of(prefetched),
+            "prefetch_finished_s": median_of(prefetch_stat("lazy_prefetch", "seconds")),
+            "mount_s_lazy_prefetch": median_of(stat("lazy_prefetch", "mount_seconds")),
+            "warmed_vs_local": ratio(med.get("lazy_warmed"), med.get("local")),
             "floor_s": round(floor, 3) if floor is not None else None,
             "floor": "local_s + hot_bytes / link rate",
             "prefetch_vs_full": ratio(pre, full),

@@ -18,12 +18,16 @@ from pathlib import Path
 from bootseer.store import BlobStore
 from prefetch import hotlist
 from prefetch.blockcache import BlockCache
-from prefetch.hotlist import DEFAULT_WORKLOAD
+from prefetch.hotlist import DEFAULT_WORKLOAD, HotList
 from prefetch.lazyimage import LazyImage
 from prefetch.prefetcher import Prefetcher
 from prefetch.recording import ReadyWhen, Recording
 
 log = logging.getLogger(__name__)
+
+#: Starts are recorded by default until the hot list has merged this many: by then it has
+#: converged, and further starts only pay for the recording.
+RECORD_UNTIL = 3
 
 
 @dataclass(frozen=True)
@@ -33,16 +37,17 @@ class SessionOptions:
     prefetch_concurrency: int = 4
     prefetch_request_size: int = 8 << 20
     record: ReadyWhen | None = None  # None: do not record this start
+    #: Record only while the hot list has merged fewer than RECORD_UNTIL recordings.
+    record_auto: bool = False
+    info: Path | None = None  # what the caller needs of the image, written once it is loaded
     report: Path | None = None  # final statistics as JSON, written when the mount ends
 
 
-def start_prefetch(image: LazyImage, workload: str, *, concurrency: int,
+def start_prefetch(image: LazyImage, hot: HotList | None, *, concurrency: int,
                    request_size: int) -> Prefetcher | None:
-    """Prefetch the image's hot list for ``workload`` in the background, if it has one."""
-    hot = hotlist.load(image.blobs, image.image_id, workload, image.manifest)
+    """Prefetch the image's hot list in the background, if it has one."""
     if hot is None or not hot.blocks:
-        log.info("image %s has no hot list for %r: nothing to prefetch", image.image_id,
-                 workload)
+        log.info("image %s has no hot list: nothing to prefetch", image.image_id)
         return None
     return Prefetcher(image, hot, concurrency=concurrency, request_size=request_size).start()
 
@@ -67,14 +72,22 @@ def serve(blobs: BlobStore, image_name: str, cache: BlockCache, mountpoint: Path
     from prefetch.fuse import mount  # loads libfuse: only in the server process
 
     image = LazyImage(blobs, image_name, cache)
+    hot = None
+    if options.prefetch or options.record_auto:
+        hot = hotlist.load(blobs, image.image_id, options.workload, image.manifest)
     prefetcher = None
     if options.prefetch:
-        prefetcher = start_prefetch(image, options.workload,
-                                    concurrency=options.prefetch_concurrency,
+        prefetcher = start_prefetch(image, hot, concurrency=options.prefetch_concurrency,
                                     request_size=options.prefetch_request_size)
     recording = None
-    if options.record is not None:
+    record = options.record is not None and (
+        not options.record_auto or hot is None or hot.recordings < RECORD_UNTIL)
+    if record:
         recording = Recording(image, options.workload, options.record).start()
+    if options.info is not None:
+        _write_json(options.info, {"image_id": image.image_id, "config": image.manifest.config,
+                                   "content_bytes": image.manifest.content_bytes,
+                                   "recording": record})
     try:
         mount(image, mountpoint, prefetcher=prefetcher, recording=recording)
     finally:
@@ -85,6 +98,10 @@ def serve(blobs: BlobStore, image_name: str, cache: BlockCache, mountpoint: Path
         if options.report is not None:
             report = mount_stats(image, prefetcher, recording)
             report["image_id"] = image.image_id
-            tmp = options.report.with_name(f".{options.report.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(report, indent=2) + "\n")
-            os.replace(tmp, options.report)
+            _write_json(options.report, report)
+
+
+def _write_json(path: Path, body: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(body, indent=2) + "\n")
+    os.replace(tmp, path)  # whole or absent: the reader never sees half of it

@@ -22,17 +22,14 @@ from bootseer.mounts import check_mountpoint, spawn_mount, unmount, wait_for_exi
 from bootseer.progress import byte_progress, console
 from bootseer.ready import READY_FILE_ENV
 from bootseer.units import format_size
-from prefetch import hotlist
 from prefetch.blockcache import BlockCache
-from prefetch.blockformat import DEFAULT_BLOCK_SIZE, IMAGE_REF_PREFIX, Manifest
+from prefetch.blockformat import DEFAULT_BLOCK_SIZE, IMAGE_REF_PREFIX
 from prefetch.hotlist import DEFAULT_WORKLOAD
 from prefetch.image_source import open_image
-from prefetch.lazyimage import STATS_XATTR, resolve_image
+from prefetch.lazyimage import STATS_XATTR
 from prefetch.recording import ReadyWhen
-from prefetch.session import SessionOptions
+from prefetch.session import RECORD_UNTIL, SessionOptions
 
-#: ``image run`` records starts by default until the hot list merges this many.
-RECORD_UNTIL = 3
 #: Where a recorded container finds the directory of its ready file.
 READY_DIR = "/run/bootseer"
 
@@ -97,43 +94,51 @@ def _session_flags(f):
     return f
 
 
-def _options(app: AppContext, workload: str, prefetch: bool | None, record: bool,
+def _options(app: AppContext, workload: str, prefetch: bool | None, record: bool | None,
              ready_file: Path | None, ready_marker: Path | None,
-             record_timeout: float | None, report: Path | None) -> SessionOptions:
+             record_timeout: float | None, report: Path | None,
+             info: Path | None = None) -> SessionOptions:
+    """``record``: True, False, or None for "while the hot list is young"."""
     cfg = app.loaded.config.image
     when = ReadyWhen(ready_file, ready_marker,
                      cfg.record_timeout if record_timeout is None else record_timeout)
     return SessionOptions(workload=workload, prefetch=cfg.prefetch if prefetch is None
                           else prefetch, prefetch_concurrency=cfg.prefetch_concurrency,
                           prefetch_request_size=cfg.prefetch_request_size,
-                          record=when if record else None, report=report)
+                          record=None if record is False else when,
+                          record_auto=record is None, report=report, info=info)
 
 
 @image.command("mount")
 @click.argument("name")
 @click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
 @_session_flags
-@click.option("--record", is_flag=True,
+@click.option("--record", "record", flag_value="always",
               help="Record which blocks this start reads into the image's hot list.")
+@click.option("--record-auto", "record", flag_value="auto",
+              help=f"Record only while the hot list has fewer than {RECORD_UNTIL} recordings.")
 @click.option("--ready-file", type=click.Path(path_type=Path),
               help="Recording: the start is over when the workload creates this file.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the mount's final statistics as JSON here when it ends.")
+@click.option("--info", type=click.Path(dir_okay=False, path_type=Path), hidden=True,
+              help="Write the image's id and config as JSON here once it is loaded.")
 @click.option("--foreground", is_flag=True, help="Serve in this process until unmounted.")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="Seconds to wait for the mount to appear.")
 @pass_app
 def mount(app: AppContext, name: str, mountpoint: Path, workload: str, prefetch: bool | None,
-          ready_marker: Path | None, record_timeout: float | None, record: bool,
-          ready_file: Path | None, report: Path | None, foreground: bool,
+          ready_marker: Path | None, record_timeout: float | None, record: str | None,
+          ready_file: Path | None, report: Path | None, info: Path | None, foreground: bool,
           timeout: float) -> None:
     """Mount image NAME (a name or an image id) read-only at MOUNTPOINT, lazily.
 
     Its hot list for the workload, if it has one, is prefetched in the background.
     """
     check_mountpoint(mountpoint)
-    options = _options(app, workload, prefetch, record, ready_file, ready_marker,
-                       record_timeout, report)
+    options = _options(app, workload, prefetch,
+                       {"always": True, "auto": None, None: False}[record], ready_file,
+                       ready_marker, record_timeout, report, info)
     if foreground:
         from prefetch.session import serve
 
@@ -153,13 +158,16 @@ def _mount_argv(app: AppContext, name: str, mountpoint: Path,
             "mount", "--foreground", name, str(mountpoint), "--workload", options.workload,
             "--prefetch" if options.prefetch else "--no-prefetch"]
     if options.record is not None:
-        args += ["--record", "--record-timeout", str(options.record.timeout)]
+        args += ["--record-auto" if options.record_auto else "--record",
+                 "--record-timeout", str(options.record.timeout)]
         if options.record.ready_file is not None:
             args += ["--ready-file", str(options.record.ready_file)]
         if options.record.marker is not None:
             args += ["--ready-marker", str(options.record.marker)]
     if options.report is not None:
         args += ["--report", str(options.report)]
+    if options.info is not None:
+        args += ["--info", str(options.info)]
     return args
 
 
@@ -203,58 +211,54 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
     """
     from prefetch.container import overlay_mount, run_rootfs
 
-    image_id = resolve_image(app.blobs, name)
-    manifest = Manifest.decode(app.blobs.get(image_id))
-    image_config = manifest.config.get("config") or {}
-    # Docker's rule: arguments replace the image's Cmd; its Entrypoint stays in front.
-    argv = tuple(image_config.get("Entrypoint") or ()) + (argv or tuple(image_config.get("Cmd")
-                                                                        or ()))
-    if not argv:
-        raise BootseerError(f"image {name} has no Cmd: give the command after --")
-    if record is None:
-        hot = hotlist.load(app.blobs, image_id, workload)
-        record = hot is None or hot.recordings < RECORD_UNTIL
-    env = dict(item.split("=", 1) for item in image_config.get("Env") or () if "=" in item)
+    # The store is opened by the mount server only (for hdfs://, one JVM start, not two):
+    # it says what the image is in the info file once it has loaded it.
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bootseer-run-") as tmp:
         work = Path(tmp)
         lower, signal, root = work / "lower", work / "signal", work / "rootfs"
         lower.mkdir()
         signal.mkdir()
-        binds = {}
-        if record:
-            binds[READY_DIR] = signal
-            env[READY_FILE_ENV] = f"{READY_DIR}/ready"
         marker = root / str(ready_marker).lstrip("/") if ready_marker else None
         options = _options(app, workload, prefetch, record, signal / "ready", marker,
-                           record_timeout, work / "report.json")
-        pid = spawn_mount(_mount_argv(app, image_id, lower, options), lower,
-                          f"image {name}", 60.0)
+                           record_timeout, work / "report.json", work / "info.json")
+        pid = spawn_mount(_mount_argv(app, name, lower, options), lower, f"image {name}", 60.0)
         try:
             mounted = time.monotonic() - started
+            info = json.loads((work / "info.json").read_text())
+            image_config = info["config"].get("config") or {}
+            # Docker's rule: arguments replace the image's Cmd; its Entrypoint stays first.
+            command = tuple(image_config.get("Entrypoint") or ()) + (
+                argv or tuple(image_config.get("Cmd") or ()))
+            if not command:
+                raise BootseerError(f"image {name} has no Cmd: give the command after --")
+            env = dict(item.split("=", 1) for item in image_config.get("Env") or ()
+                       if "=" in item)
+            env[READY_FILE_ENV] = f"{READY_DIR}/ready"  # read only while recording
             with overlay_mount(lower, work / "upper", work / "work", root):
-                result = run_rootfs(root, list(argv), env=env, timeout=timeout, binds=binds,
+                result = run_rootfs(root, list(command), env=env, timeout=timeout,
+                                    binds={READY_DIR: signal},
                                     cwd=image_config.get("WorkingDir") or "/")
             ran = time.monotonic() - started
         finally:
             unmount(lower)
         wait_for_exit(pid, 600.0)  # the server stores the recording before it exits
         stats = json.loads((work / "report.json").read_text())
-    stats["image_content_bytes"] = manifest.content_bytes
+    stats["image_content_bytes"] = info["content_bytes"]
     stats["run_seconds"] = round(ran, 3)  # from the command to the container's exit
     stats["mount_seconds"] = round(mounted, 3)  # of which until the lazy mount was there
     if stats_file:
         stats_file.write_text(json.dumps(stats, indent=2) + "\n")
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
-    console.print(_summary(stats, manifest))
+    console.print(_summary(stats))
     sys.exit(result.returncode)
 
 
-def _summary(stats: dict, manifest: Manifest) -> str:
+def _summary(stats: dict) -> str:
     lines = [f"started in {stats['run_seconds']:.2f} s; reads fetched "
              f"{format_size(stats['bytes_fetched'])} in {stats['blocks_fetched']} blocks "
-             f"({stats['fetch_requests']} reads) of {format_size(manifest.content_bytes)} "
+             f"({stats['fetch_requests']} reads) of {format_size(stats['image_content_bytes'])} "
              f"of image content"]
     pre = stats.get("prefetch")
     if pre:
