@@ -41,25 +41,26 @@ def spawn_mount(args: list[str], mountpoint: Path, what: str, timeout: float) ->
         if time.monotonic() > deadline:
             child.terminate()
             raise BootseerError(f"{what} was not mounted within {timeout:.0f}s (log: {log_path})")
-        time.sleep(0.05)
+        time.sleep(0.01)
     return child.pid
 
 
-def wait_for_exit(pid: int, timeout: float) -> None:
-    """Wait for a server started by :func:`spawn_mount` to exit after its unmount (it may
-    have work to finish, such as storing a recording)."""
+def wait_for_file(path: Path, pid: int, timeout: float) -> None:
+    """Wait for a server started by :func:`spawn_mount` to write ``path`` after its unmount
+    (its last work, such as storing a recording, comes before); not for the process to exit,
+    which for a JVM-hosting process can take a while longer."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while not path.exists():
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:  # not our child (or already reaped): watch /proc instead
-            if not Path(f"/proc/{pid}").exists():
-                return
-            done = 0
-        if done:
-            return
-        time.sleep(0.02)
-    raise BootseerError(f"the mount server (pid {pid}) did not exit within {timeout:.0f}s")
+        except ChildProcessError:  # not our child: watch /proc instead
+            done = 0 if Path(f"/proc/{pid}").exists() else pid
+        if done and not path.exists():
+            raise BootseerError(f"the mount server (pid {pid}) exited without writing {path}")
+        if time.monotonic() > deadline:
+            raise BootseerError(f"the mount server (pid {pid}) did not write {path} within "
+                                f"{timeout:.0f}s")
+        time.sleep(0.01)
 
 
 def check_mountpoint(mountpoint: Path) -> None:

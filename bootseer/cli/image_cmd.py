@@ -18,7 +18,7 @@ import click
 
 from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
-from bootseer.mounts import check_mountpoint, spawn_mount, unmount, wait_for_exit
+from bootseer.mounts import check_mountpoint, spawn_mount, unmount, wait_for_file
 from bootseer.progress import byte_progress, console
 from bootseer.ready import READY_FILE_ENV
 from bootseer.units import format_size
@@ -242,7 +242,7 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
             ran = time.monotonic() - started
         finally:
             unmount(lower)
-        wait_for_exit(pid, 600.0)  # the server stores the recording before it exits
+        wait_for_file(work / "report.json", pid, 600.0)  # written after the recording
         stats = json.loads((work / "report.json").read_text())
     stats["image_content_bytes"] = info["content_bytes"]
     stats["run_seconds"] = round(ran, 3)  # from the command to the container's exit
