@@ -178,6 +178,10 @@ def load(blobs: BlobStore, image_id: str, workload: str = DEFAULT_WORKLOAD,
         ref = blobs.get_ref(ref_name(image_id, workload))
     except FileNotFoundError:
         return None
+    except Exception as exc:  # the store failed: a start goes on without advice
+        log.warning("could not read the hot list of image %s (%s): %s", image_id, workload,
+                    exc)
+        return None
     try:
         hot = HotList.decode(blobs.get(ref.digest))
     except Exception as exc:
