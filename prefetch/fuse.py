@@ -2,9 +2,13 @@
 
 Inode numbers come from the manifest (``use_ino``), so hard links share an inode and
 ``st_nlink`` matches the image; device nodes carry their device numbers; xattrs are the
-image's. A path the manifest does not have is ``ENOENT``, a missing xattr ``ENODATA``
-(overlayfs asks for ``trusted.overlay.*`` on every lookup), any write ``EROFS``, and a
-read that fails (store unreachable, block corrupt twice) is logged and becomes ``EIO``.
+image's. A path the manifest does not have is ``ENOENT``, a missing xattr ``ENODATA``, any
+write ``EROFS``, and a read that fails (store unreachable, block corrupt twice) is logged
+and becomes ``EIO``.
+
+Requests the kernel stops sending once told ``ENOSYS`` are answered so: ``flush`` (nothing
+is ever written) and, for an image without any xattr, ``getxattr`` — overlayfs otherwise
+probes ``trusted.overlay.*`` on every lookup, thousands of round trips per start.
 
 The content never changes, so the kernel may keep its pages across opens
 (``kernel_cache``) and read ahead in large steps (``max_readahead``): fewer round trips
@@ -14,7 +18,6 @@ through this Python server.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import stat
@@ -23,11 +26,10 @@ from pathlib import Path
 from fuse import FUSE, FuseOSError, Operations  # fusepy
 
 from prefetch.blockformat import FileEntry
-from prefetch.lazyimage import STATS_XATTR, LazyImage
+from prefetch.lazyimage import LazyImage
 from prefetch.prefetcher import Prefetcher
 from prefetch.recording import Recording
 from prefetch.rootfs import Kind
-from prefetch.session import mount_stats
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,7 @@ class LazyImageOperations(Operations):
     def __init__(self, image: LazyImage, prefetcher: Prefetcher | None = None,
                  recording: Recording | None = None) -> None:
         self.image, self.prefetcher, self.recording = image, prefetcher, recording
+        self.has_xattrs = any(e.xattrs for e in image.manifest.entries)
 
     def _entry(self, path: str) -> FileEntry:
         entry = self.image.lookup(path)
@@ -81,10 +84,12 @@ class LazyImageOperations(Operations):
             log.error("read of %s at %d (+%d) failed: %s", path, offset, size, exc)
             raise FuseOSError(errno.EIO) from exc
 
+    def flush(self, path: str, fh: int) -> None:
+        raise FuseOSError(errno.ENOSYS)
+
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
-        if path == "/" and name == STATS_XATTR:
-            return json.dumps(mount_stats(self.image, self.prefetcher,
-                                          self.recording)).encode()
+        if not self.has_xattrs:
+            raise FuseOSError(errno.ENOSYS)
         value = self._entry(path).xattrs.get(name)
         if value is None:
             raise FuseOSError(errno.ENODATA)

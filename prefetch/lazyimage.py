@@ -36,10 +36,6 @@ from prefetch.rootfs import Kind
 log = logging.getLogger(__name__)
 
 
-#: Read on a mount's root, this (unlisted) xattr gives the mount's LazyStats as JSON.
-STATS_XATTR = "user.bootseer.stats"
-
-
 class BlockIntegrityError(IntegrityError):
     """A block still did not match its digest after being fetched again."""
 

@@ -9,9 +9,11 @@ store it, and write a final report of what the start cost.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,9 @@ from prefetch.prefetcher import Prefetcher
 from prefetch.recording import ReadyWhen, Recording
 
 log = logging.getLogger(__name__)
+
+#: How often a mount's statistics file is refreshed.
+STATS_INTERVAL = 0.5
 
 #: Starts are recorded by default until the hot list has merged this many: by then it has
 #: converged, and further starts only pay for the recording.
@@ -40,6 +45,7 @@ class SessionOptions:
     #: Record only while the hot list has merged fewer than RECORD_UNTIL recordings.
     record_auto: bool = False
     info: Path | None = None  # what the caller needs of the image, written once it is loaded
+    stats: Path | None = None  # statistics so far as JSON, refreshed while mounted
     report: Path | None = None  # final statistics as JSON, written when the mount ends
 
 
@@ -54,7 +60,7 @@ def start_prefetch(image: LazyImage, hot: HotList | None, *, concurrency: int,
 
 def mount_stats(image: LazyImage, prefetcher: Prefetcher | None = None,
                 recording: Recording | None = None) -> dict:
-    """What a mount has cost and done so far, as :data:`STATS_XATTR` reports it."""
+    """What a mount has cost and done so far (``bootseer image stats``, the report)."""
     stats: dict = dataclasses.asdict(image.stats)
     stats["prefetch"] = dataclasses.asdict(prefetcher.stats) if prefetcher else None
     if recording is not None:
@@ -88,9 +94,23 @@ def serve(blobs: BlobStore, image_name: str, cache: BlockCache, mountpoint: Path
         _write_json(options.info, {"image_id": image.image_id, "config": image.manifest.config,
                                    "content_bytes": image.manifest.content_bytes,
                                    "recording": record})
+    stop_stats = threading.Event()
+    if options.stats is not None:
+        stats_path = options.stats
+
+        def refresh() -> None:
+            while not stop_stats.wait(STATS_INTERVAL):
+                _write_json(stats_path, mount_stats(image, prefetcher, recording))
+
+        stats_path.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(stats_path, mount_stats(image, prefetcher, recording))
+        threading.Thread(target=refresh, name="stats", daemon=True).start()
     try:
         mount(image, mountpoint, prefetcher=prefetcher, recording=recording)
     finally:
+        stop_stats.set()
+        if options.stats is not None:
+            options.stats.unlink(missing_ok=True)
         if prefetcher is not None:
             prefetcher.stop()
         if recording is not None:
@@ -99,6 +119,12 @@ def serve(blobs: BlobStore, image_name: str, cache: BlockCache, mountpoint: Path
             report = mount_stats(image, prefetcher, recording)
             report["image_id"] = image.image_id
             _write_json(options.report, report)
+
+
+def stats_path(cache_dir: Path, mountpoint: Path) -> Path:
+    """Where the server of the mount at ``mountpoint`` keeps its statistics."""
+    key = hashlib.sha256(str(Path(mountpoint).absolute()).encode()).hexdigest()[:16]
+    return cache_dir / "mounts" / f"{key}.json"
 
 
 def _write_json(path: Path, body: dict) -> None:

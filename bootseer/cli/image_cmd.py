@@ -2,13 +2,13 @@
 
 ``mount`` serves an image through FUSE in a child process (:mod:`bootseer.mounts`); the
 mount's statistics (blocks and bytes fetched, cache hits) are readable as JSON from the
-``user.bootseer.stats`` extended attribute of its root.
+statistics file the server refreshes twice a second (``bootseer image stats``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import sys
 import tempfile
 import time
@@ -18,7 +18,7 @@ import click
 
 from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
-from bootseer.mounts import check_mountpoint, spawn_mount, unmount, wait_for_file
+from bootseer.mounts import check_mountpoint, is_mounted, spawn_mount, unmount, wait_for_file
 from bootseer.progress import byte_progress, console
 from bootseer.ready import READY_FILE_ENV
 from bootseer.units import format_size
@@ -26,7 +26,6 @@ from prefetch.blockcache import BlockCache
 from prefetch.blockformat import DEFAULT_BLOCK_SIZE, IMAGE_REF_PREFIX
 from prefetch.hotlist import DEFAULT_WORKLOAD
 from prefetch.image_source import open_image
-from prefetch.lazyimage import STATS_XATTR
 from prefetch.recording import ReadyWhen
 from prefetch.session import RECORD_UNTIL, SessionOptions
 
@@ -140,9 +139,10 @@ def mount(app: AppContext, name: str, mountpoint: Path, workload: str, prefetch:
                        {"always": True, "auto": None, None: False}[record], ready_file,
                        ready_marker, record_timeout, report, info)
     if foreground:
-        from prefetch.session import serve
+        from prefetch.session import serve, stats_path
 
         cfg = app.loaded.config
+        options = dataclasses.replace(options, stats=stats_path(cfg.cache_dir, mountpoint))
         serve(app.blobs, name, BlockCache(cfg.cache_dir / "blocks", cfg.image.cache_size),
               mountpoint, options)
         return
@@ -180,9 +180,20 @@ def umount(mountpoint: Path) -> None:
 
 @image.command("stats")
 @click.argument("mountpoint", type=click.Path(exists=True, path_type=Path))
-def stats(mountpoint: Path) -> None:
+@pass_app
+def stats(app: AppContext, mountpoint: Path) -> None:
     """Print a mounted image's fetch statistics as JSON."""
-    click.echo(json.dumps(json.loads(os.getxattr(mountpoint, STATS_XATTR)), indent=2))
+    from prefetch.session import STATS_INTERVAL, stats_path
+
+    path = stats_path(app.loaded.config.cache_dir, mountpoint)
+    if not is_mounted(mountpoint) or not path.exists():
+        raise BootseerError(f"no lazy image is mounted at {mountpoint} with this cache "
+                            f"directory ({app.loaded.config.cache_dir})")
+    asked = time.time()  # wait for the server's next refresh: figures from after this call
+    deadline = time.monotonic() + 4 * STATS_INTERVAL
+    while path.stat().st_mtime < asked and time.monotonic() < deadline:
+        time.sleep(STATS_INTERVAL / 10)
+    click.echo(json.dumps(json.loads(path.read_text()), indent=2))
 
 
 @image.command("run")
