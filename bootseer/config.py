@@ -86,6 +86,16 @@ class ImageConfig:
 
 
 @dataclass
+class SnapshotConfig:
+    """Options for dependency snapshots (``bootseer env``)."""
+
+    shard_size: ByteSize = ByteSize(32 << 20)  # content bytes per shard (restored in parallel)
+    compression_level: int = 3  # zstd level of the shards
+    concurrency: int = 4  # shards packed or restored at once
+    bytecode: bool = True  # compile captured .py files before snapshotting
+
+
+@dataclass
 class AgentConfig:
     """Where the node agent listens (``bootseer agent``), and where clients look for it."""
 
@@ -101,6 +111,7 @@ class Config:
     log_level: str = "warning"  # debug, info, warning, error
     hdfs: HdfsConfig = field(default_factory=HdfsConfig)
     image: ImageConfig = field(default_factory=ImageConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def get(self, key: str) -> Any:

@@ -63,6 +63,7 @@ def _register_commands() -> None:
     from bootseer.cli.agent_cmd import agent
     from bootseer.cli.ckpt_cmd import ckpt
     from bootseer.cli.config_cmd import config
+    from bootseer.cli.env_cmd import env
     from bootseer.cli.image_cmd import image
     from bootseer.cli.store_cmd import store
     from bootseer.cli.warm_cmd import ready, warm
@@ -70,6 +71,7 @@ def _register_commands() -> None:
     cli.add_command(agent)
     cli.add_command(ckpt)
     cli.add_command(config)
+    cli.add_command(env)
     cli.add_command(image)
     cli.add_command(ready)
     cli.add_command(store)

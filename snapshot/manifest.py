@@ -1,0 +1,173 @@
+"""The snapshot manifest: every captured path with its metadata and digest, and the shards.
+
+A snapshot is what one command changed under its target directories: new and modified
+entries (with their full metadata and content) and deleted paths. Its manifest is one blob
+(zstd-compressed JSON, format :data:`FORMAT`); the ref ``env/<key>`` names it.
+
+An entry's path is relative to its target (``"."`` is the target itself); ``target``
+indexes :attr:`Manifest.targets`, the absolute directories the snapshot was captured
+under. Files and symlinks name the shard (a tar stream) that carries them; directories
+and hard links are metadata only. A hard link names its group's first file (``link``, same target).
+
+Manifests are hostile input once they are in a shared store, so :meth:`Manifest.decode`
+refuses, before anything is written: a path that is absolute, holds ``..``, ``.`` or
+empty components, or NUL; a path below a symlink or a file of the same snapshot; a hard
+link to anything but a file of the same target; unknown types, shards or formats.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import zstandard
+
+from bootseer.errors import BootseerError, IntegrityError
+
+FORMAT = "bootseer-snapshot/1"
+REF_PREFIX = "env/"
+KINDS = ("file", "dir", "symlink", "hardlink")
+_CONTENT_KINDS = ("file", "symlink")  # carried by a shard; hard links are made on restore
+
+
+class UnsafeSnapshotError(BootseerError):
+    """A snapshot holds an entry that would write outside its targets; nothing was applied."""
+
+
+@dataclass(frozen=True)
+class SnapEntry:
+    target: int  # index into Manifest.targets
+    path: str  # relative to the target, "." for the target itself
+    kind: str  # one of KINDS
+    mode: int  # permission bits only
+    uid: int
+    gid: int
+    mtime_ns: int
+    size: int = 0  # content bytes of files and hard links
+    digest: str | None = None  # sha256:<hex> of the content of files and hard links
+    link: str | None = None  # symlink: target verbatim; hard link: its group's file path
+    shard: int | None = None  # which shard carries it (files and symlinks)
+
+    @property
+    def member(self) -> str:
+        """The entry's name in the shard tar: ``<target>/<path>``."""
+        return f"{self.target}/{self.path}" if self.path != "." else str(self.target)
+
+
+@dataclass(frozen=True)
+class Deletion:
+    target: int
+    path: str
+
+
+@dataclass(frozen=True)
+class Shard:
+    digest: str  # blob of the zstd-compressed tar stream
+    size: int  # compressed bytes
+    input_bytes: int  # content bytes it carries
+
+
+@dataclass(frozen=True)
+class Manifest:
+    key: str
+    targets: tuple[str, ...]
+    entries: tuple[SnapEntry, ...]  # tree order per target: a directory before its contents
+    deleted: tuple[Deletion, ...]
+    shards: tuple[Shard, ...]
+    created: dict[str, Any] = field(default_factory=dict)  # time, host, argv, key inputs
+
+    @property
+    def content_bytes(self) -> int:
+        return sum(e.size for e in self.entries if e.kind == "file")
+
+    def encode(self) -> bytes:
+        body = {"format": FORMAT, "key": self.key, "targets": list(self.targets),
+                "created": self.created, "shards": [asdict(s) for s in self.shards],
+                "deleted": [[d.target, d.path] for d in self.deleted],
+                "entries": [{k: v for k, v in asdict(e).items() if v is not None}
+                            for e in self.entries]}
+        return zstandard.ZstdCompressor(level=10).compress(json.dumps(body).encode())
+
+    @classmethod
+    def decode(cls, data: bytes, origin: str) -> Manifest:
+        try:
+            body = json.loads(zstandard.ZstdDecompressor().decompress(data))
+        except (zstandard.ZstdError, ValueError) as exc:
+            raise IntegrityError(f"snapshot manifest {origin} is unreadable: {exc}") from exc
+        if not isinstance(body, dict) or body.get("format") != FORMAT:
+            fmt = body.get("format") if isinstance(body, dict) else None
+            raise BootseerError(f"snapshot manifest {origin} has format {fmt!r}; this "
+                                f"Bootseer reads {FORMAT}")
+        try:
+            manifest = cls(
+                key=str(body["key"]), targets=tuple(str(t) for t in body["targets"]),
+                entries=tuple(SnapEntry(**e) for e in body["entries"]),
+                deleted=tuple(Deletion(int(t), str(p)) for t, p in body["deleted"]),
+                shards=tuple(Shard(**s) for s in body["shards"]),
+                created=dict(body.get("created") or {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IntegrityError(f"snapshot manifest {origin} is malformed: {exc}") from exc
+        manifest.check(origin)
+        return manifest
+
+    def check(self, origin: str) -> None:
+        """Refuse anything that could write outside the targets (see the module doc)."""
+        def bad(why: str) -> UnsafeSnapshotError:
+            return UnsafeSnapshotError(f"snapshot {origin}: {why}; nothing was restored")
+
+        for t in self.targets:
+            if not t.startswith("/") or check_relpath(t.lstrip("/") or ".") != t.lstrip("/"):
+                raise bad(f"target {t!r} is not a normalised absolute path")
+        kinds: dict[tuple[int, str], SnapEntry] = {}
+        for e in self.entries:
+            if not 0 <= e.target < len(self.targets):
+                raise bad(f"entry {e.path!r} names no target")
+            if e.kind not in KINDS:
+                raise bad(f"entry {e.path!r} has unknown type {e.kind!r}")
+            try:
+                check_relpath(e.path)
+            except ValueError as exc:
+                raise bad(str(exc)) from None
+            if e.kind in _CONTENT_KINDS and not (
+                    isinstance(e.shard, int) and 0 <= e.shard < len(self.shards)):
+                raise bad(f"entry {e.path!r} names no shard")
+            if e.kind == "symlink" and not e.link:
+                raise bad(f"symlink {e.path!r} has no target")
+            if e.path == "." and e.kind != "dir":
+                raise bad(f"target {self.targets[e.target]} is captured as a {e.kind}")
+            if (e.target, e.path) in kinds:
+                raise bad(f"entry {e.path!r} appears twice")
+            kinds[(e.target, e.path)] = e
+        for e in self.entries:
+            parent = e.path.rpartition("/")[0]
+            while parent:
+                above = kinds.get((e.target, parent))
+                if above is not None and above.kind != "dir":
+                    raise bad(f"entry {e.path!r} lies below the {above.kind} {parent!r}")
+                parent = parent.rpartition("/")[0]
+            if e.kind == "hardlink":
+                leader = kinds.get((e.target, e.link or ""))
+                if leader is None or leader.kind != "file":
+                    raise bad(f"hard link {e.path!r} points to {e.link!r}, not a file of the "
+                              f"snapshot")
+        for d in self.deleted:
+            if not 0 <= d.target < len(self.targets):
+                raise bad(f"deletion {d.path!r} names no target")
+            try:
+                check_relpath(d.path)
+            except ValueError as exc:
+                raise bad(str(exc)) from None
+            if d.path == ".":
+                raise bad("a deletion names a target itself")
+
+
+def check_relpath(path: str) -> str:
+    """``path`` if it is a normalised relative path (or "."), else ``ValueError``."""
+    if path == ".":
+        return path
+    if not path or path.startswith("/") or "\0" in path:
+        raise ValueError(f"path {path!r} is absolute, empty or holds NUL")
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        raise ValueError(f"path {path!r} holds '..', '.' or an empty component")
+    return path

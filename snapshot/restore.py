@@ -1,0 +1,380 @@
+"""Restore a snapshot: stage every target beside itself, verify, then switch it in.
+
+For each target ``/p/T`` the new state is built in ``/p/.T.bootseer-new``: a hard-link
+clone of the current ``T`` (directories recreated, files linked, never written: every
+changed file is a fresh inode), the deletions applied, then the shards fetched, decompressed
+and extracted in parallel (a thread pool, one shard per task), every file checked against
+the manifest's size and sha256 as it is written, then hard links, then directory modes and
+mtimes, deepest first. Only when *all* targets are staged and verified does the switch
+start: per target, one ``renameat2(RENAME_EXCHANGE)`` of the staging directory and ``T``
+(a plain rename when ``T`` did not exist), then the old tree is removed.
+
+The guarantee, per target: ``T`` is at every instant either its complete previous state or
+its complete restored state. A failure or a crash before the switch (a bad shard, a full
+disk, SIGKILL) leaves every target untouched. A crash during the switch phase can leave
+the targets switched before it restored and the ones after it previous; running the
+restore again completes it, because a snapshot is a delta and applying it to its own result
+changes nothing. Leftovers of a crashed restore (staging and old trees) are removed by the
+next restore of the same target, under a lock (``/p/.T.bootseer-lock``) that also keeps
+two restores of one target on one node apart. Where the file system cannot exchange
+(``EINVAL``), ``T`` is renamed to ``/p/.T.bootseer-old`` and the staging directory to
+``T``; a crash between the two leaves only the old tree, which the next restore renames
+back first.
+
+Writes are confined to the staging directory: manifest paths are checked when it is
+decoded (:mod:`snapshot.manifest`), tar members must be exactly the manifest's, and every
+parent of a path written or deleted must be a real directory (never a symlink) in the
+staging tree, so a snapshot cannot write through a link out of its target.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import logging
+import os
+import shutil
+import signal
+import stat
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import zstandard
+
+from bootseer.errors import BootseerError, IntegrityError, InvalidRangeError
+from bootseer.filelock import file_lock
+from bootseer.store import BlobStore
+from snapshot.manifest import REF_PREFIX, Manifest, SnapEntry, UnsafeSnapshotError
+
+log = logging.getLogger(__name__)
+
+#: Test hook: SIGKILL this process at the named point ("staged", "switched-one",
+#: "exchanged") to prove a crash there leaves a consistent state.
+CRASH_ENV = "BOOTSEER_SNAPSHOT_CRASH_AT"
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    key: str
+    targets: tuple[str, ...]
+    files: int
+    bytes: int
+    shards: int
+    seconds: float
+
+
+def load_manifest(blobs: BlobStore, key: str) -> Manifest:
+    try:
+        ref = blobs.get_ref(REF_PREFIX + key)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no snapshot {key} in the store {blobs.store.url}") from None
+    return Manifest.decode(blobs.get(ref.digest), key)
+
+
+def _crash_point(name: str) -> None:
+    if os.environ.get(CRASH_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _sidecar(target: str, what: str) -> str:
+    parent, name = os.path.split(target)
+    return os.path.join(parent, f".{name}.bootseer-{what}")
+
+
+def remove_tree(path: str) -> None:
+    """``rm -rf``, read-only directories included; absent is fine."""
+    def make_writable(func, failed, _exc) -> None:
+        parent = os.path.dirname(failed)
+        os.chmod(parent, stat.S_IMODE(os.lstat(parent).st_mode) | 0o700)
+        func(failed)
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, onerror=make_writable)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Atomically swap two paths; False when this system or file system cannot."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS):
+        return False
+    raise OSError(err, os.strerror(err), a, None, b)
+
+
+def recover(target: str) -> None:
+    """Undo what a crashed restore of ``target`` left (call under the target's lock)."""
+    old, new = _sidecar(target, "old"), _sidecar(target, "new")
+    if os.path.lexists(old):
+        if os.path.lexists(target):
+            remove_tree(old)
+        else:
+            log.warning("%s: a restore was interrupted mid-switch; putting back the "
+                        "previous state", target)
+            os.rename(old, target)
+    remove_tree(new)
+
+
+def _lchown(path: str, uid: int, gid: int) -> None:
+    if os.geteuid() == 0:
+        os.lchown(path, uid, gid)
+
+
+class _Stage:
+    """One target's staging directory and what is needed to finish its directories."""
+
+    def __init__(self, target: str) -> None:
+        self.target, self.root = target, _sidecar(target, "new")
+        self.dirs: dict[str, tuple[int, int, int, int]] = {}  # rel -> mode, uid, gid, mtime
+        self._safe: set[str] = {""}
+
+    def path(self, rel: str) -> str:
+        return self.root if rel == "." else os.path.join(self.root, rel)
+
+    def check_parents(self, rel: str) -> None:
+        """Every parent of ``rel`` must be a real directory: never write through a link."""
+        parent = rel.rpartition("/")[0] if rel != "." else ""
+        todo = []
+        while parent not in self._safe:
+            todo.append(parent)
+            parent = parent.rpartition("/")[0]
+        for p in reversed(todo):
+            try:
+                st = os.lstat(self.path(p))
+            except FileNotFoundError:
+                raise BootseerError(
+                    f"{os.path.join(self.target, p)} is missing: this target does not match "
+                    f"the state the snapshot was captured on") from None
+            if stat.S_ISLNK(st.st_mode):
+                raise UnsafeSnapshotError(f"{os.path.join(self.target, p)} is a symlink here; "
+                                          f"restoring below it would write outside the target")
+            if not stat.S_ISDIR(st.st_mode):
+                raise BootseerError(f"{os.path.join(self.target, p)} is not a directory here")
+            self._safe.add(p)
+
+    def clear(self, rel: str) -> None:
+        """Make room for a new entry at ``rel`` (never modify a linked inode in place)."""
+        self.check_parents(rel)
+        remove_tree(self.path(rel))
+
+    def clone_current(self) -> None:
+        """The current target as hard links; directories are new, their metadata kept."""
+        src_root = self.target
+
+        def walk(rel: str) -> None:
+            src = src_root if rel == "." else os.path.join(src_root, rel)
+            st = os.lstat(src)
+            os.mkdir(self.path(rel), 0o700)
+            self.dirs[rel] = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns)
+            with os.scandir(src) as it:
+                children = [e.name for e in it]
+            for name in children:
+                child = name if rel == "." else f"{rel}/{name}"
+                s, d = os.path.join(src, name), self.path(child)
+                cst = os.lstat(s)
+                if stat.S_ISDIR(cst.st_mode):
+                    walk(child)
+                elif stat.S_ISLNK(cst.st_mode):
+                    os.symlink(os.readlink(s), d)
+                    _lchown(d, cst.st_uid, cst.st_gid)
+                    os.utime(d, ns=(cst.st_atime_ns, cst.st_mtime_ns), follow_symlinks=False)
+                elif stat.S_ISSOCK(cst.st_mode):
+                    log.warning("%s: a socket; not carried into the restored target", s)
+                else:
+                    try:
+                        os.link(s, d, follow_symlinks=False)
+                    except PermissionError:  # protected_hardlinks: someone else's file
+                        shutil.copy2(s, d, follow_symlinks=False)
+
+        walk(".")
+
+    def make_dir(self, entry: SnapEntry) -> None:
+        path = self.path(entry.path)
+        if entry.path != ".":
+            self.check_parents(entry.path)
+            if os.path.lexists(path) and not (os.path.isdir(path)
+                                              and not os.path.islink(path)):
+                remove_tree(path)
+            if not os.path.lexists(path):
+                os.mkdir(path, 0o700)
+        self.dirs[entry.path] = (entry.mode, entry.uid, entry.gid, entry.mtime_ns)
+
+    def finish_dirs(self) -> None:
+        for rel in sorted(self.dirs, key=lambda r: (r != ".", r.count("/")), reverse=True):
+            mode, uid, gid, mtime_ns = self.dirs[rel]
+            path = self.path(rel)
+            if not stat.S_ISDIR(_lstat_mode(path)):  # a cloned directory deleted or replaced
+                continue
+            _lchown(path, uid, gid)
+            os.chmod(path, mode)
+            os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def _lstat_mode(path: str) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return 0
+
+
+def _set_meta(path: str, entry: SnapEntry) -> None:
+    _lchown(path, entry.uid, entry.gid)
+    if entry.kind != "symlink":
+        os.chmod(path, entry.mode)
+    os.utime(path, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
+
+
+def _extract_shard(blobs: BlobStore, manifest: Manifest, number: int,
+                   expected: dict[str, SnapEntry], stages: list[_Stage],
+                   on_progress: Callable[[int], None] | None) -> None:
+    shard = manifest.shards[number]
+    seen: set[str] = set()
+    try:
+        with blobs.open(shard.digest) as raw, \
+                zstandard.ZstdDecompressor().stream_reader(raw) as stream, \
+                tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in tar:
+                entry = expected.get(member.name)
+                if entry is None or member.name in seen:
+                    raise UnsafeSnapshotError(
+                        f"snapshot {manifest.key}: shard {number} holds {member.name!r}, "
+                        f"which the manifest does not place there; nothing was restored")
+                seen.add(member.name)
+                stage = stages[entry.target]
+                stage.clear(entry.path)
+                path = stage.path(entry.path)
+                if entry.kind == "symlink":
+                    if not member.issym() or member.linkname != entry.link:
+                        raise IntegrityError(f"snapshot {manifest.key}: shard {number}: "
+                                             f"{member.name} is not the manifest's symlink")
+                    os.symlink(entry.link or "", path)
+                else:
+                    if not member.isreg() or member.size != entry.size:
+                        raise IntegrityError(f"snapshot {manifest.key}: shard {number}: "
+                                             f"{member.name} is not the manifest's file")
+                    _write_verified(tar.extractfile(member), path, entry, manifest.key)
+                    if on_progress:
+                        on_progress(entry.size)
+                _set_meta(path, entry)
+    except (zstandard.ZstdError, tarfile.TarError, EOFError, InvalidRangeError) as exc:
+        raise IntegrityError(f"snapshot {manifest.key}: shard {number} ({shard.digest}) is "
+                             f"truncated or corrupt: {exc}") from exc
+    missing = expected.keys() - seen
+    if missing:
+        raise IntegrityError(f"snapshot {manifest.key}: shard {number} lacks "
+                             f"{len(missing)} entries, e.g. {sorted(missing)[0]!r}")
+
+
+def _write_verified(src, path: str, entry: SnapEntry, key: str) -> None:
+    sha = hashlib.sha256()
+    size = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        while chunk := src.read(1 << 20):
+            sha.update(chunk)
+            size += len(chunk)
+            out.write(chunk)
+    if size != entry.size or "sha256:" + sha.hexdigest() != entry.digest:
+        raise IntegrityError(f"snapshot {key}: {entry.member} does not match the manifest "
+                             f"({size} bytes, sha256:{sha.hexdigest()}; expected "
+                             f"{entry.size} bytes, {entry.digest})")
+
+
+@contextmanager
+def _locked(targets: tuple[str, ...]) -> Iterator[None]:
+    with ExitStack() as stack:
+        for target in sorted(targets):
+            stack.enter_context(file_lock(Path(_sidecar(target, "lock"))))
+        yield
+
+
+def restore(blobs: BlobStore, manifest: Manifest, *, targets: tuple[str, ...] | None = None,
+            concurrency: int = 4, on_progress: Callable[[int], None] | None = None
+            ) -> RestoreResult:
+    """Restore ``manifest`` where it was captured (see the module doc for the guarantee)."""
+    if targets is not None and tuple(targets) != manifest.targets:
+        raise BootseerError(
+            f"snapshot {manifest.key} was captured for {', '.join(manifest.targets)}; "
+            f"restoring it under another prefix ({', '.join(targets)}) is not supported "
+            f"(it needs relocation)")
+    started = time.monotonic()
+    with _locked(manifest.targets):
+        for target in manifest.targets:
+            recover(target)
+        stages = [_Stage(t) for t in manifest.targets]
+        try:
+            _stage_all(blobs, manifest, stages, concurrency, on_progress)
+        except BaseException:
+            for stage in stages:
+                remove_tree(stage.root)
+            raise
+        _crash_point("staged")
+        for number, stage in enumerate(stages):
+            if number:
+                _crash_point("switched-one")
+            _switch(stage)
+    files = sum(1 for e in manifest.entries if e.kind != "dir")
+    return RestoreResult(manifest.key, manifest.targets, files, manifest.content_bytes,
+                         len(manifest.shards), time.monotonic() - started)
+
+
+def _stage_all(blobs: BlobStore, manifest: Manifest, stages: list[_Stage], concurrency: int,
+               on_progress: Callable[[int], None] | None) -> None:
+    for stage in stages:
+        os.makedirs(os.path.dirname(stage.root), exist_ok=True)
+        if os.path.lexists(stage.target):
+            if not os.path.isdir(stage.target) or os.path.islink(stage.target):
+                raise BootseerError(f"{stage.target} exists and is not a directory")
+            stage.clone_current()
+        else:
+            os.mkdir(stage.root, 0o700)
+            stage.dirs["."] = (0o755, os.getuid(), os.getgid(), time.time_ns())
+    for deletion in manifest.deleted:
+        stages[deletion.target].clear(deletion.path)
+    for entry in manifest.entries:
+        if entry.kind == "dir":
+            stages[entry.target].make_dir(entry)
+    per_shard: list[dict[str, SnapEntry]] = [{} for _ in manifest.shards]
+    for entry in manifest.entries:
+        if entry.shard is not None and entry.kind != "dir" and entry.kind != "hardlink":
+            per_shard[entry.shard][entry.member] = entry
+    with ThreadPoolExecutor(max(1, concurrency)) as pool:
+        futures = [pool.submit(_extract_shard, blobs, manifest, n, expected, stages,
+                               on_progress) for n, expected in enumerate(per_shard)]
+        for future in futures:
+            future.result()
+    for entry in manifest.entries:
+        if entry.kind == "hardlink":
+            stage = stages[entry.target]
+            stage.clear(entry.path)
+            os.link(stage.path(entry.link or ""), stage.path(entry.path))
+    for stage in stages:
+        stage.finish_dirs()
+
+
+def _switch(stage: _Stage) -> None:
+    target, new = stage.target, stage.root
+    if not os.path.lexists(target):
+        os.rename(new, target)
+        return
+    if _exchange(new, target):
+        _crash_point("exchanged")
+        remove_tree(new)  # now the previous tree
+        return
+    old = _sidecar(target, "old")
+    os.rename(target, old)
+    os.rename(new, target)
+    remove_tree(old)
