@@ -8,9 +8,9 @@ same image never fetch a block twice.
 API (JSON; long operations stream NDJSON events, one per line):
 
 * ``GET /v1/health`` -> ``{"version", "pid", "store", "cache_dir"}``
-* ``POST /v1/warm`` ``{"image", "workload", "all"}`` -> events ``{"event": "plan",
-  "bytes"}``, ``{"event": "progress", "bytes"}``..., then ``{"event": "result", ...}``
-  (the fields of :class:`prefetch.warm.WarmResult`) or ``{"event": "error", "message"}``.
+* ``POST /v1/warm`` ``{"image", "workload", "all", "envs"}`` -> events ``{"event":
+  "plan", "bytes"}``, ``{"event": "progress", "bytes"}``..., then ``{"event": "result",
+  ...}`` (:meth:`agents.warm.WarmSummary.to_json`) or ``{"event": "error", "message"}``.
 
 SIGTERM and SIGINT stop it gracefully: requests in progress finish their current step,
 the socket is removed.
@@ -19,7 +19,6 @@ the socket is removed.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -31,13 +30,13 @@ from typing import Any
 import uvloop
 from aiohttp import web
 
+from agents.warm import WarmRequest, warm
 from bootseer import __version__
 from bootseer.config import Config
 from bootseer.errors import BootseerError
 from bootseer.store import BlobStore, open_configured_store
 from prefetch.blockcache import BlockCache
 from prefetch.lazyimage import LazyImage, resolve_image
-from prefetch.warm import warm_image
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +67,11 @@ class Agent:
                                   "cache_dir": str(self.config.cache_dir)})
 
     async def warm(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        if not isinstance(body, dict) or not isinstance(body.get("image"), str):
-            raise web.HTTPBadRequest(text="expected a JSON object with an 'image' string")
+        try:
+            body = await request.json()
+            warm_request = WarmRequest.from_json(body if isinstance(body, dict) else {})
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=f"bad warm request: {exc}") from exc
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         loop = asyncio.get_running_loop()
@@ -81,21 +82,19 @@ class Agent:
 
         def work() -> None:
             try:
-                image = self.image(body["image"])
-                result = warm_image(
-                    self.blobs, self.cache, image.image_id,
-                    str(body.get("workload") or "default"), all_blocks=bool(body.get("all")),
-                    concurrency=self.config.image.prefetch_concurrency,
-                    request_size=self.config.image.prefetch_request_size, lazy=image,
-                    on_plan=lambda n: emit({"event": "plan", "bytes": n}),
-                    on_progress=lambda n: emit({"event": "progress", "bytes": n}))
-                result.image = body["image"]
-                emit({"event": "result", **dataclasses.asdict(result),
-                      "complete": result.complete})
+                lazy = self.image(warm_request.image) if warm_request.image else None
+                summary = warm(self.blobs, self.config, warm_request, image_cache=self.cache,
+                               lazy=lazy,
+                               on_plan=lambda n: emit({"event": "plan", "bytes": n}),
+                               on_progress=lambda n: emit({"event": "progress", "bytes": n}))
+                if summary.image is not None:
+                    summary.image.image = warm_request.image or summary.image.image
+                summary.via = "agent"
+                emit({"event": "result", **summary.to_json()})
             except (BootseerError, OSError) as exc:
                 emit({"event": "error", "message": str(exc)})
             except Exception as exc:
-                log.exception("warm of %s failed", body.get("image"))
+                log.exception("warm %s failed", warm_request)
                 emit({"event": "error", "message": f"internal error: {exc}"})
             finally:
                 emit(None)

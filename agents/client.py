@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from agents.warm import WarmRequest, WarmSummary
 from bootseer.errors import BootseerError
 
 
@@ -41,11 +42,11 @@ class AgentClient:
         response.raise_for_status()
         return response.json()
 
-    def warm(self, image: str, workload: str, *, all_blocks: bool = False,
+    def warm(self, request: WarmRequest, *,
              on_plan: Callable[[int], None] | None = None,
-             on_progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """Ask the agent to warm ``image``; the summary (WarmResult's fields) when done."""
-        body = {"image": image, "workload": workload, "all": all_blocks}
+             on_progress: Callable[[int], None] | None = None) -> WarmSummary:
+        """Ask the agent to stage what ``request`` names; its summary when done."""
+        body = request.to_json()
         try:
             with self._client.stream("POST", "/v1/warm", json=body) as response:
                 if response.status_code != 200:
@@ -62,7 +63,7 @@ class AgentClient:
                     elif kind == "error":
                         raise AgentError(event["message"])
                     elif kind == "result":
-                        return event
+                        return WarmSummary.from_json(event)
         except httpx.TransportError as exc:
             raise AgentUnavailable(f"no agent answers on {self.socket_path}: {exc}") from exc
         raise AgentError("the agent ended the warm without a result")

@@ -93,6 +93,7 @@ class SnapshotConfig:
     compression_level: int = 3  # zstd level of the shards
     concurrency: int = 4  # shards packed or restored at once
     bytecode: bool = True  # compile captured .py files before snapshotting
+    cache_size: ByteSize = ByteSize(20 << 30)  # shards staged by `warm --env` (LRU beyond)
 
 
 @dataclass

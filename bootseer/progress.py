@@ -21,16 +21,19 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)  # errors stay o
 
 
 class Advance:
-    """``advance(n_bytes)``; ``advance.set_total(n)`` when the total is known only later."""
+    """``advance(n_bytes)``; ``advance.add_total(n)`` when the total is learnt later."""
 
     def __init__(self, progress: Progress, task: TaskID) -> None:
         self._progress, self._task = progress, task
+        self._total = 0
 
     def __call__(self, n: int) -> None:
         self._progress.advance(self._task, n)
 
-    def set_total(self, total: int) -> None:
-        self._progress.update(self._task, total=total)
+    def add_total(self, more: int) -> None:
+        """Grow the total (work whose size is learnt in parts)."""
+        self._total += more
+        self._progress.update(self._task, total=self._total)
 
 
 @contextmanager

@@ -36,7 +36,6 @@ class WarmResult:
     fetch_requests: int
     missing: int  # blocks still not local at the end
     seconds: float
-    via: str = "agent"  # who did the work: the node agent, or the caller ("standalone")
 
     @property
     def complete(self) -> bool:

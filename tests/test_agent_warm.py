@@ -54,13 +54,14 @@ def test_warm_goes_through_a_running_agent(dirs, agent) -> None:
     assert sock.stat().st_mode & 0o777 == 0o660
     first = json.loads(bootseer("warm", "--image", "big", "--workload", "train", "--json",
                                 store=dirs["store"], cache=dirs["cache"], env=env).stdout)
-    assert first["via"] == "agent" and first["complete"] and first["fetched_blocks"] == 3
+    assert first["via"] == "agent" and first["complete"]
+    assert first["image"]["fetched_blocks"] == 3
     # The agent used its own cache (the node's), not the caller's.
     assert (dirs["agent-cache"] / "blocks" / "blocks").is_dir()
     assert not (dirs["cache"] / "blocks").exists()
     again = json.loads(bootseer("warm", "--image", "big", "--workload", "train", "--json",
                                 store=dirs["store"], cache=dirs["cache"], env=env).stdout)
-    assert again["already_local"] == 3 and again["fetched_blocks"] == 0
+    assert again["image"]["already_local"] == 3 and again["image"]["fetched_blocks"] == 0
     bad = bootseer("warm", "--image", "nope", store=dirs["store"], cache=dirs["cache"],
                    env=env, check=False)
     assert bad.returncode == 1 and "error:" in bad.stderr and "nope" in bad.stderr

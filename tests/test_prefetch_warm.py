@@ -45,11 +45,11 @@ def test_warm_stages_the_hot_blocks_then_a_mount_reads_nothing_from_the_store(di
     recorded_big_image(dirs)
     out = bootseer("warm", "--image", "big", "--workload", "train", "--json",
                    store=dirs["store"], cache=dirs["cache"])
-    summary = json.loads(out.stdout)
+    summary = json.loads(out.stdout)["image"]
     assert summary["complete"] and summary["hot_list"] and summary["blocks"] == 3
     assert summary["fetched_blocks"] == 3 and summary["fetch_requests"] <= 3
     again = json.loads(bootseer("warm", "--image", "big", "--workload", "train", "--json",
-                                store=dirs["store"], cache=dirs["cache"]).stdout)
+                                store=dirs["store"], cache=dirs["cache"]).stdout)["image"]
     assert again["already_local"] == 3 and again["fetched_blocks"] == 0
     # Everything the start needs is local: the manifest and the hot blocks. Remove the
     # image's packs and hot pack from the store: the warmed blocks still read.
@@ -71,7 +71,7 @@ def test_warm_without_a_hot_list_stages_the_manifest_and_says_so(dirs) -> None:
     assert "no hot list for workload 'other'" in out.stderr and out.returncode == 0
     out = bootseer("warm", "--image", "big", "--workload", "other", "--all", "--json",
                    store=dirs["store"], cache=dirs["cache"])
-    assert json.loads(out.stdout)["blocks"] == 7  # every block of the image
+    assert json.loads(out.stdout)["image"]["blocks"] == 7  # every block of the image
 
 
 def test_warm_exit_status_says_when_not_everything_is_local(dirs) -> None:
@@ -80,7 +80,7 @@ def test_warm_exit_status_says_when_not_everything_is_local(dirs) -> None:
                     store=dirs["store"], cache=dirs["cache"], check=False,
                     env={"BOOTSEER_IMAGE_CACHE_SIZE": "1m"})
     assert tiny.returncode == 3, tiny.stderr
-    assert json.loads(tiny.stdout)["missing"] >= 2 and "too small" in tiny.stderr
+    assert json.loads(tiny.stdout)["image"]["missing"] >= 2 and "too small" in tiny.stderr
     for pack in (dirs["store"] / "packs").iterdir():
         pack.unlink()
     gone = bootseer("warm", "--image", "big", "--workload", "train", store=dirs["store"],

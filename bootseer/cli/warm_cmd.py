@@ -1,9 +1,9 @@
 """``bootseer warm``: stage what an upcoming job needs on this node; ``bootseer ready``.
 
-``warm`` is meant to be run by a scheduler on every node of a job before (re)starting it.
-When the node agent runs (its socket is there), the agent does the work, in its cache,
-sharing in-flight fetches with everything else it serves; otherwise (or with
-``--no-agent``) this process does the same work itself.
+``warm`` (an image's hot blocks, environment snapshots) is meant to be run by a scheduler
+on every node of a job before (re)starting it. When the node agent runs (its socket is
+there), the agent does the work, in its cache, sharing in-flight fetches with everything
+else it serves; otherwise (or with ``--no-agent``) this process does the same work itself.
 
 Exit status: 0 when everything needed is local, 3 when some of it could not be staged (the
 summary says how much and why), 1 on errors.
@@ -11,9 +11,9 @@ summary says how much and why), 1 on errors.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
@@ -23,80 +23,103 @@ from bootseer.progress import Advance, byte_progress, console
 from bootseer.ready import READY_FILE_ENV, mark_ready
 from bootseer.units import format_size
 from prefetch.hotlist import DEFAULT_WORKLOAD
-from prefetch.warm import WarmResult
+
+if TYPE_CHECKING:
+    from agents.warm import WarmRequest, WarmSummary
+    from bootseer.config import Config
 
 #: Exit status of ``warm`` when it ran but not everything needed is local.
 INCOMPLETE = 3
 
 
 @click.command()
-@click.option("--image", "image", required=True,
-              help="Image name (as converted with --name) or image id.")
+@click.option("--image", "image", help="Image name (as converted with --name) or image id.")
 @click.option("--workload", default=DEFAULT_WORKLOAD, show_default=True,
               help="Whose hot list to stage (the key the starts were recorded under).")
 @click.option("--all", "all_blocks", is_flag=True,
               help="Stage every block of the image, not only the hot ones.")
+@click.option("--env", "envs", multiple=True, metavar="KEY",
+              help="Also stage this environment snapshot (`bootseer env ls`); repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--agent/--no-agent", "use_agent", default=None,
               help="Warm through the node agent (default: if one is running) or in this "
                    "process.")
 @pass_app
-def warm(app: AppContext, image: str, workload: str, all_blocks: bool, as_json: bool,
-         use_agent: bool | None) -> None:
-    """Prefetch an image's hot blocks into this node's cache before a job starts here."""
-    cfg = app.loaded.config
-    result = None
-    with byte_progress(f"warming {image}", None) as advance:
-        if use_agent is not False and (use_agent or cfg.agent.socket.exists()):
-            result = _warm_via_agent(app, image, workload, all_blocks, advance,
-                                     required=bool(use_agent))
-        if result is None:
-            from prefetch.blockcache import BlockCache
-            from prefetch.warm import warm_image
+def warm(app: AppContext, image: str | None, workload: str, all_blocks: bool,
+         envs: tuple[str, ...], as_json: bool, use_agent: bool | None) -> None:
+    """Stage an image's hot blocks and environment snapshots on this node before a job
+    starts here."""
+    from agents.warm import WarmRequest
 
-            cache = BlockCache(cfg.cache_dir / "blocks", cfg.image.cache_size)
-            result = warm_image(app.blobs, cache, image, workload, all_blocks=all_blocks,
-                                concurrency=cfg.image.prefetch_concurrency,
-                                request_size=cfg.image.prefetch_request_size,
-                                on_plan=advance.set_total, on_progress=advance)
-            result.via = "standalone"
+    if image is None and not envs:
+        raise click.UsageError("nothing to warm: give --image and/or --env")
+    cfg = app.loaded.config
+    request = WarmRequest(image, workload, all_blocks, envs)
+    summary = None
+    with byte_progress("warming", None) as advance:
+        if use_agent is not False and (use_agent or cfg.agent.socket.exists()):
+            summary = _warm_via_agent(app, request, advance, required=bool(use_agent))
+        if summary is None:
+            from agents.warm import warm as warm_here
+            from prefetch.blockcache import BlockCache
+
+            summary = warm_here(app.blobs, cfg, request,
+                                image_cache=BlockCache(cfg.cache_dir / "blocks",
+                                                       cfg.image.cache_size),
+                                on_plan=advance.add_total, on_progress=advance)
     if as_json:
-        click.echo(json.dumps(dataclasses.asdict(result) | {"complete": result.complete},
-                              indent=2))
-    elif not result.hot_list and not all_blocks:
-        console.print(f"image {image} has no hot list for workload {workload!r} yet: staged "
-                      f"its manifest only (a start run with `bootseer image run --record` "
-                      f"records one; --all stages the whole image)")
-    else:
-        console.print(f"{result.blocks} blocks ({format_size(result.bytes)}) of {image}: "
-                      f"{result.already_local} already local, {result.fetched_blocks} "
-                      f"fetched ({format_size(result.fetched_bytes)} in "
-                      f"{result.fetch_requests} reads) in {result.seconds:.2f} s")
-    if not result.complete:
-        console.print(f"[yellow]warning:[/yellow] {result.missing} of {result.blocks} blocks "
-                      f"are not local: the store failed them, or the cache "
-                      f"({format_size(cfg.image.cache_size)}, image.cache_size) is too small")
+        click.echo(json.dumps(summary.to_json(), indent=2))
+    _print(summary, cfg, all_blocks, warnings_only=as_json)
+    if not summary.complete:
         sys.exit(INCOMPLETE)
 
 
-def _warm_via_agent(app: AppContext, image: str, workload: str, all_blocks: bool,
-                    advance: Advance, required: bool) -> WarmResult | None:
+def _print(summary: WarmSummary, cfg: Config, all_blocks: bool, warnings_only: bool) -> None:
+    """The summary for people (stderr); with ``warnings_only``, just what is missing."""
+    result = summary.image
+    if result is not None and not warnings_only:
+        if not result.hot_list and not all_blocks:
+            console.print(f"image {result.image} has no hot list for workload "
+                          f"{result.workload!r} yet: staged its manifest only (a start run "
+                          f"with `bootseer image run --record` records one; --all stages "
+                          f"the whole image)")
+        else:
+            console.print(f"{result.blocks} blocks ({format_size(result.bytes)}) of "
+                          f"{result.image}: {result.already_local} already local, "
+                          f"{result.fetched_blocks} fetched "
+                          f"({format_size(result.fetched_bytes)} in {result.fetch_requests} "
+                          f"reads) in {result.seconds:.2f} s")
+    if result is not None and not result.complete:
+        console.print(f"[yellow]warning:[/yellow] {result.missing} of {result.blocks} blocks "
+                      f"are not local: the store failed them, or the cache "
+                      f"({format_size(cfg.image.cache_size)}, image.cache_size) is too small")
+    for env in summary.envs:
+        if not warnings_only:
+            console.print(f"environment {env.key[:16]}: {env.shards} shards "
+                          f"({format_size(env.bytes)}), {env.already_local} already local, "
+                          f"{env.fetched_shards} fetched in {env.seconds:.2f} s")
+        if not env.complete:
+            console.print(f"[yellow]warning:[/yellow] {env.missing} of {env.shards} shards "
+                          f"are not local: the store failed them, or the cache "
+                          f"({format_size(cfg.snapshot.cache_size)}, snapshot.cache_size) "
+                          f"is too small")
+
+
+def _warm_via_agent(app: AppContext, request: WarmRequest, advance: Advance,
+                    required: bool) -> WarmSummary | None:
     """The agent's summary, or None when no agent answers and it was not required."""
     from agents.client import AgentClient, AgentUnavailable
 
     socket = app.loaded.config.agent.socket
     try:
         with AgentClient(socket) as client:
-            summary = client.warm(image, workload, all_blocks=all_blocks,
-                                  on_plan=advance.set_total, on_progress=advance)
+            return client.warm(request, on_plan=advance.add_total, on_progress=advance)
     except AgentUnavailable as exc:
         if required:
             raise BootseerError(f"{exc} (start one with `bootseer agent`, or drop --agent)")\
                 from exc
         console.print(f"no agent answers on {socket}; warming in this process")
         return None
-    summary.pop("complete", None)
-    return WarmResult(**summary)
 
 
 @click.command()

@@ -1,0 +1,79 @@
+"""Pre-stage a snapshot on a node (``bootseer warm --env KEY``): its shards, locally.
+
+The shards go into the node's snapshot cache (``<cache_dir>/snapshots``), the same kind of
+verified, content-addressed, crash-safe cache that holds image blocks: a shard is stored
+under its sha256 only after the bytes matched it, and is checked again when read back.
+A later restore of the snapshot takes every shard it finds there instead of fetching it,
+so a job's restart on a warmed node does not wait for the network. Restores themselves do
+not fill the cache: the restored environment is the copy a node keeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootseer.errors import BootseerError
+from bootseer.store import BlobStore
+from prefetch.blockcache import BlockCache
+from snapshot.restore import load_manifest
+
+log = logging.getLogger(__name__)
+
+
+def shard_cache(cache_dir: Path, max_bytes: int) -> BlockCache:
+    return BlockCache(cache_dir / "snapshots", max_bytes)
+
+
+@dataclass
+class StageResult:
+    key: str
+    shards: int
+    bytes: int  # compressed bytes of all shards
+    already_local: int
+    fetched_shards: int
+    fetched_bytes: int
+    missing: int  # shards still not local at the end (failed, or the cache is too small)
+    seconds: float
+
+    @property
+    def complete(self) -> bool:
+        return self.missing == 0
+
+
+def stage_snapshot(blobs: BlobStore, cache: BlockCache, key: str, *, concurrency: int = 4,
+                   on_plan: Callable[[int], None] | None = None,
+                   on_progress: Callable[[int], None] | None = None) -> StageResult:
+    """Fetch every shard of snapshot ``key`` that the cache lacks; wait until done."""
+    started = time.monotonic()
+    manifest = load_manifest(blobs, key)
+    total = sum(s.size for s in manifest.shards)
+    if on_plan:
+        on_plan(total)
+    wanted = [s for s in manifest.shards if s.digest.removeprefix("sha256:") not in cache]
+    fetched: list[int] = []
+
+    def fetch(digest: str, size: int) -> None:
+        cache.put(digest.removeprefix("sha256:"), blobs.get(digest))  # verified by the store
+        fetched.append(size)
+        if on_progress:
+            on_progress(size)
+
+    if on_progress:
+        on_progress(total - sum(s.size for s in wanted))
+    with ThreadPoolExecutor(max(1, concurrency)) as pool:
+        for shard, future in [(s, pool.submit(fetch, s.digest, s.size)) for s in wanted]:
+            try:
+                future.result()
+            except (OSError, BootseerError) as exc:  # counted as missing below
+                log.warning("snapshot %s: shard %s could not be staged: %s", key,
+                            shard.digest, exc)
+    missing = sum(1 for s in manifest.shards if s.digest.removeprefix("sha256:") not in cache)
+    return StageResult(key=key, shards=len(manifest.shards), bytes=total,
+                       already_local=len(manifest.shards) - len(wanted),
+                       fetched_shards=len(fetched), fetched_bytes=sum(fetched),
+                       missing=missing, seconds=round(time.monotonic() - started, 3))
