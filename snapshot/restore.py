@@ -25,6 +25,10 @@ Writes are confined to the staging directory: manifest paths are checked when it
 decoded (:mod:`snapshot.manifest`), tar members must be exactly the manifest's, and every
 parent of a path written or deleted must be a real directory (never a symlink) in the
 staging tree, so a snapshot cannot write through a link out of its target.
+
+A snapshot restores where it was captured; with ``relocate=True`` it may be restored under
+other directories (``targets``, one per captured target, in order), its absolute paths
+rewritten by :mod:`snapshot.relocate` in the staging directory, after verification.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
+import io
 import logging
 import os
 import shutil
@@ -44,13 +49,16 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import zstandard
 
 from bootseer.errors import BootseerError, IntegrityError, InvalidRangeError
 from bootseer.filelock import file_lock
 from bootseer.store import BlobStore
+from prefetch.blockcache import BlockCache
 from snapshot.manifest import REF_PREFIX, Manifest, SnapEntry, UnsafeSnapshotError
+from snapshot.relocate import Relocation
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +77,7 @@ class RestoreResult:
     bytes: int
     shards: int
     seconds: float
+    relocated: int = 0  # files rewritten for a new prefix
 
 
 def load_manifest(blobs: BlobStore, key: str) -> Manifest:
@@ -237,13 +246,22 @@ def _set_meta(path: str, entry: SnapEntry) -> None:
     os.utime(path, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
 
 
+def _open_shard(blobs: BlobStore, cache: BlockCache | None, digest: str) -> BinaryIO:
+    """The shard from the node's snapshot cache (``bootseer warm --env``), else streamed
+    from the store (verified chunk by chunk either way)."""
+    data = cache.get(digest.removeprefix("sha256:")) if cache is not None else None
+    return io.BytesIO(data) if data is not None else blobs.open(digest)
+
+
 def _extract_shard(blobs: BlobStore, manifest: Manifest, number: int,
                    expected: dict[str, SnapEntry], stages: list[_Stage],
-                   on_progress: Callable[[int], None] | None) -> None:
+                   on_progress: Callable[[int], None] | None,
+                   relocation: Relocation | None = None,
+                   cache: BlockCache | None = None) -> None:
     shard = manifest.shards[number]
     seen: set[str] = set()
     try:
-        with blobs.open(shard.digest) as raw, \
+        with _open_shard(blobs, cache, shard.digest) as raw, \
                 zstandard.ZstdDecompressor().stream_reader(raw) as stream, \
                 tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
@@ -260,12 +278,18 @@ def _extract_shard(blobs: BlobStore, manifest: Manifest, number: int,
                     if not member.issym() or member.linkname != entry.link:
                         raise IntegrityError(f"snapshot {manifest.key}: shard {number}: "
                                              f"{member.name} is not the manifest's symlink")
-                    os.symlink(entry.link or "", path)
+                    link = entry.link or ""
+                    os.symlink(relocation.link(link) if relocation else link, path)
                 else:
                     if not member.isreg() or member.size != entry.size:
                         raise IntegrityError(f"snapshot {manifest.key}: shard {number}: "
                                              f"{member.name} is not the manifest's file")
-                    _write_verified(tar.extractfile(member), path, entry, manifest.key)
+                    src = tar.extractfile(member)
+                    watch = relocation.watch(src) if relocation else None
+                    _write_verified(watch or src, path, entry, manifest.key)
+                    if relocation and watch:
+                        relocation.apply(path, entry.path,
+                                         os.path.join(stage.target, entry.path), watch)
                     if on_progress:
                         on_progress(entry.size)
                 _set_meta(path, entry)
@@ -302,37 +326,67 @@ def _locked(targets: tuple[str, ...]) -> Iterator[None]:
 
 
 def restore(blobs: BlobStore, manifest: Manifest, *, targets: tuple[str, ...] | None = None,
-            concurrency: int = 4, on_progress: Callable[[int], None] | None = None
-            ) -> RestoreResult:
-    """Restore ``manifest`` where it was captured (see the module doc for the guarantee)."""
-    if targets is not None and tuple(targets) != manifest.targets:
-        raise BootseerError(
-            f"snapshot {manifest.key} was captured for {', '.join(manifest.targets)}; "
-            f"restoring it under another prefix ({', '.join(targets)}) is not supported "
-            f"(it needs relocation)")
+            relocate: bool = False, concurrency: int = 4,
+            on_progress: Callable[[int], None] | None = None,
+            cache: BlockCache | None = None) -> RestoreResult:
+    """Restore ``manifest`` where it was captured, or with ``relocate`` under ``targets``
+    (see the module doc for the guarantee); shards staged in ``cache`` are read from it."""
+    targets, relocation = _relocation(manifest, targets, relocate)
     started = time.monotonic()
-    with _locked(manifest.targets):
-        for target in manifest.targets:
+    with _locked(targets):
+        for target in targets:
             recover(target)
-        stages = [_Stage(t) for t in manifest.targets]
+        stages = [_Stage(t) for t in targets]
         try:
-            _stage_all(blobs, manifest, stages, concurrency, on_progress)
+            _stage_all(blobs, manifest, stages, concurrency, on_progress, relocation, cache)
         except BaseException:
             for stage in stages:
                 remove_tree(stage.root)
             raise
+        if relocation:
+            relocation.report()
         _crash_point("staged")
         for number, stage in enumerate(stages):
             if number:
                 _crash_point("switched-one")
             _switch(stage)
     files = sum(1 for e in manifest.entries if e.kind != "dir")
-    return RestoreResult(manifest.key, manifest.targets, files, manifest.content_bytes,
-                         len(manifest.shards), time.monotonic() - started)
+    return RestoreResult(manifest.key, targets, files, manifest.content_bytes,
+                         len(manifest.shards), time.monotonic() - started,
+                         relocation.rewritten if relocation else 0)
+
+
+def _relocation(manifest: Manifest, targets: tuple[str, ...] | None, relocate: bool
+                ) -> tuple[tuple[str, ...], Relocation | None]:
+    """The directories to restore to, and the relocation to them if they are new ones."""
+    old = manifest.targets
+    if targets is None:
+        return old, None
+    targets = tuple(os.path.normpath(t) for t in targets)
+    if len(targets) != len(old):
+        raise BootseerError(
+            f"snapshot {manifest.key} was captured for {len(old)} target(s) "
+            f"({', '.join(old)}); give exactly one --path per target, in that order "
+            f"(got {len(targets)})")
+    if targets == old:
+        return old, None
+    if not relocate:
+        moved = ", ".join(f"{o} -> {n}" for o, n in zip(old, targets) if o != n)
+        raise BootseerError(
+            f"snapshot {manifest.key} was captured for {', '.join(old)}; restoring it "
+            f"under another prefix ({moved}) needs relocation: pass --relocate to rewrite "
+            f"its absolute paths (script shebangs, pyvenv.cfg, activate scripts, .pth "
+            f"files, ...) for the new location; nothing was restored")
+    if not all(t.startswith("/") for t in targets) or len(set(targets)) != len(targets):
+        raise BootseerError(f"relocation targets must be distinct absolute paths: "
+                            f"{', '.join(targets)}")
+    return targets, Relocation(old, targets)
 
 
 def _stage_all(blobs: BlobStore, manifest: Manifest, stages: list[_Stage], concurrency: int,
-               on_progress: Callable[[int], None] | None) -> None:
+               on_progress: Callable[[int], None] | None,
+               relocation: Relocation | None = None,
+               cache: BlockCache | None = None) -> None:
     for stage in stages:
         os.makedirs(os.path.dirname(stage.root), exist_ok=True)
         if os.path.lexists(stage.target):
@@ -353,7 +407,8 @@ def _stage_all(blobs: BlobStore, manifest: Manifest, stages: list[_Stage], concu
             per_shard[entry.shard][entry.member] = entry
     with ThreadPoolExecutor(max(1, concurrency)) as pool:
         futures = [pool.submit(_extract_shard, blobs, manifest, n, expected, stages,
-                               on_progress) for n, expected in enumerate(per_shard)]
+                               on_progress, relocation, cache)
+                   for n, expected in enumerate(per_shard)]
         for future in futures:
             future.result()
     for entry in manifest.entries:

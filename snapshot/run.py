@@ -15,6 +15,7 @@ from typing import Any
 
 from bootseer.errors import BootseerError
 from bootseer.store import BlobStore
+from prefetch.blockcache import BlockCache
 from snapshot.bytecode import compile_sources
 from snapshot.key import KeyInputs, key_material, snapshot_key
 from snapshot.manifest import Manifest
@@ -84,7 +85,8 @@ def capture_command(blobs: BlobStore, key: str, argv: list[str], paths: list[Pat
 
 
 def env_run(blobs: BlobStore, inputs: KeyInputs, *, environ: Mapping[str, str],
-            tuning: Tuning, on_progress: Callable[[int], None] | None = None) -> RunOutcome:
+            tuning: Tuning, on_progress: Callable[[int], None] | None = None,
+            cache: BlockCache | None = None) -> RunOutcome:
     material = key_material(inputs, environ)
     key = snapshot_key(material)
     try:
@@ -93,7 +95,7 @@ def env_run(blobs: BlobStore, inputs: KeyInputs, *, environ: Mapping[str, str],
         manifest = None
     if manifest is not None:
         return RunOutcome(key, restored=restore(blobs, manifest, concurrency=tuning.concurrency,
-                                                on_progress=on_progress))
+                                                on_progress=on_progress, cache=cache))
     outcome = capture_command(blobs, key, list(inputs.argv), list(inputs.targets),
                               environ=environ, tuning=tuning, material=material,
                               on_progress=on_progress)

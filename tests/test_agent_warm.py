@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from test_prefetch_lazy import bootseer
 from test_prefetch_warm import recorded_big_image
+from test_snapshot_warm import published_venv
 
 from agents.client import AgentClient
 
@@ -62,6 +63,13 @@ def test_warm_goes_through_a_running_agent(dirs, agent) -> None:
     again = json.loads(bootseer("warm", "--image", "big", "--workload", "train", "--json",
                                 store=dirs["store"], cache=dirs["cache"], env=env).stdout)
     assert again["image"]["already_local"] == 3 and again["image"]["fetched_blocks"] == 0
+    key, _, _ = published_venv(dirs["store"].parent)  # an environment snapshot, same store
+    both = json.loads(bootseer("warm", "--image", "big", "--workload", "train", "--env", key,
+                               "--json", store=dirs["store"], cache=dirs["cache"],
+                               env=env).stdout)
+    assert both["via"] == "agent" and both["complete"]
+    assert both["envs"][0]["fetched_shards"] == both["envs"][0]["shards"] >= 1
+    assert (dirs["agent-cache"] / "snapshots" / "blocks").is_dir()
     bad = bootseer("warm", "--image", "nope", store=dirs["store"], cache=dirs["cache"],
                    env=env, check=False)
     assert bad.returncode == 1 and "error:" in bad.stderr and "nope" in bad.stderr

@@ -22,6 +22,7 @@ from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
 from bootseer.progress import byte_progress, console
 from bootseer.units import format_size
+from prefetch.blockcache import BlockCache
 from snapshot.key import KeyInputs, key_material, snapshot_key
 from snapshot.manifest import REF_PREFIX
 from snapshot.run import CaptureOutcome, Tuning, capture_command, env_run
@@ -38,6 +39,14 @@ def _tuning(app: AppContext, bytecode: bool | None) -> Tuning:
     cfg = app.loaded.config.snapshot
     return Tuning(cfg.shard_size, cfg.compression_level, cfg.concurrency,
                   cfg.bytecode if bytecode is None else bytecode)
+
+
+def _shard_cache(app: AppContext) -> BlockCache:
+    """Shards `bootseer warm --env` staged on this node; restores read them from here."""
+    from snapshot.stage import shard_cache
+
+    cfg = app.loaded.config
+    return shard_cache(cfg.cache_dir, cfg.snapshot.cache_size)
 
 
 def _key_options(f):
@@ -89,7 +98,7 @@ def run_cmd(app: AppContext, command, paths, key_files, env_vars, bytecode) -> N
     with byte_progress("env", None) as advance:
         outcome = env_run(app.blobs, _inputs(command, paths, key_files, env_vars),
                           environ=os.environ, tuning=_tuning(app, bytecode),
-                          on_progress=advance)
+                          on_progress=advance, cache=_shard_cache(app))
     click.echo(outcome.key)
     if outcome.restored is not None:
         r = outcome.restored
@@ -142,18 +151,29 @@ def snapshot_cmd(app: AppContext, key: str, paths, bytecode, command) -> None:
 @env.command("restore")
 @click.argument("key")
 @click.option("--path", "paths", multiple=True, type=click.Path(path_type=Path),
-              help="Where to restore; must be where it was captured (the default).")
+              help="Where to restore, one per captured target in their order (repeatable; "
+                   "default: where it was captured). Elsewhere needs --relocate.")
+@click.option("--relocate", is_flag=True,
+              help="Restore under the --path directories although the snapshot was "
+                   "captured elsewhere, rewriting its absolute paths (shebangs, "
+                   "pyvenv.cfg, activate, .pth, ...) to them.")
 @pass_app
-def restore_cmd(app: AppContext, key: str, paths) -> None:
-    """Restore snapshot KEY where it was captured."""
+def restore_cmd(app: AppContext, key: str, paths, relocate: bool) -> None:
+    """Restore snapshot KEY where it was captured, or with --relocate under --path."""
     from snapshot.restore import load_manifest, restore
 
+    if relocate and not paths:
+        raise click.UsageError("--relocate needs the new location: one --path per target "
+                               "of the snapshot (see `bootseer env show KEY`)")
     manifest = load_manifest(app.blobs, key)
     targets = tuple(os.path.abspath(p) for p in paths) or None
     with byte_progress(f"restoring {key[:12]}", manifest.content_bytes) as advance:
-        r = restore(app.blobs, manifest, targets=targets,
-                    concurrency=app.loaded.config.snapshot.concurrency, on_progress=advance)
-    console.print(f"restored {', '.join(r.targets)}: {r.files} entries, "
+        r = restore(app.blobs, manifest, targets=targets, relocate=relocate,
+                    concurrency=app.loaded.config.snapshot.concurrency, on_progress=advance,
+                    cache=_shard_cache(app))
+    moved = (f" (relocated from {', '.join(manifest.targets)}; {r.relocated} files "
+             f"rewritten)" if r.targets != manifest.targets else "")
+    console.print(f"restored {', '.join(r.targets)}{moved}: {r.files} entries, "
                   f"{format_size(r.bytes)} from {r.shards} shards in {r.seconds:.2f} s")
 
 

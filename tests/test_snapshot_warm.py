@@ -1,0 +1,63 @@
+"""``bootseer warm --env``: a snapshot's shards staged on a node; a restore then needs
+nothing but its manifest from the store, and through the agent it works the same."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from test_snapshot_cli import bootseer, tiny_wheel
+from test_snapshot_restore import tree_state
+
+
+def published_venv(tmp_path: Path) -> tuple[str, Path, tuple[str, ...]]:
+    store, venv = tmp_path / "store", tmp_path / "node" / "venv"
+    wheel = tiny_wheel(tmp_path)
+    install = (f"{sys.executable} -m venv --without-pip {venv} && "
+               f"{sys.executable} -m pip --python {venv}/bin/python install -q --no-index "
+               f"--disable-pip-version-check --no-cache-dir {wheel}")
+    run = ("env", "run", "--path", str(venv), "--", "sh", "-c", install)
+    key = bootseer(*run, store=store).stdout.strip()
+    return key, venv, run
+
+
+def test_warm_env_stages_the_shards_and_a_restore_reads_them_locally(tmp_path: Path) -> None:
+    key, venv, run = published_venv(tmp_path)
+    store, cache = tmp_path / "store", tmp_path / "cache"
+    installed = tree_state(venv)
+    env = {"BOOTSEER_CACHE_DIR": str(cache)}
+    summary = json.loads(bootseer("warm", "--env", key, "--json", store=store, env=env).stdout)
+    staged = summary["envs"][0]
+    assert summary["complete"] and summary["image"] is None
+    assert staged["shards"] >= 1 and staged["fetched_shards"] == staged["shards"]
+    again = json.loads(bootseer("warm", "--env", key, "--json", store=store, env=env).stdout)
+    assert again["envs"][0]["already_local"] == staged["shards"]
+    # The shards leave the store: the node restores from what it staged.
+    manifest = json.loads(bootseer("env", "show", key, "--json", store=store).stdout)
+    for shard in manifest["shards"]:
+        hexdigest = shard["digest"].removeprefix("sha256:")
+        (store / "blobs" / "sha256" / hexdigest[:2] / hexdigest).unlink()
+    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    restored = bootseer(*run, store=store, env=env)
+    assert "the command was not run" in restored.stderr and tree_state(venv) == installed
+    # Without the staged shards the same restore fails, clearly, and changes nothing.
+    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    gone = bootseer("env", "restore", key, store=store, check=False,
+                    env={"BOOTSEER_CACHE_DIR": str(tmp_path / "empty")})
+    assert gone.returncode == 1 and gone.stderr.startswith("error:") and not venv.exists()
+
+
+def test_warm_env_reports_what_it_could_not_stage(tmp_path: Path) -> None:
+    key, _, _ = published_venv(tmp_path)
+    store = tmp_path / "store"
+    manifest = json.loads(bootseer("env", "show", key, "--json", store=store).stdout)
+    hexdigest = manifest["shards"][0]["digest"].removeprefix("sha256:")
+    (store / "blobs" / "sha256" / hexdigest[:2] / hexdigest).unlink()
+    out = bootseer("warm", "--env", key, "--json", store=store, check=False,
+                   env={"BOOTSEER_CACHE_DIR": str(tmp_path / "cache")})
+    assert out.returncode == 3 and json.loads(out.stdout)["envs"][0]["missing"] == 1
+    assert "shards are not local" in out.stderr
+    nothing = bootseer("warm", store=store, check=False)
+    assert nothing.returncode == 2 and "give --image and/or --env" in nothing.stderr
