@@ -99,11 +99,12 @@ def test_record_then_prefetch_a_real_python_start_in_runc(dirs, tmp_path: Path) 
              store=dirs["store"], cache=dirs["cache"])
     script = ("python3 -c 'import json, decimal, email.parser; print(1)'; "
               "touch \"$BOOTSEER_READY_FILE\"; sleep 0.5; "
-              "cat /usr/bin/perl > /dev/null; echo done")
+              "cat /usr/bin/perl > /dev/null; echo done $BOOTSEER_IMAGE_ID")
     first = tmp_path / "first.json"
     run = bootseer("image", "run", "--record", "--workload", "t", "--stats", str(first), "py",
                    "--", "sh", "-c", script, store=dirs["store"], cache=dirs["cache"])
-    assert run.stdout.split() == ["1", "done"]
+    image_id = BlobStore(open_store(str(dirs["store"]))).get_ref("images/py").digest
+    assert run.stdout.split() == ["1", "done", image_id]  # the base of env snapshot keys
     recorded = json.loads(first.read_text())["recording"]
     assert recorded["ended"] == "ready" and recorded["hot_blocks"] > 5
     assert "recorded this start (ready)" in run.stderr

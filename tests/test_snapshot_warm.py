@@ -61,3 +61,19 @@ def test_warm_env_reports_what_it_could_not_stage(tmp_path: Path) -> None:
     assert "shards are not local" in out.stderr
     nothing = bootseer("warm", store=store, check=False)
     assert nothing.returncode == 2 and "give --image and/or --env" in nothing.stderr
+
+
+def test_env_run_publishes_and_restores_through_hdfs(hdfs_cluster, tmp_path: Path) -> None:
+    """The same install, with the real HDFS cluster as the store."""
+    url = f"{hdfs_cluster.namenode_rpc_url}/test-env-{tmp_path.name}"
+    venv, wheel = tmp_path / "node" / "venv", tiny_wheel(tmp_path)
+    install = (f"{sys.executable} -m venv --without-pip {venv} && "
+               f"{sys.executable} -m pip --python {venv}/bin/python install -q --no-index "
+               f"--disable-pip-version-check --no-cache-dir {wheel}")
+    run = ("--store", url, "env", "run", "--path", str(venv), "--", "sh", "-c", install)
+    first = bootseer(*run, store=tmp_path / "unused")
+    installed = tree_state(venv)
+    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    second = bootseer(*run, store=tmp_path / "unused")
+    assert second.stdout == first.stdout and "the command was not run" in second.stderr
+    assert tree_state(venv) == installed

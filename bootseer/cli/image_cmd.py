@@ -28,6 +28,7 @@ from prefetch.hotlist import DEFAULT_WORKLOAD
 from prefetch.image_source import open_image
 from prefetch.recording import ReadyWhen
 from prefetch.session import RECORD_UNTIL, SessionOptions
+from snapshot.key import IMAGE_ID_ENV
 
 #: Where a recorded container finds the directory of its ready file.
 READY_DIR = "/run/bootseer"
@@ -246,6 +247,7 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
             env = dict(item.split("=", 1) for item in image_config.get("Env") or ()
                        if "=" in item)
             env[READY_FILE_ENV] = f"{READY_DIR}/ready"  # read only while recording
+            env[IMAGE_ID_ENV] = info["image_id"]  # the base of `bootseer env run` keys
             with overlay_mount(lower, work / "upper", work / "work", root):
                 result = run_rootfs(root, list(command), env=env, timeout=timeout,
                                     binds={READY_DIR: signal},
