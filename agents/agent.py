@@ -19,6 +19,7 @@ the socket is removed.
 from __future__ import annotations
 
 import asyncio
+import grp
 import json
 import logging
 import os
@@ -107,6 +108,19 @@ class Agent:
         return response
 
 
+def _restrict(socket_path: Path, group: str) -> None:
+    """Owner and group may connect (mode 0660): root, and members of ``group`` if it exists
+    (as the Docker socket does with group ``docker``)."""
+    os.chmod(socket_path, 0o660)
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        log.info("group %r does not exist: only %s may use %s", group,
+                 "root" if os.geteuid() == 0 else "this user", socket_path)
+        return
+    os.chown(socket_path, -1, gid)
+
+
 async def _serve(agent: Agent, socket_path: Path) -> None:
     runner = web.AppRunner(agent.app(), handle_signals=False)
     await runner.setup()
@@ -114,7 +128,7 @@ async def _serve(agent: Agent, socket_path: Path) -> None:
     socket_path.unlink(missing_ok=True)  # a previous agent's, or we could not bind
     site = web.UnixSite(runner, str(socket_path))
     await site.start()
-    os.chmod(socket_path, 0o660)
+    _restrict(socket_path, agent.config.agent.group)
     log.info("bootseer agent %s listening on %s (pid %d)", __version__, socket_path,
                 os.getpid())
     stop = asyncio.Event()

@@ -101,6 +101,7 @@ class AgentConfig:
     """Where the node agent listens (``bootseer agent``), and where clients look for it."""
 
     socket: Path = field(default_factory=default_agent_socket)
+    group: str = "bootseer"  # the socket's group (mode 0660), if the group exists
 
 
 @dataclass
