@@ -48,10 +48,11 @@ class Recording:
         self.reason: str | None = None  # why it ended: ready, marker, timeout, exit
         self._finish_lock = threading.Lock()
         self._ended = threading.Event()
+        self._started = time.monotonic()
 
     def start(self) -> Recording:
         self.image.recorder = Recorder(self.image.image_id, self.workload)
-        self._started = time.monotonic()
+        self._started = time.monotonic()  # the timeout counts from the start of recording
         threading.Thread(target=self._watch, name="recording", daemon=True).start()
         return self
 
