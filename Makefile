@@ -6,7 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint system-deps venv clean bench-ckpt bench-hdfs bench-blocksize bench-image
+.PHONY: demo test lint system-deps venv clean bench-ckpt bench-hdfs bench-blocksize bench-image \
+	bench-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +43,11 @@ bench-blocksize: system-deps venv
 
 bench-image: system-deps venv
 	$(BIN)/python benchmarks/bench_image.py --out bench-results/image.json
+
+# pip vs uv vs `bootseer env run` restore of a torch/scipy/pandas venv; uv goes into the
+# benchmark's own tool venv (~/.cache/bootseer/bench-env), not the project's dependencies.
+bench-env: system-deps venv
+	$(BIN)/python benchmarks/bench_env.py --out bench-results/env.json
 
 clean:
 	rm -rf $(VENV) build bench-results .pytest_cache
