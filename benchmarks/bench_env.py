@@ -64,7 +64,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import drop_page_cache, figure
+from benchlib import RunFailed, drop_page_cache, figure, median_of, select_cases
 
 from bootseer.devcluster import Cluster, ClusterSpec, parse_link
 from bootseer.devcluster.linkcap import apply_link_cap, remove_link_cap
@@ -96,15 +96,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "small": {"requirements": ["numpy==2.4.6"], "imports": ["numpy"]},
 }
-
-
-class RunFailed(RuntimeError):
-    pass
-
-
-def median_of(values: list) -> float | int | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
 
 
 def tree_bytes(root: Path) -> tuple[int, int]:
@@ -523,10 +514,7 @@ class Bench:
     # -- the benchmark -------------------------------------------------------------------------
 
     def run(self) -> dict:
-        self.cases = [c.strip() for c in self.args.cases.split(",") if c.strip()]
-        unknown = set(self.cases) - set(CASES)
-        if unknown:
-            raise SystemExit(f"unknown cases {sorted(unknown)}; known: {', '.join(CASES)}")
+        self.cases = select_cases(self.args.cases, CASES)
         started = time.perf_counter()
         self.code = git_state()
         setup = self.setup()

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchlib import drop_page_cache, figure
+from benchlib import RunFailed, drop_page_cache, figure, median_of, select_cases
 
 from bootseer.devcluster import Cluster, ClusterSpec, parse_link
 from bootseer.devimage import build_image, read_build_info, unmount, unpack_image
@@ -63,10 +63,6 @@ CASES = ("local", "full_pull", "lazy", "lazy_prefetch", "lazy_warmed")
 LATENCY = "none added: kernel has no sch_netem"
 
 
-class RunFailed(RuntimeError):
-    pass
-
-
 def mounts_below(path: Path) -> list[Path]:
     prefix = str(path.resolve()).rstrip("/") + "/"
     found = []
@@ -76,11 +72,6 @@ def mounts_below(path: Path) -> list[Path]:
             if (target + "/").startswith(prefix):
                 found.append(Path(target))
     return sorted(found, key=lambda p: -len(p.parts))  # deepest first
-
-
-def median_of(values: list[float | int | None]) -> float | int | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
 
 
 class Bench:
@@ -188,10 +179,7 @@ class Bench:
     # -- the benchmark -------------------------------------------------------------------------
 
     def run(self) -> dict:
-        self.cases = [c.strip() for c in self.args.cases.split(",") if c.strip()]
-        unknown = set(self.cases) - set(CASES)
-        if unknown:
-            raise SystemExit(f"unknown cases {sorted(unknown)}; known: {', '.join(CASES)}")
+        self.cases = select_cases(self.args.cases, CASES)
         setup = self.setup()
         workload = ["--workload", self.args.workload]
         times: dict[str, list[float]] = {}

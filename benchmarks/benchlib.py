@@ -18,3 +18,22 @@ def figure(runs: list[float], digits: int = 3) -> dict[str, Any]:
     """A reported figure: the median and the raw runs it comes from."""
     return {"median": round(statistics.median(runs), digits),
             "runs": [round(r, digits) for r in runs]}
+
+
+class RunFailed(RuntimeError):
+    """A measured run did not do what it was supposed to: the figures would be wrong."""
+
+
+def median_of(values: list[Any]) -> Any:
+    """The median of the values that are there (None where a run did not report one)."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def select_cases(spec: str, known: tuple[str, ...]) -> list[str]:
+    """``--cases a,b``: the named subset, or a clear exit for an unknown name."""
+    cases = [c.strip() for c in spec.split(",") if c.strip()]
+    unknown = set(cases) - set(known)
+    if unknown:
+        raise SystemExit(f"unknown cases {sorted(unknown)}; known: {', '.join(known)}")
+    return cases
