@@ -331,8 +331,7 @@ def main() -> None:
                         help=f"comma-separated subset of {','.join(CASES)} "
                              "(lazy_prefetch includes the recording run)")
     parser.add_argument("--workload", default="bench-image",
-                        help="hot-list workload name for the record and prefetch runs, "
-                             "passed as --workload if image run has it; '' to leave it out")
+                        help="hot-list workload name for the record and prefetch runs")
     parser.add_argument("--base-port", type=int, default=19500)
     parser.add_argument("--block-size", type=int, default=64, help="HDFS block size, MiB")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
