@@ -32,7 +32,6 @@ import logging
 import os
 import re
 import threading
-from typing import BinaryIO
 
 log = logging.getLogger(__name__)
 
@@ -59,26 +58,26 @@ def prefix_pattern(old: tuple[str, ...]) -> re.Pattern[bytes]:
 
 
 class Watch:
-    """A read-through wrapper noting what a relocation needs to know about a stream."""
+    """Notes, chunk by chunk as a file is written, what a relocation needs to know of it."""
 
-    def __init__(self, src: BinaryIO, needles: tuple[bytes, ...]) -> None:
-        self._src, self._needles = src, needles
+    def __init__(self, needles: tuple[bytes, ...]) -> None:
+        self._needles = needles
         self._tail = b""
         self._keep = max(len(n) for n in needles) - 1
         self.head = b""  # the first bytes
         self.binary = False  # holds a NUL byte
         self.hit = False  # holds an old target, perhaps not as a whole prefix
 
-    def read(self, size: int = -1) -> bytes:
-        chunk = self._src.read(size)
-        if chunk:
-            if not self.head:
-                self.head = chunk[:2]
-            self.binary = self.binary or b"\0" in chunk
-            window = self._tail + chunk
-            self.hit = self.hit or any(n in window for n in self._needles)
-            self._tail = window[-self._keep:] if self._keep else b""
-        return chunk
+    def see(self, chunk: bytes | memoryview) -> None:
+        chunk = bytes(chunk)
+        if not chunk:
+            return
+        if not self.head:
+            self.head = chunk[:2]
+        self.binary = self.binary or b"\0" in chunk
+        window = self._tail + chunk
+        self.hit = self.hit or any(n in window for n in self._needles)
+        self._tail = window[-self._keep:] if self._keep else b""
 
 
 class Relocation:
@@ -102,8 +101,8 @@ class Relocation:
         match = self._pattern.match(raw)
         return os.fsdecode(self._to[match.group(1)] + raw[match.end():]) if match else target
 
-    def watch(self, src: BinaryIO) -> Watch:
-        return Watch(src, self._needles)
+    def watch(self) -> Watch:
+        return Watch(self._needles)
 
     def apply(self, path: str, rel: str, where: str, seen: Watch) -> None:
         """Rewrite the verified file ``path`` (``rel`` in its target) as the module says."""

@@ -42,7 +42,6 @@ import os
 import shutil
 import signal
 import stat
-import tarfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -58,7 +57,8 @@ from bootseer.filelock import file_lock
 from bootseer.store import BlobStore
 from prefetch.blockcache import BlockCache
 from snapshot.manifest import REF_PREFIX, Manifest, SnapEntry, UnsafeSnapshotError
-from snapshot.relocate import Relocation
+from snapshot.relocate import Relocation, Watch
+from snapshot.tarstream import MalformedStream, TarStream
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,9 @@ class _Stage:
         self.target, self.root = target, _sidecar(target, "new")
         self.dirs: dict[str, tuple[int, int, int, int]] = {}  # rel -> mode, uid, gid, mtime
         self._safe: set[str] = {""}
+        # Staged from nothing (no current target): only this restore's own directories are
+        # there, and manifest paths are unique, so there is never anything to clear.
+        self.from_nothing = False
 
     def path(self, rel: str) -> str:
         return self.root if rel == "." else os.path.join(self.root, rel)
@@ -181,7 +184,8 @@ class _Stage:
     def clear(self, rel: str) -> None:
         """Make room for a new entry at ``rel`` (never modify a linked inode in place)."""
         self.check_parents(rel)
-        remove_tree(self.path(rel))
+        if not self.from_nothing:
+            remove_tree(self.path(rel))
 
     def clone_current(self) -> None:
         """The current target as hard links; directories are new, their metadata kept."""
@@ -266,8 +270,8 @@ def _extract_shard(blobs: BlobStore, manifest: Manifest, number: int,
     seen: set[str] = set()
     try:
         with _open_shard(blobs, cache, shard.digest) as raw, \
-                zstandard.ZstdDecompressor().stream_reader(raw) as stream, \
-                tarfile.open(fileobj=stream, mode="r|") as tar:
+                zstandard.ZstdDecompressor().stream_reader(raw) as stream:
+            tar = TarStream(stream)
             for member in tar:
                 entry = expected.get(member.name)
                 if entry is None or member.name in seen:
@@ -278,27 +282,24 @@ def _extract_shard(blobs: BlobStore, manifest: Manifest, number: int,
                 stage = stages[entry.target]
                 stage.clear(entry.path)
                 path = stage.path(entry.path)
+                if member.kind != entry.kind or member.link != (entry.link or "") \
+                        or member.size != entry.size:
+                    raise IntegrityError(f"snapshot {manifest.key}: shard {number}: "
+                                         f"{member.name} is not the manifest's {entry.kind}")
                 if entry.kind == "symlink":
-                    if not member.issym() or member.linkname != entry.link:
-                        raise IntegrityError(f"snapshot {manifest.key}: shard {number}: "
-                                             f"{member.name} is not the manifest's symlink")
                     link = entry.link or ""
                     os.symlink(relocation.link(link) if relocation else link, path)
-                else:
-                    if not member.isreg() or member.size != entry.size:
-                        raise IntegrityError(f"snapshot {manifest.key}: shard {number}: "
-                                             f"{member.name} is not the manifest's file")
-                    src = tar.extractfile(member)
-                    watch = relocation.watch(src) if relocation else None
-                    _write_verified(watch or src, path, entry, manifest.key)
-                    if on_progress:
-                        on_progress(entry.size)
-                    if not (relocation and watch):
-                        continue  # owner, mode and mtime are set
+                    _set_meta(path, entry)
+                    continue
+                watch = relocation.watch() if relocation else None
+                _write_verified(tar.content(), path, entry, manifest.key, watch)
+                if on_progress:
+                    on_progress(entry.size)
+                if relocation and watch:
                     relocation.apply(path, entry.path, os.path.join(stage.target, entry.path),
                                      watch)
-                _set_meta(path, entry)
-    except (zstandard.ZstdError, tarfile.TarError, EOFError, InvalidRangeError) as exc:
+                    _set_meta(path, entry)  # a rewrite changed the mtime
+    except (zstandard.ZstdError, MalformedStream, EOFError, InvalidRangeError) as exc:
         raise IntegrityError(f"snapshot {manifest.key}: shard {number} ({shard.digest}) is "
                              f"truncated or corrupt: {exc}") from exc
     missing = expected.keys() - seen
@@ -307,7 +308,8 @@ def _extract_shard(blobs: BlobStore, manifest: Manifest, number: int,
                              f"{len(missing)} entries, e.g. {sorted(missing)[0]!r}")
 
 
-def _write_verified(src, path: str, entry: SnapEntry, key: str) -> None:
+def _write_verified(content: Iterator[memoryview], path: str, entry: SnapEntry, key: str,
+                    watch: Watch | None = None) -> None:
     """Write the file, checking it against the manifest, and give it the manifest's owner,
     mode and mtime through the open descriptor (no path lookups: tens of thousands of
     files make per-file system calls count)."""
@@ -315,10 +317,11 @@ def _write_verified(src, path: str, entry: SnapEntry, key: str) -> None:
     size = 0
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        while chunk := src.read(1 << 20):
-            sha.update(chunk)
-            size += len(chunk)
-            view = memoryview(chunk)
+        for view in content:
+            sha.update(view)
+            size += len(view)
+            if watch:
+                watch.see(view)
             while view:
                 view = view[os.write(fd, view):]
         if os.geteuid() == 0 and (entry.uid, entry.gid) != (0, os.getegid()):
@@ -411,6 +414,7 @@ def _stage_all(blobs: BlobStore, manifest: Manifest, stages: list[_Stage], concu
             stage.clone_current()
         else:
             os.mkdir(stage.root, 0o700)
+            stage.from_nothing = True
             stage.dirs["."] = (0o755, os.getuid(), os.getgid(), time.time_ns())
     for deletion in manifest.deleted:
         stages[deletion.target].clear(deletion.path)
