@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
 	# torch pinned first: 2.13.0 is the CPU build on disk; an open range would pull CUDA
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,torch]'
+	$(BIN)/pip install --quiet -e '.[dev,torch,report]'
 	touch $@
 
 venv: $(STAMP)

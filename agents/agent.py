@@ -8,6 +8,12 @@ same image never fetch a block twice.
 API (JSON; long operations stream NDJSON events, one per line):
 
 * ``GET /v1/health`` -> ``{"version", "pid", "store", "cache_dir"}``
+* ``POST /v1/starts`` a start record (:class:`agents.timeline.StartRecord` JSON: ``id`` and
+  any of ``job``, ``image``, ``workload``, ``runtime``, ``phases``, ``detail``) -> the
+  record as now known (merged: first values win); ``GET /v1/starts?since=UNIX`` -> the
+  records of starts since then, oldest first (``bootseer report``).
+* ``GET /metrics``: Prometheus text format (:mod:`agents.metrics`); also on TCP at
+  ``agent.metrics_listen`` (``host:port``) when set, for Prometheus to scrape.
 * ``POST /v1/warm`` ``{"image", "workload", "all", "envs"}`` -> events ``{"event":
   "plan", "bytes"}``, ``{"event": "progress", "bytes"}``..., then ``{"event": "result",
   ...}`` (:meth:`agents.warm.WarmSummary.to_json`) or ``{"event": "error", "message"}``.
@@ -31,6 +37,8 @@ from typing import Any
 import uvloop
 from aiohttp import web
 
+from agents.metrics import AgentMetrics
+from agents.timeline import StartRecord, Timeline, timeline_path
 from agents.warm import WarmRequest, warm
 from bootseer import __version__
 from bootseer.config import Config
@@ -49,6 +57,9 @@ class Agent:
         self.cache = BlockCache(config.cache_dir / "blocks", config.image.cache_size)
         self._images: dict[str, LazyImage] = {}  # by image id: one in-flight table each
         self._lock = threading.Lock()
+        self.timeline = Timeline(timeline_path(config))
+        self._merging = threading.Lock()  # start records are merged one at a time
+        self.metrics = AgentMetrics()
 
     def image(self, name: str) -> LazyImage:
         image_id = resolve_image(self.blobs, name)
@@ -59,8 +70,43 @@ class Agent:
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.add_routes([web.get("/v1/health", self.health), web.post("/v1/warm", self.warm)])
+        app.add_routes([web.get("/v1/health", self.health), web.post("/v1/warm", self.warm),
+                        web.post("/v1/starts", self.record_start),
+                        web.get("/v1/starts", self.list_starts),
+                        web.get("/metrics", self.serve_metrics)])
         return app
+
+    async def record_start(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            start = StartRecord.from_json(body if isinstance(body, dict) else {})
+        except (ValueError, TypeError) as exc:
+            raise web.HTTPBadRequest(text=f"bad start record: {exc}") from exc
+        loop = asyncio.get_running_loop()
+        before, after = await loop.run_in_executor(None, self._record, start)
+        self.metrics.observe(before, after)
+        return web.json_response(after.to_json())
+
+    def _record(self, start: StartRecord) -> tuple[StartRecord | None, StartRecord]:
+        with self._merging:  # "before" is what this merge started from
+            before = self.timeline.get(start.id)
+            self.timeline.record(start)
+            after = self.timeline.get(start.id)
+        assert after is not None
+        return before, after
+
+    async def list_starts(self, request: web.Request) -> web.Response:
+        try:
+            since = float(request.query.get("since", "0"))
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text="since: Unix seconds") from exc
+        starts = await asyncio.get_running_loop().run_in_executor(
+            None, self.timeline.starts, since)
+        return web.json_response([s.to_json() for s in starts])
+
+    async def serve_metrics(self, request: web.Request) -> web.Response:
+        body, content_type = self.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"version": __version__, "pid": os.getpid(),
@@ -91,6 +137,7 @@ class Agent:
                 if summary.image is not None:
                     summary.image.image = warm_request.image or summary.image.image
                 summary.via = "agent"
+                self.metrics.warmed(summary)
                 emit({"event": "result", **summary.to_json()})
             except (BootseerError, OSError) as exc:
                 emit({"event": "error", "message": str(exc)})
@@ -129,6 +176,7 @@ async def _serve(agent: Agent, socket_path: Path) -> None:
     site = web.UnixSite(runner, str(socket_path))
     await site.start()
     _restrict(socket_path, agent.config.agent.group)
+    metrics_runner = await _serve_metrics(agent)
     log.info("bootseer agent %s listening on %s (pid %d)", __version__, socket_path,
                 os.getpid())
     stop = asyncio.Event()
@@ -139,8 +187,27 @@ async def _serve(agent: Agent, socket_path: Path) -> None:
         await stop.wait()
     finally:
         await runner.cleanup()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         socket_path.unlink(missing_ok=True)
+        agent.timeline.close()
         log.info("bootseer agent stopped")
+
+
+async def _serve_metrics(agent: Agent) -> web.AppRunner | None:
+    """``/metrics`` alone on TCP (``agent.metrics_listen``): Prometheus scrapes over TCP,
+    and the Unix socket's API stays reachable only to root and the group."""
+    listen = agent.config.agent.metrics_listen
+    if not listen:
+        return None
+    host, _, port = listen.rpartition(":")
+    app = web.Application()
+    app.add_routes([web.get("/metrics", agent.serve_metrics)])
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+    log.info("metrics on http://%s/metrics", listen)
+    return runner
 
 
 def run(config: Config, socket_path: Path | None = None) -> None:

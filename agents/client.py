@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from agents.timeline import StartRecord
 from agents.warm import WarmRequest, WarmSummary
 from bootseer.errors import BootseerError
 
@@ -67,3 +68,20 @@ class AgentClient:
         except httpx.TransportError as exc:
             raise AgentUnavailable(f"no agent answers on {self.socket_path}: {exc}") from exc
         raise AgentError("the agent ended the warm without a result")
+
+    def record_start(self, record: StartRecord) -> StartRecord:
+        """Merge ``record`` into the node's timeline; the start as the agent now knows it."""
+        return StartRecord.from_json(self._call("POST", "/v1/starts", json=record.to_json()))
+
+    def starts(self, since: float = 0.0) -> list[StartRecord]:
+        return [StartRecord.from_json(s)
+                for s in self._call("GET", "/v1/starts", params={"since": since})]
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._client.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise AgentUnavailable(f"no agent answers on {self.socket_path}: {exc}") from exc
+        if response.status_code != 200:
+            raise AgentError(f"agent: {response.text}")
+        return response.json()

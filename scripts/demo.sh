@@ -124,6 +124,11 @@ for label, name in rows:
 print("(local store: the gain here is round trips; with a remote store each one costs a "
       "network round trip — see make bench-image)")
 PY
+
+step "bootseer report: each node's startup timeline (created -> rootfs mounted -> exit)"
+for node in cache cache-node2 cache-node3; do
+  BOOTSEER_CACHE_DIR="$PWD/$work/$node" $BIN/bootseer report --since 1h
+done
 step "dependencies: the first run installs them and snapshots what the install changed"
 venv="$PWD/$work/env/venv"
 req="$work/requirements.txt"

@@ -26,6 +26,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from bootseer.errors import BootseerError, InvalidRangeError
+from bootseer.ready import mark_phase
 from bootseer.store import Store
 from stripedfs.config import StripeConfig
 from stripedfs.layout import Stripe, StripeLayout
@@ -127,6 +128,7 @@ class PendingRange:
             out[lo - self.offset : hi - self.offset] = \
                 memoryview(data)[lo - stripe.start : hi - stripe.start]
             self.give_back(data)
+        mark_phase("checkpoint_first_byte")
         return out
 
     def cancel(self) -> None:
@@ -218,6 +220,7 @@ class StripedReader:
             self.stats.reads += 1
             self.stats.bytes_read += end - offset
             self._drop_before(end if end < self.size else offset)
+        mark_phase("checkpoint_first_byte")
         return end - offset
 
     def submit_range(self, offset: int, length: int) -> PendingRange:

@@ -65,6 +65,7 @@ def _register_commands() -> None:
     from bootseer.cli.config_cmd import config
     from bootseer.cli.env_cmd import env
     from bootseer.cli.image_cmd import image
+    from bootseer.cli.report_cmd import report
     from bootseer.cli.store_cmd import store
     from bootseer.cli.warm_cmd import ready, warm
 
@@ -74,6 +75,7 @@ def _register_commands() -> None:
     cli.add_command(env)
     cli.add_command(image)
     cli.add_command(ready)
+    cli.add_command(report)
     cli.add_command(store)
     cli.add_command(warm)
 

@@ -21,6 +21,7 @@ import click
 from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
 from bootseer.progress import byte_progress, console
+from bootseer.ready import mark_phase
 from bootseer.units import format_size
 from prefetch.blockcache import BlockCache
 from snapshot.key import KeyInputs, key_material, snapshot_key
@@ -100,6 +101,8 @@ def run_cmd(app: AppContext, command, paths, key_files, env_vars, bytecode) -> N
                           environ=os.environ, tuning=_tuning(app, bytecode),
                           on_progress=advance, cache=_shard_cache(app))
     click.echo(outcome.key)
+    if outcome.restored is not None or (outcome.capture and outcome.capture.exit_code == 0):
+        mark_phase("env_ready")  # for `bootseer report`, when inside a Bootseer start
     if outcome.restored is not None:
         r = outcome.restored
         console.print(f"restored snapshot {r.key[:12]}: {r.files} entries, "

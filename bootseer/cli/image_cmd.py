@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import click
@@ -20,7 +22,7 @@ from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
 from bootseer.mounts import check_mountpoint, is_mounted, spawn_mount, unmount, wait_for_file
 from bootseer.progress import byte_progress, console
-from bootseer.ready import READY_FILE_ENV
+from bootseer.ready import READY_FILE_ENV, read_phases
 from bootseer.units import format_size
 from prefetch.blockcache import BlockCache
 from prefetch.blockformat import DEFAULT_BLOCK_SIZE, IMAGE_REF_PREFIX
@@ -29,6 +31,8 @@ from prefetch.image_source import open_image
 from prefetch.recording import ReadyWhen
 from prefetch.session import RECORD_UNTIL, SessionOptions
 from snapshot.key import IMAGE_ID_ENV
+
+log = logging.getLogger(__name__)
 
 #: Where a recorded container finds the directory of its ready file.
 READY_DIR = "/run/bootseer"
@@ -208,10 +212,12 @@ def stats(app: AppContext, mountpoint: Path) -> None:
               help="Seconds before the container is killed.")
 @click.option("--stats", "stats_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the statistics of the run as JSON to this file.")
+@click.option("--job", help="The job this start belongs to, for `bootseer report`.")
 @pass_app
 def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
         prefetch: bool | None, ready_marker: Path | None, record_timeout: float | None,
-        record: bool | None, timeout: float, stats_file: Path | None) -> None:
+        record: bool | None, timeout: float, stats_file: Path | None,
+        job: str | None) -> None:
     """Run ARGV (instead of the image's Cmd) in a runc container on image NAME, lazily.
 
     The root is an overlay: a fresh writable layer over the lazy mount. The image's hot
@@ -219,13 +225,15 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
     container exits, creates $BOOTSEER_READY_FILE (`bootseer ready`), creates
     --ready-marker (a path inside the container), or after --record-timeout. The
     command's output is printed, then what the start fetched; the exit code is the
-    command's.
+    command's. The start's timeline goes to the node agent (else the node's timeline
+    file) for `bootseer report`.
     """
     from prefetch.container import overlay_mount, run_rootfs
 
     # The store is opened by the mount server only (for hdfs://, one JVM start, not two):
     # it says what the image is in the info file once it has loaded it.
     started = time.monotonic()
+    phases = {"created": time.time()}
     with tempfile.TemporaryDirectory(prefix="bootseer-run-") as tmp:
         work = Path(tmp)
         lower, signal, root = work / "lower", work / "signal", work / "rootfs"
@@ -237,6 +245,7 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
         pid = spawn_mount(_mount_argv(app, name, lower, options), lower, f"image {name}", 60.0)
         try:
             mounted = time.monotonic() - started
+            phases["image_ready"] = time.time()
             info = json.loads((work / "info.json").read_text())
             image_config = info["config"].get("config") or {}
             # Docker's rule: arguments replace the image's Cmd; its Entrypoint stays first.
@@ -253,6 +262,8 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
                                     binds={READY_DIR: signal},
                                     cwd=image_config.get("WorkingDir") or "/")
             ran = time.monotonic() - started
+            phases.update(_container_phases(signal, phases["created"]))
+            phases["exited"] = time.time()
         finally:
             unmount(lower)
         wait_for_file(work / "report.json", pid, 600.0)  # written after the recording
@@ -262,10 +273,38 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
     stats["mount_seconds"] = round(mounted, 3)  # of which until the lazy mount was there
     if stats_file:
         stats_file.write_text(json.dumps(stats, indent=2) + "\n")
+    _report(app, name, workload, job, phases, stats, result.returncode)
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     console.print(_summary(stats))
     sys.exit(result.returncode)
+
+
+def _container_phases(signal: Path, created: float) -> dict[str, float]:
+    """The phases the workload marked (``bootseer env run``, the checkpoint API, ``bootseer
+    ready``); the ones only the host can know, and impossible times, are ignored."""
+    from agents.timeline import PHASES
+
+    marked = read_phases(signal)
+    now = time.time()
+    kept = {p: at for p, at in marked.items()
+            if p in PHASES and p not in ("created", "image_ready", "exited")
+            and created <= at <= now}
+    if len(kept) != len(marked):
+        log.warning("ignoring phase marks %s: unknown phases or times outside the start",
+                    ", ".join(sorted(set(marked) - set(kept))))
+    return kept
+
+
+def _report(app: AppContext, name: str, workload: str, job: str | None,
+            phases: dict[str, float], stats: dict, exit_code: int) -> None:
+    from agents.starts import report_start
+    from agents.timeline import StartRecord
+
+    record = StartRecord(f"run-{uuid.uuid4().hex[:16]}", job=job, image=name,
+                         workload=workload, runtime="runc", phases=phases,
+                         detail={"image": stats, "exit_code": exit_code})
+    report_start(app.loaded.config, record)
 
 
 def _summary(stats: dict) -> str:

@@ -1,0 +1,81 @@
+"""The agent's Prometheus metrics (``GET /metrics``), fed by start records and ``warm``.
+
+What an operator graphs: how many starts, how long each startup phase takes, where the
+bytes came from (the store on demand, the store ahead of need, the node's cache), and how
+far the prefetch lags behind the start. Counters grow as starts report to the agent
+(``POST /v1/starts``); a phase's duration is observed once, when the phase and the one
+before it are both known. The registry is the agent's own, not the process-global one,
+so several agents in one process (tests) do not share counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from agents.timeline import PHASES, StartRecord
+from agents.warm import WarmSummary
+
+_PHASE_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+class AgentMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.starts = Counter("bootseer_starts", "Container starts reported to the agent",
+                              ["runtime"], registry=self.registry)
+        self.phase_seconds = Histogram(
+            "bootseer_startup_phase_seconds",
+            "Seconds a start took to reach a phase from the phase before it",
+            ["phase"], buckets=_PHASE_BUCKETS, registry=self.registry)
+        self.startup_seconds = Histogram(
+            "bootseer_startup_seconds", "Seconds from created to ready (or exit)",
+            buckets=_PHASE_BUCKETS, registry=self.registry)
+        self.fetched_bytes = Counter(
+            "bootseer_fetched_bytes", "Compressed image bytes read from the store, by why",
+            ["source"], registry=self.registry)  # demand, prefetch, warm
+        self.block_reads = Counter(
+            "bootseer_block_reads", "Image blocks the container read, by where they were",
+            ["result"], registry=self.registry)  # hit (cache), miss (fetched)
+        self.prefetch_seconds = Histogram(
+            "bootseer_prefetch_seconds",
+            "Seconds from a mount's start to its prefetch's last request (prefetch lag)",
+            buckets=_PHASE_BUCKETS, registry=self.registry)
+        for phase in PHASES[1:]:  # every series present from the start, at zero
+            self.phase_seconds.labels(phase)
+        for source in ("demand", "prefetch", "warm"):
+            self.fetched_bytes.labels(source)
+        for result in ("hit", "miss"):
+            self.block_reads.labels(result)
+
+    def observe(self, before: StartRecord | None, after: StartRecord) -> None:
+        """Count what a merge of start records added (nothing is counted twice)."""
+        if before is None:
+            self.starts.labels(after.runtime or "unknown").inc()
+        old = before.breakdown() if before else {}
+        for phase, seconds in after.breakdown().items():
+            if phase not in old:
+                self.phase_seconds.labels(phase).observe(seconds)
+        if after.startup_seconds is not None and (
+                before is None or before.startup_seconds is None):
+            self.startup_seconds.observe(after.startup_seconds)
+        if "image" in after.detail and not (before and "image" in before.detail):
+            self._image_counts(after.detail["image"])
+
+    def _image_counts(self, stats: dict) -> None:
+        """A finished mount's statistics (``bootseer image run``'s report)."""
+        self.fetched_bytes.labels("demand").inc(stats.get("bytes_fetched", 0))
+        self.block_reads.labels("hit").inc(stats.get("cache_hits", 0))
+        self.block_reads.labels("miss").inc(stats.get("blocks_fetched", 0))
+        prefetch = stats.get("prefetch") or {}
+        self.fetched_bytes.labels("prefetch").inc(prefetch.get("bytes_fetched", 0))
+        if prefetch.get("done"):
+            self.prefetch_seconds.observe(prefetch.get("seconds", 0.0))
+
+    def warmed(self, summary: WarmSummary) -> None:
+        fetched = summary.image.fetched_bytes if summary.image else 0
+        fetched += sum(env.fetched_bytes for env in summary.envs)
+        self.fetched_bytes.labels("warm").inc(fetched)
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,190 @@
+"""Startup timelines: when each container start reached each phase, kept in SQLite.
+
+An operator's question is "where does startup time go on *my* cluster?". Every start
+Bootseer runs is recorded as the wall-clock times (Unix seconds) at which it reached the
+phases below, in order; ``bootseer report`` turns them into a per-phase breakdown.
+
+* ``created``: the runtime was asked to start the container;
+* ``image_ready``: its root file system was mounted (the lazy image, prefetch started);
+* ``env_ready``: the job's environment was in place (``bootseer env run`` restored or
+  installed it);
+* ``checkpoint_first_byte``: the first checkpoint byte reached the job;
+* ``ready``: the job said it was up (``bootseer ready`` / ``bootseer.mark_ready()``);
+* ``exited``: the container's process ended.
+
+A phase a start never reached (a job without a checkpoint) is simply absent. The first
+time recorded for a phase wins, so a component that reports twice changes nothing.
+
+One database file per node, written by the node agent and read by anyone (SQLite's WAL
+mode lets a reader run beside the writer); where no agent runs, ``bootseer image run``
+writes it itself through this same class.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bootseer.config import Config
+
+PHASES = ("created", "image_ready", "env_ready", "checkpoint_first_byte", "ready", "exited")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS starts (
+    id TEXT PRIMARY KEY,
+    job TEXT,
+    image TEXT,
+    workload TEXT,
+    runtime TEXT,
+    first_seen REAL NOT NULL,
+    detail TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS phases (
+    start_id TEXT NOT NULL REFERENCES starts(id),
+    phase TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (start_id, phase)
+);
+CREATE INDEX IF NOT EXISTS starts_by_time ON starts(first_seen);
+"""
+
+
+@dataclass
+class StartRecord:
+    """One container start: who it was and when it reached each phase."""
+
+    id: str
+    job: str | None = None
+    image: str | None = None
+    workload: str | None = None
+    runtime: str | None = None  # "runc" (bootseer image run), "docker", "podman", ...
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> Unix time
+    detail: dict[str, Any] = field(default_factory=dict)  # e.g. bytes fetched, prefetch
+
+    def breakdown(self) -> dict[str, float]:
+        """Seconds spent reaching each phase from the one reached before it."""
+        out: dict[str, float] = {}
+        previous = None
+        for phase in PHASES:
+            at = self.phases.get(phase)
+            if at is None:
+                continue
+            if previous is not None:
+                out[phase] = round(max(0.0, at - previous), 3)
+            previous = at
+        return out
+
+    @property
+    def startup_seconds(self) -> float | None:
+        """From ``created`` to ``ready`` (or, for a job that never said so, its exit)."""
+        begin = self.phases.get("created")
+        end = self.phases.get("ready", self.phases.get("exited"))
+        return None if begin is None or end is None else round(end - begin, 3)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "job": self.job, "image": self.image,
+                "workload": self.workload, "runtime": self.runtime,
+                "phases": dict(self.phases), "breakdown": self.breakdown(),
+                "startup_seconds": self.startup_seconds, "detail": dict(self.detail)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StartRecord:
+        phases = data.get("phases") or {}
+        unknown = set(phases) - set(PHASES)
+        if unknown:
+            raise ValueError(f"unknown phase(s) {', '.join(sorted(unknown))}; phases are "
+                             f"{', '.join(PHASES)}")
+        if not isinstance(data.get("id"), str) or not data["id"]:
+            raise ValueError("a start needs an id")
+        return cls(id=data["id"], job=data.get("job"), image=data.get("image"),
+                   workload=data.get("workload"), runtime=data.get("runtime"),
+                   phases={k: float(v) for k, v in phases.items()},
+                   detail=dict(data.get("detail") or {}))
+
+
+def timeline_path(config: Config) -> Path:
+    return config.cache_dir / "timeline.sqlite"
+
+
+class Timeline:
+    """The node's start records in one SQLite file (thread-safe; several processes may
+    write, SQLite serialises them)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, timeout=30.0, check_same_thread=False,
+                                   isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def record(self, start: StartRecord) -> None:
+        """Add ``start`` or merge it into what is known: first values and times win."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT INTO starts (id, job, image, workload, runtime, first_seen, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+                "job = coalesce(job, excluded.job), image = coalesce(image, excluded.image), "
+                "workload = coalesce(workload, excluded.workload), "
+                "runtime = coalesce(runtime, excluded.runtime), "
+                "detail = json_patch(detail, excluded.detail)",
+                (start.id, start.job, start.image, start.workload, start.runtime,
+                 min(start.phases.values(), default=time.time()), json.dumps(start.detail)))
+            self._db.executemany(
+                "INSERT OR IGNORE INTO phases (start_id, phase, at) VALUES (?, ?, ?)",
+                [(start.id, phase, at) for phase, at in start.phases.items()])
+
+    def get(self, start_id: str) -> StartRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT id, job, image, workload, runtime, detail FROM "
+                                   "starts WHERE id = ?", (start_id,)).fetchone()
+            if row is None:
+                return None
+            record = StartRecord(row[0], row[1], row[2], row[3], row[4],
+                                 detail=json.loads(row[5]))
+            for _, phase, at in self._phases({start_id: record}):
+                record.phases[phase] = at
+        record.phases = {p: record.phases[p] for p in PHASES if p in record.phases}
+        return record
+
+    def mark(self, start_id: str, phase: str, at: float | None = None) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}")
+        self.record(StartRecord(start_id, phases={phase: time.time() if at is None else at}))
+
+    def starts(self, since: float = 0.0, limit: int = 1000) -> list[StartRecord]:
+        """Starts first seen at or after ``since``, oldest first (at most the last ``limit``)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, job, image, workload, runtime, detail FROM starts "
+                "WHERE first_seen >= ? ORDER BY first_seen DESC LIMIT ?",
+                (since, limit)).fetchall()
+            records = {r[0]: StartRecord(r[0], r[1], r[2], r[3], r[4],
+                                         detail=json.loads(r[5])) for r in rows}
+            for start_id, phase, at in self._phases(records):
+                records[start_id].phases[phase] = at
+        ordered = sorted(records.values(), key=lambda r: min(r.phases.values(), default=0))
+        for record in ordered:
+            record.phases = {p: record.phases[p] for p in PHASES if p in record.phases}
+        return ordered
+
+    def _phases(self, records: dict[str, StartRecord]) -> Iterable[tuple[str, str, float]]:
+        ids = list(records)
+        for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+            batch = ids[i:i + 500]
+            yield from self._db.execute(
+                f"SELECT start_id, phase, at FROM phases WHERE start_id IN "
+                f"({','.join('?' * len(batch))})", batch)
