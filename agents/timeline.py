@@ -148,17 +148,8 @@ class Timeline:
                 [(start.id, phase, at) for phase, at in start.phases.items()])
 
     def get(self, start_id: str) -> StartRecord | None:
-        with self._lock:
-            row = self._db.execute("SELECT id, job, image, workload, runtime, detail FROM "
-                                   "starts WHERE id = ?", (start_id,)).fetchone()
-            if row is None:
-                return None
-            record = StartRecord(row[0], row[1], row[2], row[3], row[4],
-                                 detail=json.loads(row[5]))
-            for _, phase, at in self._phases({start_id: record}):
-                record.phases[phase] = at
-        record.phases = {p: record.phases[p] for p in PHASES if p in record.phases}
-        return record
+        found = self._load("WHERE id = ?", (start_id,))
+        return found[0] if found else None
 
     def mark(self, start_id: str, phase: str, at: float | None = None) -> None:
         if phase not in PHASES:
@@ -167,19 +158,21 @@ class Timeline:
 
     def starts(self, since: float = 0.0, limit: int = 1000) -> list[StartRecord]:
         """Starts first seen at or after ``since``, oldest first (at most the last ``limit``)."""
+        found = self._load("WHERE first_seen >= ? ORDER BY first_seen DESC LIMIT ?",
+                           (since, limit))
+        return sorted(found, key=lambda r: min(r.phases.values(), default=0))
+
+    def _load(self, where: str, args: tuple[Any, ...]) -> list[StartRecord]:
         with self._lock:
-            rows = self._db.execute(
-                "SELECT id, job, image, workload, runtime, detail FROM starts "
-                "WHERE first_seen >= ? ORDER BY first_seen DESC LIMIT ?",
-                (since, limit)).fetchall()
+            rows = self._db.execute("SELECT id, job, image, workload, runtime, detail FROM "
+                                    f"starts {where}", args).fetchall()
             records = {r[0]: StartRecord(r[0], r[1], r[2], r[3], r[4],
                                          detail=json.loads(r[5])) for r in rows}
             for start_id, phase, at in self._phases(records):
                 records[start_id].phases[phase] = at
-        ordered = sorted(records.values(), key=lambda r: min(r.phases.values(), default=0))
-        for record in ordered:
+        for record in records.values():
             record.phases = {p: record.phases[p] for p in PHASES if p in record.phases}
-        return ordered
+        return list(records.values())
 
     def _phases(self, records: dict[str, StartRecord]) -> Iterable[tuple[str, str, float]]:
         ids = list(records)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_agent_warm import agent, dirs  # noqa: F401 (fixtures)
+from test_agent_warm import agent, dirs, start_agent  # noqa: F401 (fixtures)
 from test_prefetch_lazy import bootseer
 
 from agents.client import AgentClient
@@ -193,22 +193,6 @@ def test_the_workload_marks_its_phases_and_the_first_mark_stays(dirs, tmp_path) 
     assert marked == first  # marked again by the second run: the first times stay
 
 
-def _start_agent(sock: Path, env: dict[str, str]):
-    import os
-    import subprocess
-    import sys
-
-    proc = subprocess.Popen([sys.executable, "-m", "bootseer", "agent", "--socket", str(sock)],
-                            env={**os.environ, **env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 30
-    while not sock.exists():
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.monotonic() < deadline, "the agent did not create its socket"
-        time.sleep(0.05)
-    return proc
-
-
 def _free_port() -> int:
     import socket
 
@@ -219,7 +203,7 @@ def _free_port() -> int:
 
 def test_metrics_on_tcp_serve_nothing_else(dirs, tmp_path) -> None:  # noqa: F811
     port = _free_port()
-    proc = _start_agent(tmp_path / "a.sock", {
+    proc = start_agent(tmp_path / "a.sock", {
         "BOOTSEER_STORE": f"file://{dirs['store']}", "BOOTSEER_CACHE_DIR": str(dirs["cache"]),
         "BOOTSEER_AGENT_METRICS_LISTEN": f"127.0.0.1:{port}"})
     try:
@@ -247,7 +231,7 @@ def test_the_socket_refuses_users_outside_its_group(dirs, tmp_path) -> None:  # 
     run_dir = Path(tempfile.mkdtemp(prefix="bootseer-perm-"))
     run_dir.chmod(0o755)  # reachable by all: only the socket's own mode decides
     sock = run_dir / "agent.sock"
-    proc = _start_agent(sock, {"BOOTSEER_STORE": f"file://{dirs['store']}",
+    proc = start_agent(sock, {"BOOTSEER_STORE": f"file://{dirs['store']}",
                                "BOOTSEER_CACHE_DIR": str(dirs["cache"]),
                                "BOOTSEER_AGENT_GROUP": "nogroup"})
     probe = ("import sys, httpx; c = httpx.Client(transport=httpx.HTTPTransport(uds=sys.argv[1]))"

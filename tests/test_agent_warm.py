@@ -28,18 +28,24 @@ def dirs(tmp_path: Path) -> dict[str, Path]:
     return paths
 
 
-@pytest.fixture
-def agent(dirs, tmp_path: Path):
-    sock = tmp_path / "run" / "agent.sock"
-    env = {**os.environ, "BOOTSEER_STORE": f"file://{dirs['store']}",
-           "BOOTSEER_CACHE_DIR": str(dirs["agent-cache"])}
+def start_agent(sock: Path, env: dict[str, str]) -> subprocess.Popen:
+    """``bootseer agent`` on ``sock`` with ``env`` added, once its socket is there."""
     proc = subprocess.Popen([sys.executable, "-m", "bootseer", "agent", "--socket", str(sock)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30
     while not sock.exists():
         assert proc.poll() is None, proc.stdout.read()
         assert time.monotonic() < deadline, "the agent did not create its socket"
         time.sleep(0.05)
+    return proc
+
+
+@pytest.fixture
+def agent(dirs, tmp_path: Path):
+    sock = tmp_path / "run" / "agent.sock"
+    proc = start_agent(sock, {"BOOTSEER_STORE": f"file://{dirs['store']}",
+                              "BOOTSEER_CACHE_DIR": str(dirs["agent-cache"])})
     yield proc, sock
     if proc.poll() is None:
         proc.kill()
