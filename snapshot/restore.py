@@ -279,13 +279,13 @@ def _extract_shard(blobs: BlobStore, manifest: Manifest, number: int,
                         f"snapshot {manifest.key}: shard {number} holds {member.name!r}, "
                         f"which the manifest does not place there; nothing was restored")
                 seen.add(member.name)
-                stage = stages[entry.target]
-                stage.clear(entry.path)
-                path = stage.path(entry.path)
                 if member.kind != entry.kind or member.link != (entry.link or "") \
                         or member.size != entry.size:
                     raise IntegrityError(f"snapshot {manifest.key}: shard {number}: "
                                          f"{member.name} is not the manifest's {entry.kind}")
+                stage = stages[entry.target]
+                stage.clear(entry.path)
+                path = stage.path(entry.path)
                 if entry.kind == "symlink":
                     link = entry.link or ""
                     os.symlink(relocation.link(link) if relocation else link, path)

@@ -218,9 +218,11 @@ class StripedReader:
         with self._lock:
             self._unuse(pending)
             self.stats.reads += 1
+            first = self.stats.reads == 1
             self.stats.bytes_read += end - offset
             self._drop_before(end if end < self.size else offset)
-        mark_phase("checkpoint_first_byte")
+        if first:  # once per reader, not on every read of the hot path
+            mark_phase("checkpoint_first_byte")
         return end - offset
 
     def submit_range(self, offset: int, length: int) -> PendingRange:
