@@ -12,6 +12,10 @@ API (JSON; long operations stream NDJSON events, one per line):
   any of ``job``, ``image``, ``workload``, ``runtime``, ``phases``, ``detail``) -> the
   record as now known (merged: first values win); ``GET /v1/starts?since=UNIX`` -> the
   records of starts since then, oldest first (``bootseer report``).
+* ``POST /v1/mounts`` a :class:`agents.mountapi.MountRequest` -> the container's lazy
+  root (:class:`agents.mountapi.ContainerMount`); ``DELETE /v1/mounts/{id}?exit_code=N``
+  -> the completed start record; ``GET /v1/mounts`` -> the mounts served
+  (:mod:`agents.mounts`). Used by the runtime shim and the OCI hook.
 * ``GET /metrics``: Prometheus text format (:mod:`agents.metrics`); also on TCP at
   ``agent.metrics_listen`` (``host:port``) when set, for Prometheus to scrape.
 * ``POST /v1/warm`` ``{"image", "workload", "all", "envs"}`` -> events ``{"event":
@@ -19,7 +23,7 @@ API (JSON; long operations stream NDJSON events, one per line):
   ...}`` (:meth:`agents.warm.WarmSummary.to_json`) or ``{"event": "error", "message"}``.
 
 SIGTERM and SIGINT stop it gracefully: requests in progress finish their current step,
-the socket is removed.
+the socket is removed; containers' mounts keep serving and the next agent adopts them.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ import uvloop
 from aiohttp import web
 
 from agents.metrics import AgentMetrics
+from agents.mountapi import MountRequest
+from agents.mounts import MountManager, UnknownMount
 from agents.timeline import StartRecord, Timeline, timeline_path
 from agents.warm import WarmRequest, warm
 from bootseer import __version__
@@ -60,6 +66,7 @@ class Agent:
         self.timeline = Timeline(timeline_path(config))
         self._merging = threading.Lock()  # start records are merged one at a time
         self.metrics = AgentMetrics()
+        self.mounts = MountManager(config, self.record)
 
     def image(self, name: str) -> LazyImage:
         image_id = resolve_image(self.blobs, name)
@@ -73,8 +80,51 @@ class Agent:
         app.add_routes([web.get("/v1/health", self.health), web.post("/v1/warm", self.warm),
                         web.post("/v1/starts", self.record_start),
                         web.get("/v1/starts", self.list_starts),
-                        web.get("/metrics", self.serve_metrics)])
+                        web.get("/metrics", self.serve_metrics),
+                        web.post("/v1/mounts", self.mount),
+                        web.get("/v1/mounts", self.list_mounts),
+                        web.delete("/v1/mounts/{id}", self.release)])
         return app
+
+    async def mount(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            mount_request = MountRequest.from_json(body if isinstance(body, dict) else {})
+        except (ValueError, TypeError) as exc:
+            raise web.HTTPBadRequest(text=f"bad mount request: {exc}") from exc
+        try:
+            mount = await asyncio.get_running_loop().run_in_executor(
+                None, self.mounts.mount, mount_request)
+        except (BootseerError, OSError) as exc:
+            raise web.HTTPInternalServerError(
+                text=f"mounting image {mount_request.image} for {mount_request.id}: "
+                     f"{exc}") from exc
+        return web.json_response(mount.to_json())
+
+    async def release(self, request: web.Request) -> web.Response:
+        exit_code = request.query.get("exit_code")
+        try:
+            code = None if exit_code is None else int(exit_code)
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text="exit_code: an integer") from exc
+        try:
+            record = await asyncio.get_running_loop().run_in_executor(
+                None, self.mounts.release, request.match_info["id"], code)
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from exc
+        except UnknownMount as exc:
+            raise web.HTTPNotFound(text=str(exc)) from exc
+        return web.json_response(record.to_json())
+
+    async def list_mounts(self, request: web.Request) -> web.Response:
+        mounts = await asyncio.get_running_loop().run_in_executor(None, self.mounts.list)
+        return web.json_response(mounts)
+
+    def record(self, start: StartRecord) -> StartRecord:
+        """Merge ``start`` into the timeline and count what it added in the metrics."""
+        before, after = self._record(start)
+        self.metrics.observe(before, after)
+        return after
 
     async def record_start(self, request: web.Request) -> web.Response:
         try:
@@ -82,9 +132,7 @@ class Agent:
             start = StartRecord.from_json(body if isinstance(body, dict) else {})
         except (ValueError, TypeError) as exc:
             raise web.HTTPBadRequest(text=f"bad start record: {exc}") from exc
-        loop = asyncio.get_running_loop()
-        before, after = await loop.run_in_executor(None, self._record, start)
-        self.metrics.observe(before, after)
+        after = await asyncio.get_running_loop().run_in_executor(None, self.record, start)
         return web.json_response(after.to_json())
 
     def _record(self, start: StartRecord) -> tuple[StartRecord | None, StartRecord]:
@@ -183,8 +231,10 @@ async def _serve(agent: Agent, socket_path: Path) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(agent.mounts.watch(stop))
     try:
         await stop.wait()
+        await watcher
     finally:
         await runner.cleanup()
         if metrics_runner is not None:
@@ -211,6 +261,11 @@ async def _serve_metrics(agent: Agent) -> web.AppRunner | None:
 
 
 def run(config: Config, socket_path: Path | None = None) -> None:
-    """Run the agent in the foreground until SIGTERM/SIGINT."""
+    """Run the agent in the foreground until SIGTERM/SIGINT.
+
+    Containers' mounts outlive the agent (their servers are processes of their own): a
+    stopping agent leaves them serving, and the next one adopts them.
+    """
     agent = Agent(config)
+    agent.mounts.adopt()
     uvloop.run(_serve(agent, socket_path or config.agent.socket))

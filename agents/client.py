@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from agents.mountapi import ContainerMount, MountRequest
 from agents.timeline import StartRecord
 from agents.warm import WarmRequest, WarmSummary
 from bootseer.errors import BootseerError
@@ -76,6 +77,21 @@ class AgentClient:
     def starts(self, since: float = 0.0) -> list[StartRecord]:
         return [StartRecord.from_json(s)
                 for s in self._call("GET", "/v1/starts", params={"since": since})]
+
+    def mount(self, request: MountRequest) -> ContainerMount:
+        """The container's lazy root (mounted now, or already): ``POST /v1/mounts``."""
+        return ContainerMount.from_json(self._call("POST", "/v1/mounts",
+                                                   json=request.to_json()))
+
+    def release(self, container_id: str, exit_code: int | None = None) -> StartRecord:
+        """The container stopped: end its recording, unmount, complete its timeline."""
+        return StartRecord.from_json(self._call(
+            "DELETE", f"/v1/mounts/{container_id}",
+            params={} if exit_code is None else {"exit_code": exit_code}))
+
+    def mounts(self) -> list[dict[str, Any]]:
+        """The containers' mounts the agent serves (``GET /v1/mounts``)."""
+        return self._call("GET", "/v1/mounts")
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

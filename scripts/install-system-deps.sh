@@ -29,6 +29,8 @@ PACKAGES=(
   skopeo                         # docker:// sources are copied into an OCI layout
   docker-registry                # a real OCI registry (distribution 2.8) on loopback
   docker.io                      # dockerd with a private data root, for docker-daemon:
+  # agents/: bootseer-hook (hooks.d precreate/poststop) is tested with a real podman
+  podman
 )
 
 missing=()

@@ -17,7 +17,7 @@ from test_prefetch_lazy import bootseer
 from test_prefetch_warm import recorded_big_image
 from test_snapshot_warm import published_venv
 
-from agents.client import AgentClient
+from agents.client import AgentClient, AgentUnavailable
 
 
 @pytest.fixture
@@ -29,16 +29,23 @@ def dirs(tmp_path: Path) -> dict[str, Path]:
 
 
 def start_agent(sock: Path, env: dict[str, str]) -> subprocess.Popen:
-    """``bootseer agent`` on ``sock`` with ``env`` added, once its socket is there."""
+    """``bootseer agent`` on ``sock`` with ``env`` added, once it answers there (a socket
+    a killed agent left behind does not count)."""
     proc = subprocess.Popen([sys.executable, "-m", "bootseer", "agent", "--socket", str(sock)],
                             env={**os.environ, **env}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30
-    while not sock.exists():
+    while True:
         assert proc.poll() is None, proc.stdout.read()
-        assert time.monotonic() < deadline, "the agent did not create its socket"
+        assert time.monotonic() < deadline, "the agent did not answer on its socket"
+        if sock.exists():
+            try:
+                with AgentClient(sock) as client:
+                    if client.health()["pid"] == proc.pid:
+                        return proc
+            except AgentUnavailable:
+                pass
         time.sleep(0.05)
-    return proc
 
 
 @pytest.fixture

@@ -325,3 +325,33 @@ def _summary(stats: dict) -> str:
                      f"({format_size(rec['hot_bytes'] or 0)}) from {rec['recordings']} "
                      f"recording(s)")
     return "\n".join(lines)
+
+
+@image.command("docker-stub")
+@click.argument("name")
+@click.option("--tag", help="The engine image's tag (default: bootseer/NAME:latest).")
+@click.option("--docker-host", metavar="URL",
+              help="The Docker engine (default: $DOCKER_HOST, else the default socket).")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the stub as a `docker save` archive here instead of loading it "
+                   "into Docker (for `podman load -i`).")
+@pass_app
+def docker_stub(app: AppContext, name: str, tag: str | None, docker_host: str | None,
+                output: Path | None) -> None:
+    """Make an empty engine image that runs lazy image NAME under bootseer-runtime.
+
+    It carries NAME's Cmd, Entrypoint, Env and WorkingDir and BOOTSEER_IMAGE=NAME, so
+    `docker run --runtime bootseer TAG` runs NAME from the node agent's lazy root without
+    pulling it. Prints the engine's image id (or the archive's path).
+    """
+    from prefetch.dockerstub import lazy_stub, load_into_docker
+
+    cfg = app.loaded.config
+    stub = lazy_stub(app.blobs, BlockCache(cfg.cache_dir / "blocks", cfg.image.cache_size),
+                     name, tag or f"bootseer/{name}:latest")
+    if output is not None:
+        output.write_bytes(stub.archive)
+        click.echo(str(output))
+        return
+    click.echo(load_into_docker(stub, docker_host))
+    console.print(f"tagged {stub.tag}: docker run --runtime bootseer {stub.tag}")

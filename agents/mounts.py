@@ -1,0 +1,281 @@
+"""The containers' lazy roots, owned by the agent: mounted, watched, remounted, released.
+
+For each container the runtime shim or the OCI hook asks about (:mod:`agents.mountapi`),
+the agent starts one FUSE server process for the lazy image (prefetching its hot list,
+recording a young one), puts an overlay with a fresh writable layer over it, and hands
+back the overlay as the container's root. Everything about a container lives in one
+directory, ``<cache_dir>/containers/<id>/``::
+
+    lower/    the lazy image (FUSE)          upper/, work/  the overlay's writable layer
+    rootfs/   the overlay: the container's root
+    signal/   bound at /run/bootseer in the container: ready file, phase marks
+    state.json  what a restarted agent needs to adopt the mount
+
+The FUSE servers are processes of their own session, so an agent that dies or restarts
+leaves running containers served; the next agent adopts them from ``state.json``. A
+server that dies is seen by the watcher within :data:`WATCH_INTERVAL`, and the start's
+timeline notes it.
+
+When the container stops (``DELETE``), the overlay and the lazy mount go, the server ends
+the recording and writes its report, and the start's record is completed: phases the
+workload marked, exit, the mount's statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agents.mountapi import ContainerMount, MountRequest, check_id
+from agents.timeline import PHASES, StartRecord
+from bootseer.config import Config
+from bootseer.errors import BootseerError
+from bootseer.mounts import is_mounted, spawn_mount, unmount, wait_for_file
+from bootseer.ready import READY_FILE_ENV, read_phases
+from snapshot.key import IMAGE_ID_ENV
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks at every server (is it alive, how far is its prefetch).
+WATCH_INTERVAL = 0.5
+
+#: Phases only the host knows; a container's marks of them are ignored.
+_HOST_PHASES = ("created", "image_ready", "exited")
+
+
+class UnknownMount(BootseerError):
+    """No container of that id has a mount here."""
+
+
+@dataclass
+class _Mounted:
+    """One container's mount as the agent tracks it (persisted as ``state.json``)."""
+
+    request: MountRequest
+    mount: ContainerMount
+    pid: int  # the FUSE server
+    created: float
+    server_deaths: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"request": self.request.to_json(), "mount": self.mount.to_json(),
+                "pid": self.pid, "created": self.created,
+                "server_deaths": self.server_deaths}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> _Mounted:
+        return cls(MountRequest.from_json(body["request"]),
+                   ContainerMount.from_json(body["mount"]), int(body["pid"]),
+                   float(body["created"]), int(body.get("server_deaths", 0)))
+
+
+class MountManager:
+    """The containers' mounts on this node; every method is blocking (the agent runs them
+    in its thread pool), and safe to call from several threads."""
+
+    def __init__(self, config: Config, record: Callable[[StartRecord], StartRecord]) -> None:
+        self.config = config
+        self.root = config.cache_dir / "containers"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._record = record  # into the timeline (and the metrics): the agent's
+        self._mounts: dict[str, _Mounted] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    # -- the API ---------------------------------------------------------------------
+
+    def mount(self, request: MountRequest) -> ContainerMount:
+        """The container's root: mounted now, or the one it already has."""
+        with self._lock_for(request.id):
+            if request.id in self._mounts:
+                return self._mounts[request.id].mount
+            created = time.time()
+            mounted = self._mount(request, created)
+            self._mounts[request.id] = mounted
+            self._save(mounted)
+        self._record(StartRecord(request.id, job=request.job, image=request.image,
+                                 workload=request.workload, runtime=request.runtime,
+                                 phases={"created": created, "image_ready": time.time()}))
+        return mounted.mount
+
+    def release(self, container_id: str, exit_code: int | None = None) -> StartRecord:
+        """The container stopped: unmount, let the server store its recording, and
+        complete the start's record."""
+        check_id(container_id)
+        with self._lock_for(container_id):
+            mounted = self._mounts.pop(container_id, None)
+            if mounted is None:
+                raise UnknownMount(f"no container {container_id} has a mount here")
+            directory = self.root / container_id
+            exited = time.time()
+            unmount(Path(mounted.mount.rootfs))
+            unmount(directory / "lower")
+            report = self._report(directory, mounted.pid)
+            phases = self._container_phases(directory / "signal", mounted.created, exited)
+            phases["exited"] = exited
+            detail: dict[str, Any] = {"image": report} if report else {}
+            if exit_code is not None:
+                detail["exit_code"] = exit_code
+            if mounted.server_deaths:
+                detail["server_deaths"] = mounted.server_deaths
+            shutil.rmtree(directory, ignore_errors=True)
+        with self._lock:
+            self._locks.pop(container_id, None)
+        return self._record(StartRecord(container_id, phases=phases, detail=detail))
+
+    def list(self) -> list[dict[str, Any]]:
+        with self._lock:
+            mounts = list(self._mounts.values())
+        return [{"id": m.request.id, "image": m.request.image, "rootfs": m.mount.rootfs,
+                 "pid": m.pid, "serving": _alive(m.pid), "created": m.created,
+                 "server_deaths": m.server_deaths} for m in mounts]
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def adopt(self) -> None:
+        """After an agent restart: take over the mounts a previous agent left serving;
+        clear what is left of containers whose mounts are gone."""
+        for state in sorted(self.root.glob("*/state.json")):
+            try:
+                mounted = _Mounted.from_json(json.loads(state.read_text()))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring %s: %s", state, exc)
+                continue
+            if is_mounted(Path(mounted.mount.rootfs)):
+                self._mounts[mounted.request.id] = mounted
+                log.info("adopted container %s's mount (server pid %d, %s)",
+                         mounted.request.id, mounted.pid,
+                         "serving" if _alive(mounted.pid) else "server dead")
+            else:
+                log.info("container %s's mount is gone: removing its directory",
+                         mounted.request.id)
+                unmount(state.parent / "lower")
+                shutil.rmtree(state.parent, ignore_errors=True)
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Look at every server each :data:`WATCH_INTERVAL` until ``stop`` is set."""
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            await loop.run_in_executor(None, self._look)
+            try:
+                await asyncio.wait_for(stop.wait(), WATCH_INTERVAL)
+            except TimeoutError:
+                pass
+
+    def _look(self) -> None:
+        with self._lock:
+            mounts = list(self._mounts.values())
+        for mounted in mounts:
+            _reap(mounted.pid)
+            if not _alive(mounted.pid) and mounted.server_deaths == 0:
+                mounted.server_deaths += 1
+                log.error("container %s: the FUSE server of image %s (pid %d) died",
+                          mounted.request.id, mounted.request.image, mounted.pid)
+                try:
+                    self._save(mounted)
+                except FileNotFoundError:  # released meanwhile
+                    pass
+
+    # -- the work ------------------------------------------------------------------------
+
+    def _mount(self, request: MountRequest, created: float) -> _Mounted:
+        from prefetch.container import mount_overlay
+
+        directory = self.root / request.id
+        if directory.exists():  # a failed earlier attempt: start clean
+            unmount(directory / "rootfs")
+            unmount(directory / "lower")
+            shutil.rmtree(directory)
+        parts = {name: directory / name for name in ("lower", "upper", "work", "rootfs",
+                                                      "signal")}
+        for path in parts.values():
+            path.mkdir(parents=True)
+        try:
+            pid = spawn_mount(self._server_argv(request, directory), parts["lower"],
+                              f"image {request.image}", 120.0)
+            info = json.loads((directory / "info.json").read_text())
+            mount_overlay(parts["lower"], parts["upper"], parts["work"], parts["rootfs"])
+        except BaseException:
+            unmount(parts["lower"])
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        image_config = info["config"].get("config") or {}
+        mount = ContainerMount(
+            id=request.id, image=request.image, image_id=info["image_id"],
+            rootfs=str(parts["rootfs"]), signal_dir=str(parts["signal"]),
+            env={READY_FILE_ENV: "/run/bootseer/ready", IMAGE_ID_ENV: info["image_id"]},
+            image_config=image_config, recording=bool(info.get("recording")))
+        return _Mounted(request, mount, pid, created)
+
+    def _server_argv(self, request: MountRequest, directory: Path) -> list[str]:
+        """``bootseer image mount --foreground`` with this agent's store and cache."""
+        cfg = self.config.image
+        argv = [sys.executable, "-m", "bootseer", "--store", self.config.store, "image",
+                "mount", "--foreground", request.image, str(directory / "lower"),
+                "--workload", request.workload,
+                "--prefetch" if cfg.prefetch else "--no-prefetch",
+                "--report", str(directory / "report.json"),
+                "--info", str(directory / "info.json")]
+        if request.record != "never":
+            argv += ["--record" if request.record == "always" else "--record-auto",
+                     "--record-timeout", str(cfg.record_timeout),
+                     "--ready-file", str(directory / "signal" / "ready")]
+        return argv
+
+    def _report(self, directory: Path, pid: int) -> dict[str, Any] | None:
+        """The server's final statistics (written after it stored the recording)."""
+        try:
+            wait_for_file(directory / "report.json", pid, 300.0)
+            return json.loads((directory / "report.json").read_text())
+        except (BootseerError, OSError, ValueError) as exc:
+            log.warning("no report from the mount server of %s: %s", directory.name, exc)
+            return None
+        finally:
+            _reap(pid)
+
+    @staticmethod
+    def _container_phases(signal: Path, created: float, now: float) -> dict[str, float]:
+        marked = read_phases(signal)
+        kept = {p: at for p, at in marked.items()
+                if p in PHASES and p not in _HOST_PHASES and created <= at <= now}
+        if len(kept) != len(marked):
+            log.warning("ignoring phase marks %s: unknown phases or times outside the start",
+                        ", ".join(sorted(set(marked) - set(kept))))
+        return kept
+
+    def _save(self, mounted: _Mounted) -> None:
+        path = self.root / mounted.request.id / "state.json"
+        tmp = path.with_name(".state.json.tmp")
+        tmp.write_text(json.dumps(mounted.to_json(), indent=2) + "\n")
+        os.replace(tmp, path)
+
+    def _lock_for(self, container_id: str) -> threading.Lock:
+        with self._lock:
+            return self._locks.setdefault(container_id, threading.Lock())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _reap(pid: int) -> None:
+    """Collect a server that was this agent's child and has exited (no zombies)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+

@@ -1,0 +1,182 @@
+"""The OCI config changes that give a container its lazy root: pure functions, no engine.
+
+``bootseer-runtime`` (the shim Docker and containerd call instead of runc) and
+``bootseer-hook`` (podman's and CRI-O's ``precreate`` hook) both do the same thing to a
+container's ``config.json``: find out whether the container asked for Bootseer
+(:func:`requested`), ask the node agent for the container's mount, then :func:`rewrite` the
+config to use it. Keeping that here, apart from argument parsing and the agent call, lets
+every change be tested on plain dictionaries.
+
+A container asks for Bootseer with the OCI annotation ``io.bootseer.image=NAME`` (podman,
+containerd, CRI-O, Docker >= 24 pass annotations through), or, because Docker 20.10 passes
+neither labels nor annotations to the runtime, with the variable ``BOOTSEER_IMAGE=NAME``
+in the container's environment (the way ``NVIDIA_VISIBLE_DEVICES`` works; the stub image of
+``bootseer image docker-stub`` sets it). Each setting is looked up as an annotation first.
+
+:func:`rewrite` is a list of small modifiers applied to a copy of the config, so a failure
+in any of them leaves the original untouched and nothing is forwarded half-modified.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.mountapi import RECORD_MODES, ContainerMount, MountRequest
+
+ANNOTATION_PREFIX = "io.bootseer."
+ENV_PREFIX = "BOOTSEER_"
+#: The annotation the rewrite leaves: which agent mount the container runs on (the
+#: poststop hook releases it).
+MOUNT_ANNOTATION = "io.bootseer.mount"
+#: Mount options of the signal directory (ready file, phase marks): writable, nothing else.
+SIGNAL_MOUNT_OPTIONS = ("rbind", "rw", "nosuid", "nodev")
+
+Spec = dict[str, Any]
+Modifier = Callable[[Spec], None]
+
+
+class SpecError(ValueError):
+    """The config cannot be read as an OCI config, or asks for Bootseer with bad values."""
+
+
+@dataclass(frozen=True)
+class Labels:
+    """What a container asked of Bootseer: which lazy image, and for which start."""
+
+    image: str
+    workload: str = "default"
+    job: str | None = None
+    record: str = "auto"
+
+    def mount_request(self, container_id: str, runtime: str) -> MountRequest:
+        return MountRequest(id=container_id, image=self.image, workload=self.workload,
+                            record=self.record, job=self.job, runtime=runtime)
+
+
+def env_map(spec: Spec) -> dict[str, str]:
+    """``process.env`` as a dict (a later duplicate wins, as in execve's consumers)."""
+    env = (spec.get("process") or {}).get("env") or []
+    return dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+
+
+def requested(spec: Spec) -> Labels | None:
+    """The container's Bootseer settings, or None when it did not ask for Bootseer."""
+    if not isinstance(spec, dict):
+        raise SpecError("the OCI config is not a JSON object")
+    annotations = spec.get("annotations") or {}
+    env = env_map(spec)
+
+    def setting(name: str) -> str | None:
+        value = annotations.get(ANNOTATION_PREFIX + name)
+        if value is None:
+            value = env.get(ENV_PREFIX + name.upper())
+        return value or None
+
+    image = setting("image")
+    if image is None:
+        return None
+    record = setting("record") or "auto"
+    if record not in RECORD_MODES:
+        raise SpecError(f"{ANNOTATION_PREFIX}record / {ENV_PREFIX}RECORD is {record!r}; "
+                        f"use one of {', '.join(RECORD_MODES)}")
+    return Labels(image=image, workload=setting("workload") or "default",
+                  job=setting("job"), record=record)
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One OCI hook entry (runtime-spec ``hooks.*[]``)."""
+
+    path: str
+    args: list[str] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "args": list(self.args)}
+        if self.env:
+            out["env"] = list(self.env)
+        return out
+
+
+def set_root(mount: ContainerMount) -> Modifier:
+    """The agent's overlay replaces the engine's root; it is writable like a normal root."""
+    def modify(spec: Spec) -> None:
+        spec["root"] = {**(spec.get("root") or {}), "path": mount.rootfs, "readonly": False}
+    return modify
+
+
+def add_signal_mount(mount: ContainerMount) -> Modifier:
+    """The ready file and phase marks' directory, shared with the agent (one mount per
+    destination: an engine's own mount there would hide ours)."""
+    def modify(spec: Spec) -> None:
+        mounts = [m for m in spec.get("mounts") or []
+                  if m.get("destination") != mount.signal_target]
+        mounts.append({"destination": mount.signal_target, "type": "bind",
+                       "source": mount.signal_dir, "options": list(SIGNAL_MOUNT_OPTIONS)})
+        spec["mounts"] = mounts
+    return modify
+
+
+def merge_env(mount: ContainerMount) -> Modifier:
+    """The agent's variables override; the image's Env fills in what the container did not
+    set (a stub or empty engine image does not carry the lazy image's PATH and friends)."""
+    def modify(spec: Spec) -> None:
+        process = spec.setdefault("process", {})
+        env = env_map(spec)
+        for item in mount.image_config.get("Env") or []:
+            name, _, value = item.partition("=")
+            env.setdefault(name, value)
+        env.update(mount.env)
+        process["env"] = [f"{k}={v}" for k, v in env.items()]
+    return modify
+
+
+def set_workdir(mount: ContainerMount) -> Modifier:
+    """An engine that did not know the image's WorkingDir left the cwd at "/"."""
+    def modify(spec: Spec) -> None:
+        process = spec.setdefault("process", {})
+        workdir = mount.image_config.get("WorkingDir")
+        if workdir and process.get("cwd", "/") == "/":
+            process["cwd"] = workdir
+    return modify
+
+
+def add_poststop_hook(hook: Hook) -> Modifier:
+    """runc runs poststop hooks at ``runc delete``: the mount is released there."""
+    def modify(spec: Spec) -> None:
+        hooks = spec.setdefault("hooks", {})
+        hooks["poststop"] = [*(hooks.get("poststop") or []), hook.to_json()]
+    return modify
+
+
+def annotate(mount: ContainerMount) -> Modifier:
+    """Name the mount in the config, for the poststop hook and for anyone inspecting it."""
+    def modify(spec: Spec) -> None:
+        spec["annotations"] = {**(spec.get("annotations") or {}), MOUNT_ANNOTATION: mount.id}
+    return modify
+
+
+def modifiers(mount: ContainerMount, poststop: Hook | None = None) -> list[Modifier]:
+    """Every change for ``mount``; ``poststop`` only where the engine does not run hooks
+    itself (podman runs its hooks.d poststop hooks, so the hook passes None)."""
+    out = [set_root(mount), add_signal_mount(mount), merge_env(mount), set_workdir(mount),
+           annotate(mount)]
+    if poststop is not None:
+        out.append(add_poststop_hook(poststop))
+    return out
+
+
+def rewrite(spec: Spec, mount: ContainerMount, poststop: Hook | None = None) -> Spec:
+    """A modified copy of ``spec`` that runs on ``mount``; ``spec`` itself never changes."""
+    out = copy.deepcopy(spec)
+    for modify in modifiers(mount, poststop):
+        modify(out)
+    return out
+
+
+def mount_id(spec_or_state: dict[str, Any]) -> str | None:
+    """The agent mount a config or an OCI state names, if any."""
+    return (spec_or_state.get("annotations") or {}).get(MOUNT_ANNOTATION) or None

@@ -1,0 +1,213 @@
+"""``bootseer-runtime``: an OCI runtime shim in front of runc, for Docker and containerd.
+
+Configured as a runtime (Docker ``daemon.json`` ``"runtimes"``, containerd
+``io.containerd.runc.v2`` with ``BinaryName``), it is called with runc's command line. It
+acts on ``create`` and ``run`` of a container that asked for Bootseer (see
+:mod:`agents.oci`): it asks the node agent for the container's lazy root, rewrites the
+bundle's ``config.json`` to use it (and to release it in a poststop hook), then execs runc
+with the very same arguments. Everything else (other commands, containers that did not ask)
+is exec'd into runc at once, config untouched: this path imports nothing heavy and parses
+only the command line. A container that asked for Bootseer but cannot get its root fails to
+be created, with the reason on stderr and in runc's log file (where Docker and containerd
+read a runtime's error), because its engine image is only a stub.
+
+The real runc: ``$BOOTSEER_RUNC``, else ``runc`` on ``PATH``, else ``/usr/sbin/runc``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agents.mountapi import ContainerMount
+    from agents.oci import Labels
+
+RUNC_ENV = "BOOTSEER_RUNC"
+#: runc's global flags that take a value (urfave/cli: ``--flag value`` or ``--flag=value``,
+#: one or two dashes). Everything else before the command is a boolean flag.
+_GLOBAL_VALUE_FLAGS = {"log", "log-format", "root", "criu", "rootless"}
+#: Flags of ``create`` and ``run`` that take a value.
+_COMMAND_VALUE_FLAGS = {"bundle", "b", "console-socket", "pid-file", "preserve-fds"}
+_ACTS_ON = {"create", "run"}
+
+
+@dataclass(frozen=True)
+class RuncCall:
+    """The parts of a runc command line the shim needs."""
+
+    command: str | None
+    bundle: Path | None = None  # --bundle; runc's default is the current directory
+    container_id: str | None = None
+    log: Path | None = None
+    log_format: str = "text"
+
+
+def _flag(arg: str) -> tuple[str, str | None]:
+    """``--name=value`` -> ("name", "value"); ``-name`` -> ("name", None)."""
+    name, eq, value = arg.lstrip("-").partition("=")
+    return name, value if eq else None
+
+
+def parse(args: list[str]) -> RuncCall:
+    """Find the command and what ``create``/``run`` need in runc's arguments (no argv[0])."""
+    options: dict[str, str] = {}
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "-":
+        name, value = _flag(args[i])
+        if name in _GLOBAL_VALUE_FLAGS and value is None:
+            i += 1
+            value = args[i] if i < len(args) else ""
+        if value is not None:
+            options[name] = value
+        i += 1
+    if i >= len(args):
+        return RuncCall(None)
+    command, rest = args[i], args[i + 1:]
+    call = RuncCall(command, log=Path(options["log"]) if options.get("log") else None,
+                    log_format=options.get("log-format", "text"))
+    if command not in _ACTS_ON:
+        return call
+    bundle, container_id = None, None
+    j = 0
+    while j < len(rest):
+        arg = rest[j]
+        if arg.startswith("-") and arg != "-":
+            name, value = _flag(arg)
+            if name in _COMMAND_VALUE_FLAGS and value is None:
+                j += 1
+                value = rest[j] if j < len(rest) else None
+            if name in ("bundle", "b"):
+                bundle = value
+        elif container_id is None:
+            container_id = arg
+        j += 1
+    return RuncCall(command, Path(bundle) if bundle else None, container_id, call.log,
+                    call.log_format)
+
+
+def real_runc() -> str:
+    path = os.environ.get(RUNC_ENV) or shutil.which("runc") or "/usr/sbin/runc"
+    if not os.path.isfile(path):
+        sys.stderr.write(f"bootseer-runtime: runc not found at {path}; install runc or set "
+                         f"{RUNC_ENV} to its path\n")
+        sys.exit(127)
+    return path
+
+
+class ShimError(Exception):
+    """The container asked for Bootseer and cannot have its lazy root; says why."""
+
+
+def agent_socket() -> Path:
+    """The node agent's socket, as the Bootseer config has it (env, files, defaults)."""
+    from bootseer.config import load_config
+
+    return load_config().config.agent.socket
+
+
+def request_mount(socket: Path, labels: Labels, container_id: str,
+                  runtime: str) -> ContainerMount:
+    """Ask the node agent for the container's lazy root (httpx is imported only here)."""
+    from agents.client import AgentClient
+    from bootseer.errors import BootseerError
+
+    try:
+        with AgentClient(socket) as client:
+            return client.mount(labels.mount_request(container_id, runtime))
+    except (BootseerError, ValueError) as exc:
+        raise ShimError(f"the node agent could not give container {container_id} the lazy "
+                        f"image {labels.image!r}: {exc}. Is it running (`bootseer agent`, "
+                        f"socket {socket})? Does the image exist (`bootseer image ls`)?"
+                        ) from exc
+
+
+def release_mount(socket: Path, mount_id: str, exit_code: int | None = None) -> None:
+    """Give a mount back to the agent (raises :class:`agents.client.AgentError` and
+    friends: the caller decides whether that matters)."""
+    from agents.client import AgentClient
+
+    with AgentClient(socket) as client:
+        client.release(mount_id, exit_code)
+
+
+def hook_path(argv0: str) -> Path:
+    """``bootseer-hook`` installed beside this script (or beside the Python running it)."""
+    for directory in (Path(argv0).absolute().parent, Path(sys.executable).absolute().parent):
+        if (directory / "bootseer-hook").is_file():
+            return directory / "bootseer-hook"
+    raise ShimError(f"bootseer-hook is not installed next to {argv0}; reinstall Bootseer "
+                    "(pip install) so bootseer-runtime and bootseer-hook share a directory")
+
+
+def prepare_bundle(call: RuncCall, argv0: str) -> None:
+    """Rewrite the bundle's config for Bootseer if the container asked for it.
+
+    Load, check, get the mount, modify a copy, then replace the file at once: a failure at
+    any step leaves the config as it was (and fails the create).
+    """
+    import json
+
+    from agents import oci
+
+    path = (call.bundle or Path.cwd()) / "config.json"
+    try:
+        spec = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return  # not ours to judge: runc says what is wrong with the bundle
+    labels = oci.requested(spec)  # bad Bootseer settings fail the create (SpecError)
+    if labels is None:
+        return
+    hook = hook_path(argv0)
+    socket = agent_socket()
+    mount = request_mount(socket, labels, call.container_id, "bootseer-runtime")
+    try:
+        poststop = oci.Hook(str(hook), ["bootseer-hook", "poststop"],
+                            [f"BOOTSEER_AGENT_SOCKET={socket}"])
+        tmp = path.with_name(f".{path.name}.bootseer")
+        tmp.write_text(json.dumps(oci.rewrite(spec, mount, poststop)))
+        os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            release_mount(socket, mount.id)
+        except Exception as exc:  # the error that matters is the one being raised
+            sys.stderr.write(f"bootseer-runtime: could not release mount {mount.id}: {exc}\n")
+        raise
+
+
+def _fail(call: RuncCall, message: str) -> None:
+    """Say why on stderr and in runc's log, where Docker and containerd look for it."""
+    sys.stderr.write(f"bootseer-runtime: {message}\n")
+    if call.log is None:
+        return
+    import json
+    import time
+
+    text = f"bootseer-runtime: {message}"
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # RFC 3339, as Go parses it
+    try:
+        with open(call.log, "a") as log:
+            if call.log_format == "json":
+                log.write(json.dumps({"level": "error", "msg": text, "time": now}) + "\n")
+            else:
+                log.write(f"time={now} level=error msg={json.dumps(text)}\n")
+    except OSError:
+        pass  # stderr has it
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv if argv is None else argv)
+    runc = real_runc()
+    call = parse(argv[1:])
+    if call.command in _ACTS_ON and call.container_id:
+        try:
+            prepare_bundle(call, argv[0])
+        except Exception as exc:  # never forward after a failed modification
+            _fail(call, f"container {call.container_id}: {exc}")
+            sys.exit(1)
+    os.execv(runc, [runc, *argv[1:]])

@@ -1,0 +1,143 @@
+"""Containers' lazy roots owned by the node agent: mounted for a container, released when
+it stops, surviving an agent restart, and a dead FUSE server seen by the watcher.
+
+Real processes throughout: the agent, its FUSE servers, overlayfs, runc.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_agent_warm import dirs, start_agent  # noqa: F401 (fixture)
+from test_prefetch_lazy import bootseer
+
+from agents.client import AgentClient, AgentError
+from agents.mountapi import ContainerMount, MountRequest
+from bootseer.mounts import is_mounted, unmount
+
+
+@pytest.fixture(scope="module")
+def python_layout():
+    from bootseer.devimage import build_image
+
+    return build_image(with_python=True)  # cached on disk after the first build
+
+
+@pytest.fixture
+def node(dirs, python_layout, tmp_path: Path):  # noqa: F811
+    """A store with the python image converted, and an agent serving it."""
+    bootseer("image", "convert", str(python_layout), "--name", "py", store=dirs["store"],
+             cache=dirs["cache"])
+    sock = tmp_path / "run" / "agent.sock"
+    env = {"BOOTSEER_STORE": f"file://{dirs['store']}",
+           "BOOTSEER_CACHE_DIR": str(dirs["agent-cache"])}
+    procs = [start_agent(sock, env)]
+
+    def restart() -> None:
+        procs.append(start_agent(sock, env))
+
+    yield sock, procs, restart
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)
+    for container in (dirs["agent-cache"] / "containers").glob("*"):  # a failed test's
+        unmount(container / "rootfs")
+        unmount(container / "lower")  # its server exits once unmounted
+
+
+def _run(mount: ContainerMount, script: str, timeout: float = 120):
+    from prefetch.container import run_rootfs
+
+    env = {k: v for k, v in (i.split("=", 1) for i in mount.image_config.get("Env", []))}
+    return run_rootfs(mount.rootfs, ["sh", "-c", script], env=env | mount.env,
+                      binds={mount.signal_target: Path(mount.signal_dir)}, timeout=timeout)
+
+
+def test_a_container_runs_on_its_mount_and_release_completes_its_start(node) -> None:
+    sock, _, _ = node
+    with AgentClient(sock) as client:
+        mount = client.mount(MountRequest("c1", "py", job="train", runtime="test"))
+        assert client.mount(MountRequest("c1", "py")) == mount  # asked twice: the same
+        assert is_mounted(Path(mount.rootfs)) and mount.recording
+        result = _run(mount, 'python3 -c "print(6 * 7)" && touch "$BOOTSEER_READY_FILE"')
+        assert (result.returncode, result.stdout) == (0, "42\n"), result.stderr
+        start = client.release("c1", exit_code=0)
+        assert not is_mounted(Path(mount.rootfs))
+        assert not Path(mount.rootfs).parent.exists()
+        assert list(start.phases) == ["created", "image_ready", "ready", "exited"]
+        assert (start.job, start.runtime, start.detail["exit_code"]) == ("train", "test", 0)
+        assert start.detail["image"]["blocks_fetched"] > 0
+        assert start.detail["image"]["recording"]["hot_blocks"] > 0
+        with pytest.raises(AgentError, match="no container c1"):
+            client.release("c1")
+        # The second start of the image prefetches what the first one recorded (this
+        # node has every block already: the prefetch finds them local).
+        second = client.mount(MountRequest("c2", "py"))
+        assert _run(second, 'python3 -c "print(1)"').returncode == 0
+        prefetch = client.release("c2").detail["image"]["prefetch"]
+        assert prefetch["hot_blocks"] > 0 and prefetch["done"]
+        assert prefetch["already_local"] == prefetch["hot_blocks"]
+
+
+def test_bad_mount_requests_are_refused_and_leave_nothing(node, dirs) -> None:  # noqa: F811
+    sock, _, _ = node
+    with AgentClient(sock) as client:
+        with pytest.raises(AgentError, match="container id"):
+            client._call("POST", "/v1/mounts", json={"id": "../x", "image": "py"})
+        with pytest.raises(AgentError, match="no-such-image"):
+            client.mount(MountRequest("c3", "no-such-image"))
+        assert client.mounts() == []
+    assert list((dirs["agent-cache"] / "containers").iterdir()) == []
+
+
+WAIT_THEN_IMPORT = """
+while [ ! -e /run/bootseer/go ]; do sleep 0.05; done
+python3 -c "import json, email.parser, http.client; print('ok')"
+"""
+
+
+def test_a_killed_agent_leaves_the_container_served_and_the_next_one_adopts_it(
+        node, dirs) -> None:  # noqa: F811
+    sock, procs, restart = node
+    with AgentClient(sock) as client:
+        mount = client.mount(MountRequest("c4", "py"))
+    blocks_before = sorted((dirs["agent-cache"] / "blocks" / "blocks").rglob("*"))
+    results = []
+    container = threading.Thread(target=lambda: results.append(_run(mount, WAIT_THEN_IMPORT)))
+    container.start()
+    procs[0].send_signal(signal.SIGKILL)
+    procs[0].wait()
+    (Path(mount.signal_dir) / "go").touch()  # the container reads on while no agent runs
+    container.join(120)
+    assert results and results[0].returncode == 0 and results[0].stdout == "ok\n", results
+    restart()
+    with AgentClient(sock) as client:
+        (listed,) = client.mounts()
+        assert (listed["id"], listed["serving"]) == ("c4", True)
+        start = client.release("c4", exit_code=0)
+    assert "exited" in start.phases and start.detail["image"]["blocks_fetched"] > 0
+    blocks_after = sorted((dirs["agent-cache"] / "blocks" / "blocks").rglob("*"))
+    assert set(blocks_before) <= set(blocks_after)  # the cache survived the kill
+    assert not list((dirs["agent-cache"] / "blocks" / "tmp").iterdir())
+
+
+def test_a_dead_fuse_server_is_seen_by_the_watcher(node) -> None:
+    sock, _, _ = node
+    with AgentClient(sock) as client:
+        mount = client.mount(MountRequest("c5", "py"))
+        (listed,) = client.mounts()
+        os.kill(listed["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (listed := client.mounts()[0])["server_deaths"] == 0:
+            assert time.monotonic() < deadline, listed
+            time.sleep(0.1)
+        assert listed["serving"] is False
+        start = client.release("c5")
+    assert start.detail["server_deaths"] == 1
+    assert not is_mounted(Path(mount.rootfs))

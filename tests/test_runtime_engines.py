@@ -1,0 +1,368 @@
+"""bootseer-runtime and bootseer-hook with real engines: runc, dockerd, podman.
+
+One real lazy image (debootstrap minbase + python3) in one store for the module; each
+engine has a workload of its own and starts twice, each time on a fresh node agent (own
+cache, own timeline): the first start records the hot list, the second, finding nothing
+local, prefetches it. Every start must run from the agent's lazy root; a container that
+did not ask for Bootseer must not notice the shim or the hook.
+
+The engines are real and private (own roots, sockets, storage). If one cannot start, its
+tests fail in CI (CI=true) with the reason, and are skipped with the reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import IN_CI
+from test_agent_warm import start_agent
+from test_prefetch_lazy import bootseer
+
+from agents.client import AgentClient
+from agents.timeline import StartRecord
+from bootseer.store import BlobStore, open_store
+from prefetch.container import bundle_config
+
+BIN = Path(sys.executable).parent
+RUNTIME, HOOK = BIN / "bootseer-runtime", BIN / "bootseer-hook"
+REPO = Path(__file__).resolve().parent.parent
+# The workload's start: python3 runs, then it says it is up (the recording ends there).
+SCRIPT = ('python3 -c "import json, sys; print(6 * 7, sys.version_info[0])"; '
+          'touch "$BOOTSEER_READY_FILE"')
+PLAIN = "echo plain $(cat /etc/debian_version | cut -c1-2); ls /run/bootseer 2>&1; exit 3"
+
+
+def _engine_missing(what: str, reason: str) -> None:
+    message = f"{what} cannot run here: {reason}"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _run(*cmd: str | Path, env: dict[str, str] | None = None, check: bool = True,
+         timeout: float = 120) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
+                            env={**os.environ, **(env or {})}, timeout=timeout,
+                            stdin=subprocess.DEVNULL)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{cmd} exited {result.returncode}: {result.stderr[-3000:]}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def lazy(tmp_path_factory) -> dict[str, Path]:
+    """The store with lazy image "py", and the image's base layer unpacked (the root of
+    the containers that do not ask for Bootseer)."""
+    from bootseer.devimage import build_image
+
+    if not RUNTIME.exists() or not HOOK.exists():
+        pytest.fail("bootseer-runtime/bootseer-hook are not installed: pip install -e .")
+    root = tmp_path_factory.mktemp("lazy")
+    layout = build_image(with_python=True)
+    bootseer("image", "convert", str(layout), "--name", "py", store=root / "store",
+             cache=root / "cache")
+    index = json.loads((layout / "index.json").read_text())
+    digest = index["manifests"][0]["digest"].split(":")[1]
+    manifest = json.loads((layout / "blobs" / "sha256" / digest).read_text())
+    base = layout / "blobs" / "sha256" / manifest["layers"][0]["digest"].split(":")[1]
+    (root / "base").mkdir()
+    _run("tar", "-xzf", base, "-C", root / "base")  # tar keeps devices and owners
+    return {"store": root / "store", "base_layer": base, "base": root / "base",
+            "sock": root / "run" / "agent.sock", "root": root}
+
+
+class Nodes:
+    """Node agents on the module's socket (the engines know that path), one at a time, each
+    with a cache of its own: a start on a new node finds nothing local but the store's
+    hot list. Stopping one checks that no container's mount was left behind."""
+
+    def __init__(self, lazy: dict[str, Path], tmp_path: Path) -> None:
+        self.lazy, self.tmp_path = lazy, tmp_path
+        self.proc: subprocess.Popen | None = None
+        self.client: AgentClient | None = None
+
+    def start(self, name: str) -> AgentClient:
+        self.stop()
+        self.proc = start_agent(self.lazy["sock"], {
+            "BOOTSEER_STORE": f"file://{self.lazy['store']}",
+            "BOOTSEER_CACHE_DIR": str(self.tmp_path / f"node-{name}")})
+        self.client = AgentClient(self.lazy["sock"])
+        return self.client
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            left = self.client.mounts()
+            for mount in left:
+                self.client.release(mount["id"])
+            assert left == [], "containers' mounts were not released"
+        finally:
+            self.client.__exit__()
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+            self.proc = None
+
+
+@pytest.fixture
+def nodes(lazy, tmp_path: Path):
+    nodes = Nodes(lazy, tmp_path)
+    yield nodes
+    nodes.stop()
+
+
+def _start(client: AgentClient, timeout: float = 60) -> StartRecord:
+    """The node's one start, once it has exited (the poststop hook released it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        starts = client.starts()
+        if starts and "exited" in starts[0].phases:
+            (start,) = starts
+            return start
+        assert time.monotonic() < deadline, f"start not complete: {starts}"
+        time.sleep(0.2)
+
+
+def _check_start(client: AgentClient, lazy: dict[str, Path], workload: str, runtime: str,
+                 first: bool) -> None:
+    """The start ran on the lazy root and reached every phase; the first one recorded the
+    hot list, a later one (on another node) prefetched it."""
+    start = _start(client)
+    assert list(start.phases) == ["created", "image_ready", "ready", "exited"], start
+    assert start.image == "py" and start.workload == workload
+    assert start.runtime == runtime
+    image = start.detail["image"]
+    if first:
+        assert image["blocks_fetched"] > 0  # read from the lazy image, on demand
+        assert image.get("prefetch") is None  # no hot list yet
+        assert image["recording"]["hot_blocks"] > 0 and image["recording"]["recordings"] == 1
+        refs = BlobStore(open_store(f"file://{lazy['store']}")).list_refs("hot/")
+        assert any(ref.endswith(f"/{workload}") for ref in refs), refs
+    else:
+        assert image["prefetch"]["blocks_fetched"] > 0  # the hot list, from the store
+        assert image["prefetch_hits"] > 0  # and the start's reads found it there
+
+
+# -- runc through bootseer-runtime ------------------------------------------------------
+
+
+def _bundle(path: Path, rootfs: Path, argv: list[str], env: dict[str, str],
+            annotations: dict[str, str]) -> Path:
+    path.mkdir(parents=True)
+    config = bundle_config(rootfs, argv, {"PATH": "/usr/bin:/bin", **env})
+    config["annotations"] = annotations
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path
+
+
+def test_runc_through_the_shim(lazy, nodes, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"  # the engine's root: the shim replaces it
+    empty.mkdir()
+    state = tmp_path / "runc-state"
+    env = {"BOOTSEER_AGENT_SOCKET": str(lazy["sock"])}
+    for n in range(2):
+        client = nodes.start(str(n))
+        bundle = _bundle(tmp_path / f"bundle{n}", empty, ["sh", "-c", SCRIPT], {},
+                         {"io.bootseer.image": "py", "io.bootseer.workload": "runc"})
+        run = _run(RUNTIME, "--root", state, "--log", tmp_path / "log.json", "--log-format",
+                   "json", "run", "--bundle", bundle, f"shim-{n}", env=env)
+        assert run.stdout.strip() == "42 3"
+        config = json.loads((bundle / "config.json").read_text())
+        assert config["annotations"]["io.bootseer.mount"] == f"shim-{n}"
+        assert config["root"]["path"] != str(empty)
+        _check_start(client, lazy, "runc", "bootseer-runtime", first=n == 0)
+    assert list(empty.iterdir()) == []
+
+
+def test_runc_unlabelled_is_passed_through_untouched(lazy, tmp_path: Path) -> None:
+    """No agent at all: a container that did not ask never needs one."""
+    results = []
+    for runtime in (RUNTIME, "runc"):
+        bundle = _bundle(tmp_path / f"bundle-{Path(runtime).name}", lazy["base"],
+                         ["sh", "-c", PLAIN], {"BOOTSEER_WORKLOAD": "x"}, {"other": "1"})
+        before = (bundle / "config.json").read_bytes()
+        results.append(_run(runtime, "--root", tmp_path / "state", "run", "--bundle", bundle,
+                            f"plain-{Path(runtime).name}", check=False,
+                            env={"BOOTSEER_AGENT_SOCKET": str(tmp_path / "none.sock")}))
+        assert (bundle / "config.json").read_bytes() == before
+    shim, plain = results
+    assert (shim.returncode, shim.stdout) == (plain.returncode, plain.stdout) == (
+        3, "plain 12\nls: cannot access '/run/bootseer': No such file or directory\n")
+
+
+def test_runc_without_an_agent_fails_the_create_clearly(lazy, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bundle = _bundle(tmp_path / "bundle", empty, ["true"], {"BOOTSEER_IMAGE": "py"}, {})
+    before = (bundle / "config.json").read_bytes()
+    log = tmp_path / "log.json"
+    run = _run(RUNTIME, "--root", tmp_path / "state", "--log", log, "--log-format", "json",
+               "create", "--bundle", bundle, "nope", check=False,
+               env={"BOOTSEER_AGENT_SOCKET": str(tmp_path / "none.sock")})
+    assert run.returncode == 1
+    assert "no agent answers" in run.stderr and "bootseer agent" in run.stderr
+    assert json.loads(log.read_text().splitlines()[-1])["level"] == "error"
+    assert (bundle / "config.json").read_bytes() == before
+    assert _run("runc", "--root", tmp_path / "state", "list", "-q").stdout.strip() == ""
+
+
+# -- Docker ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dockerd(lazy):
+    """dockerd with private roots and socket, no firewall or bridge changes, and the
+    runtime "bootseer" (this venv's shim) knowing the module's agent socket."""
+    root = lazy["root"] / "docker"
+    root.mkdir()
+    sock, log = root / "docker.sock", root / "dockerd.log"
+    config = root / "daemon.json"
+    deployed = json.loads((REPO / "deploy" / "docker-daemon.json").read_text())
+    deployed["runtimes"]["bootseer"]["path"] = str(RUNTIME)
+    config.write_text(json.dumps(deployed))
+    try:
+        proc = subprocess.Popen(
+            ["dockerd", "--config-file", str(config), "--data-root", str(root / "data"),
+             "--exec-root", str(root / "exec"), "--pidfile", str(root / "docker.pid"),
+             "-H", f"unix://{sock}", "--iptables=false", "--bridge=none"],
+            stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+            env={**os.environ, "BOOTSEER_AGENT_SOCKET": str(lazy["sock"])})
+    except FileNotFoundError as exc:
+        _engine_missing("dockerd", f"{exc} (scripts/install-system-deps.sh installs it)")
+    host = f"unix://{sock}"
+    deadline = time.monotonic() + 60
+    while not (sock.exists() and subprocess.run(["docker", "-H", host, "version"],
+                                                 capture_output=True).returncode == 0):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            _engine_missing("dockerd", log.read_text()[-2000:])
+        time.sleep(0.1)
+    # The container that does not ask: the image's base layer as a plain Docker image.
+    _run("docker", "-H", host, "import", lazy["base_layer"], "plain:1")
+    yield host
+    proc.terminate()
+    proc.wait(timeout=60)
+
+
+def test_docker_runs_the_lazy_image_through_a_stub(lazy, dockerd, nodes) -> None:
+    out = bootseer("image", "docker-stub", "py", "--tag", "bootseer/py:1", "--docker-host",
+                   dockerd, store=lazy["store"], cache=lazy["root"] / "stub-cache")
+    image_id = out.stdout.strip()
+    inspect = json.loads(_run("docker", "-H", dockerd, "image", "inspect", image_id).stdout)
+    assert "BOOTSEER_IMAGE=py" in inspect[0]["Config"]["Env"]
+    assert inspect[0]["Size"] == 0  # nothing of the image is in Docker
+    for n in range(2):
+        client = nodes.start(str(n))
+        run = _run("docker", "-H", dockerd, "run", "--rm", "--runtime", "bootseer",
+                   "--network", "none", "-e", "BOOTSEER_WORKLOAD=docker", "bootseer/py:1",
+                   "sh", "-c", SCRIPT)
+        assert run.stdout.strip() == "42 3"
+        _check_start(client, lazy, "docker", "bootseer-runtime", first=n == 0)
+
+
+def test_docker_unlabelled_runs_as_with_plain_runc(dockerd, tmp_path: Path) -> None:
+    results = [_run("docker", "-H", dockerd, "run", "--rm", "--runtime", runtime,
+                    "--network", "none", "plain:1", "sh", "-c", PLAIN, check=False)
+               for runtime in ("bootseer", "runc")]
+    shim, plain = results
+    assert (shim.returncode, shim.stdout) == (plain.returncode, plain.stdout)
+    assert shim.returncode == 3 and shim.stdout.startswith("plain 12\n")
+
+
+def test_docker_without_an_agent_says_why(lazy, dockerd) -> None:
+    bootseer("image", "docker-stub", "py", "--tag", "bootseer/py:1", "--docker-host",
+             dockerd, store=lazy["store"], cache=lazy["root"] / "stub-cache")
+    run = _run("docker", "-H", dockerd, "run", "--rm", "--runtime", "bootseer", "--network",
+               "none", "bootseer/py:1", "true", check=False)
+    assert run.returncode != 0
+    assert "bootseer-runtime" in run.stderr and "no agent answers" in run.stderr, run.stderr
+
+
+# -- podman ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def podman(lazy):
+    """podman with private storage and a containers.conf of its own; the hooks directory
+    holds deploy/hooks.d/bootseer.json pointing at this venv's hook. Yields a function
+    running podman with or without the hooks."""
+    root = lazy["root"] / "podman"
+    hooks, no_hooks = root / "hooks.d", root / "no-hooks.d"
+    hooks.mkdir(parents=True)
+    no_hooks.mkdir()
+    hook = json.loads((REPO / "deploy" / "hooks.d" / "bootseer.json").read_text())
+    hook["hook"]["path"] = str(HOOK)
+    hook["hook"]["env"] = [f"BOOTSEER_AGENT_SOCKET={lazy['sock']}"]
+    (hooks / "bootseer.json").write_text(json.dumps(hook))
+    (root / "storage.conf").write_text(
+        f'[storage]\ndriver = "overlay"\ngraphroot = "{root}/graph"\n'
+        f'runroot = "{root}/run"\n')
+    confs = {}
+    for name, directory in (("hooks", hooks), ("none", no_hooks)):
+        confs[name] = root / f"containers-{name}.conf"
+        confs[name].write_text(
+            '[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n'
+            'netns = "none"\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n'
+            f'events_logger = "none"\nhooks_dir = ["{directory}"]\n')
+
+    def podman(*args: str | Path, hooks: bool = True, check: bool = True):
+        return _run("podman", *args, check=check, env={
+            "CONTAINERS_CONF": str(confs["hooks" if hooks else "none"]),
+            "CONTAINERS_STORAGE_CONF": str(root / "storage.conf")})
+
+    try:
+        podman("import", lazy["base_layer"], "localhost/plain:1")
+    except FileNotFoundError as exc:
+        _engine_missing("podman", f"{exc} (scripts/install-system-deps.sh installs it)")
+    except AssertionError as exc:
+        _engine_missing("podman", str(exc))
+    yield podman
+    podman("rm", "--all", "--force", check=False)
+    podman("image", "rm", "--all", "--force", check=False)
+    _run("umount", "-R", root / "graph" / "overlay", check=False)
+
+
+def test_podman_runs_the_lazy_image_through_the_hook(lazy, podman, nodes,
+                                                     tmp_path: Path) -> None:
+    stub = tmp_path / "stub.tar"
+    bootseer("image", "docker-stub", "py", "--tag", "localhost/bootseer/py:1", "--output",
+             str(stub), store=lazy["store"], cache=lazy["root"] / "stub-cache")
+    podman("load", "-i", stub)
+    for n in range(2):
+        client = nodes.start(str(n))
+        run = podman("run", "--rm", "--annotation", "io.bootseer.image=py", "--annotation",
+                     "io.bootseer.workload=podman", "localhost/bootseer/py:1", "sh", "-c",
+                     SCRIPT)
+        assert run.stdout.strip() == "42 3"
+        _check_start(client, lazy, "podman", "bootseer-hook", first=n == 0)
+        assert client.starts()[0].id.startswith("bootseer-")  # the hook's own mount id
+
+
+def test_podman_unlabelled_runs_as_without_the_hook(podman) -> None:
+    shim, plain = (podman("run", "--rm", "localhost/plain:1", "sh", "-c", PLAIN, hooks=h,
+                          check=False) for h in (True, False))
+    assert (shim.returncode, shim.stdout) == (plain.returncode, plain.stdout)
+    assert shim.returncode == 3 and shim.stdout.startswith("plain 12\n")
+
+
+def test_hook_poststop_is_safe_twice_and_without_a_mount(lazy, nodes, tmp_path) -> None:
+    client = nodes.start("hook")
+    state = {"ociVersion": "1.0.2", "id": "c", "status": "stopped",
+             "bundle": str(tmp_path / "gone"),
+             "annotations": {"io.bootseer.mount": "never-mounted"}}
+    env = {"BOOTSEER_AGENT_SOCKET": str(lazy["sock"])}
+    unknown, unnamed = (
+        subprocess.run([str(HOOK)], input=json.dumps(stdin), capture_output=True, text=True,
+                       env={**os.environ, **env}, timeout=30)
+        for stdin in (state, {**state, "annotations": {}}))
+    assert unknown.returncode == 0 and "never-mounted" in unknown.stderr
+    assert unnamed.returncode == 0 and unnamed.stderr == ""
+    assert client.mounts() == []
+
