@@ -18,7 +18,7 @@ API (JSON; long operations stream NDJSON events, one per line):
   (:mod:`agents.mounts`). Used by the runtime shim and the OCI hook.
 * ``GET /metrics``: Prometheus text format (:mod:`agents.metrics`); also on TCP at
   ``agent.metrics_listen`` (``host:port``) when set, for Prometheus to scrape.
-* ``POST /v1/warm`` ``{"image", "workload", "all", "envs"}`` -> events ``{"event":
+* ``POST /v1/warm`` ``{"image", "workload", "all", "envs", "checkpoints"}`` -> events ``{"event":
   "plan", "bytes"}``, ``{"event": "progress", "bytes"}``..., then ``{"event": "result",
   ...}`` (:meth:`agents.warm.WarmSummary.to_json`) or ``{"event": "error", "message"}``.
 
@@ -44,6 +44,7 @@ from aiohttp import web
 from agents.metrics import AgentMetrics
 from agents.mountapi import MountRequest
 from agents.mounts import MountManager, UnknownMount
+from agents.priority import Priority, PriorityGate
 from agents.timeline import StartRecord, Timeline, timeline_path
 from agents.warm import WarmRequest, warm
 from bootseer import __version__
@@ -66,7 +67,8 @@ class Agent:
         self.timeline = Timeline(timeline_path(config))
         self._merging = threading.Lock()  # start records are merged one at a time
         self.metrics = AgentMetrics()
-        self.mounts = MountManager(config, self.record)
+        self.gate = PriorityGate()  # demand reads > containers starting > warm requests
+        self.mounts = MountManager(config, self.record, self.gate)
 
     def image(self, name: str) -> LazyImage:
         image_id = resolve_image(self.blobs, name)
@@ -159,7 +161,9 @@ class Agent:
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"version": __version__, "pid": os.getpid(),
                                   "store": self.config.store,
-                                  "cache_dir": str(self.config.cache_dir)})
+                                  "cache_dir": str(self.config.cache_dir),
+                                  "busy": {p.name.lower(): n
+                                           for p, n in self.gate.busy().items()}})
 
     async def warm(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -180,6 +184,7 @@ class Agent:
                 lazy = self.image(warm_request.image) if warm_request.image else None
                 summary = warm(self.blobs, self.config, warm_request, image_cache=self.cache,
                                lazy=lazy,
+                               before_fetch=lambda: self.gate.wait_turn(Priority.WARM),
                                on_plan=lambda n: emit({"event": "plan", "bytes": n}),
                                on_progress=lambda n: emit({"event": "progress", "bytes": n}))
                 if summary.image is not None:

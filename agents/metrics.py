@@ -75,6 +75,7 @@ class AgentMetrics:
     def warmed(self, summary: WarmSummary) -> None:
         fetched = summary.image.fetched_bytes if summary.image else 0
         fetched += sum(env.fetched_bytes for env in summary.envs)
+        fetched += sum(c.fetched_bytes for c in summary.checkpoints)
         self.fetched_bytes.labels("warm").inc(fetched)
 
     def exposition(self) -> tuple[bytes, str]:

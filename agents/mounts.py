@@ -32,11 +32,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agents.mountapi import ContainerMount, MountRequest, check_id
+from agents.priority import Priority, PriorityGate
 from agents.timeline import PHASES, StartRecord
 from bootseer.config import Config
 from bootseer.errors import BootseerError
@@ -79,12 +81,37 @@ class _Mounted:
                    float(body["created"]), int(body.get("server_deaths", 0)))
 
 
+class _Claims:
+    """A mount's current claims on the node's fetch priorities, switched by the watcher:
+    STARTING while its hot list is being prefetched, DEMAND while its reads fetch."""
+
+    def __init__(self, gate: PriorityGate) -> None:
+        self.gate = gate
+        self.demand_fetches = 0  # the server's demand fetch requests at the last look
+        self._held: dict[Priority, AbstractContextManager[None]] = {}
+
+    def set(self, priority: Priority, on: bool) -> None:
+        if on and priority not in self._held:
+            hold = self.gate.hold(priority)
+            hold.__enter__()
+            self._held[priority] = hold
+        elif not on and priority in self._held:
+            self._held.pop(priority).__exit__(None, None, None)
+
+    def clear(self) -> None:
+        for priority in list(self._held):
+            self.set(priority, False)
+
+
 class MountManager:
     """The containers' mounts on this node; every method is blocking (the agent runs them
     in its thread pool), and safe to call from several threads."""
 
-    def __init__(self, config: Config, record: Callable[[StartRecord], StartRecord]) -> None:
+    def __init__(self, config: Config, record: Callable[[StartRecord], StartRecord],
+                 gate: PriorityGate | None = None) -> None:
         self.config = config
+        self.gate = gate or PriorityGate()
+        self._claims: dict[str, _Claims] = {}
         self.root = config.cache_dir / "containers"
         self.root.mkdir(parents=True, exist_ok=True)
         self._record = record  # into the timeline (and the metrics): the agent's
@@ -103,6 +130,8 @@ class MountManager:
             mounted = self._mount(request, created)
             self._mounts[request.id] = mounted
             self._save(mounted)
+            claims = self._claims[request.id] = _Claims(self.gate)
+            claims.set(Priority.STARTING, True)  # until the watcher sees the prefetch end
         self._record(StartRecord(request.id, job=request.job, image=request.image,
                                  workload=request.workload, runtime=request.runtime,
                                  phases={"created": created, "image_ready": time.time()}))
@@ -116,6 +145,9 @@ class MountManager:
             mounted = self._mounts.pop(container_id, None)
             if mounted is None:
                 raise UnknownMount(f"no container {container_id} has a mount here")
+            claims = self._claims.pop(container_id, None)
+            if claims is not None:
+                claims.clear()
             directory = self.root / container_id
             exited = time.time()
             unmount(Path(mounted.mount.rootfs))
@@ -177,7 +209,9 @@ class MountManager:
             mounts = list(self._mounts.values())
         for mounted in mounts:
             _reap(mounted.pid)
-            if not _alive(mounted.pid) and mounted.server_deaths == 0:
+            alive = _alive(mounted.pid)
+            self._claim(mounted, alive)
+            if not alive and mounted.server_deaths == 0:
                 mounted.server_deaths += 1
                 log.error("container %s: the FUSE server of image %s (pid %d) died",
                           mounted.request.id, mounted.request.image, mounted.pid)
@@ -185,6 +219,26 @@ class MountManager:
                     self._save(mounted)
                 except FileNotFoundError:  # released meanwhile
                     pass
+
+    def _claim(self, mounted: _Mounted, alive: bool) -> None:
+        """Hold the priorities the mount's server needs now, from its statistics file."""
+        from prefetch.session import stats_path
+
+        claims = self._claims.setdefault(mounted.request.id, _Claims(self.gate))
+        if not alive:
+            claims.clear()
+            return
+        try:
+            stats = json.loads(stats_path(self.config.cache_dir,
+                                          self.root / mounted.request.id / "lower")
+                               .read_text())
+        except (OSError, ValueError):
+            return  # not written yet: keep what is held
+        prefetch = stats.get("prefetch")
+        claims.set(Priority.STARTING, bool(prefetch) and not prefetch.get("done"))
+        fetches = stats.get("fetch_requests", 0)
+        claims.set(Priority.DEMAND, fetches > claims.demand_fetches)
+        claims.demand_fetches = fetches
 
     # -- the work ------------------------------------------------------------------------
 
@@ -202,7 +256,8 @@ class MountManager:
             path.mkdir(parents=True)
         try:
             pid = spawn_mount(self._server_argv(request, directory), parts["lower"],
-                              f"image {request.image}", 120.0)
+                              f"image {request.image}", 120.0,
+                              env={"BOOTSEER_CACHE_DIR": str(self.config.cache_dir)})
             info = json.loads((directory / "info.json").read_text())
             mount_overlay(parts["lower"], parts["upper"], parts["work"], parts["rootfs"])
         except BaseException:

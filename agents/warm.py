@@ -1,8 +1,13 @@
 """What ``bootseer warm`` stages on a node, done the same way by the agent and standalone.
 
-A request names an image (its hot blocks, or every block) and any number of environment
-snapshots; the summary says, per part, what was already local, what was fetched, and
-whether everything needed is now local.
+A request names an image (its hot blocks, or every block), any number of environment
+snapshots and any number of checkpoints (files or directories); the summary says, per
+part, what was already local, what was fetched, and whether everything needed is now
+local.
+
+Warm work yields to anything more urgent: ``before_fetch`` is called before each fetch it
+issues (and before each part's metadata reads), and the agent makes it wait while reads or
+starting containers are fetching (:mod:`agents.priority`). Standalone, nothing waits.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from prefetch.blockcache import BlockCache
 from prefetch.lazyimage import LazyImage
 from prefetch.warm import WarmResult, warm_image
 from snapshot.stage import StageResult, shard_cache, stage_snapshot
+from stripedfs.checkpoint_cache import CheckpointCache
+from stripedfs.stage import CheckpointResult, stage_checkpoint
 
 
 @dataclass(frozen=True)
@@ -25,39 +32,49 @@ class WarmRequest:
     workload: str = "default"
     all_blocks: bool = False
     envs: tuple[str, ...] = ()
+    checkpoints: tuple[str, ...] = ()  # store URLs of checkpoint files or directories
 
     def to_json(self) -> dict[str, Any]:
         return {"image": self.image, "workload": self.workload, "all": self.all_blocks,
-                "envs": list(self.envs)}
+                "envs": list(self.envs), "checkpoints": list(self.checkpoints)}
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> WarmRequest:
-        envs = body.get("envs") or []
-        if not isinstance(envs, list) or not all(isinstance(e, str) for e in envs):
-            raise ValueError("'envs' must be a list of snapshot keys")
+        envs = _strings(body, "envs", "snapshot keys")
+        checkpoints = _strings(body, "checkpoints", "checkpoint URLs")
         image = body.get("image")
         if image is not None and not isinstance(image, str):
             raise ValueError("'image' must be a string")
         return cls(image, str(body.get("workload") or "default"), bool(body.get("all")),
-                   tuple(envs))
+                   envs, checkpoints)
+
+
+def _strings(body: dict[str, Any], name: str, what: str) -> tuple[str, ...]:
+    values = body.get(name) or []
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ValueError(f"{name!r} must be a list of {what}")
+    return tuple(values)
 
 
 @dataclass
 class WarmSummary:
     image: WarmResult | None
     envs: list[StageResult] = field(default_factory=list)
+    checkpoints: list[CheckpointResult] = field(default_factory=list)
     via: str = "standalone"  # or "agent"
 
     @property
     def complete(self) -> bool:
         return (self.image is None or self.image.complete) and \
-            all(e.complete for e in self.envs)
+            all(e.complete for e in self.envs) and all(c.complete for c in self.checkpoints)
 
     def to_json(self) -> dict[str, Any]:
         return {"complete": self.complete, "via": self.via,
                 "image": asdict(self.image) | {"complete": self.image.complete}
                 if self.image else None,
-                "envs": [asdict(e) | {"complete": e.complete} for e in self.envs]}
+                "envs": [asdict(e) | {"complete": e.complete} for e in self.envs],
+                "checkpoints": [asdict(c) | {"complete": c.complete}
+                                for c in self.checkpoints]}
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> WarmSummary:
@@ -66,23 +83,43 @@ class WarmSummary:
 
         return cls(WarmResult(**strip(body["image"])) if body.get("image") else None,
                    [StageResult(**strip(e)) for e in body.get("envs") or []],
+                   [CheckpointResult(**strip(c)) for c in body.get("checkpoints") or []],
                    body.get("via", "agent"))
 
 
 def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
          image_cache: BlockCache, lazy: LazyImage | None = None,
          on_plan: Callable[[int], None] | None = None,
-         on_progress: Callable[[int], None] | None = None) -> WarmSummary:
-    """Stage what ``request`` names; ``on_plan`` gets each part's bytes as it is planned."""
+         on_progress: Callable[[int], None] | None = None,
+         before_fetch: Callable[[], None] | None = None) -> WarmSummary:
+    """Stage what ``request`` names; ``on_plan`` gets each part's bytes as it is planned,
+    ``before_fetch`` is called (and may block) before every fetch."""
+    def turn() -> None:  # before a part's metadata reads
+        if before_fetch:
+            before_fetch()
+
     image = None
     if request.image is not None:
+        turn()
         image = warm_image(blobs, image_cache, request.image, request.workload,
                            all_blocks=request.all_blocks,
                            concurrency=config.image.prefetch_concurrency,
                            request_size=config.image.prefetch_request_size, lazy=lazy,
-                           on_plan=on_plan, on_progress=on_progress)
+                           on_plan=on_plan, on_progress=on_progress,
+                           before_fetch=before_fetch)
     snapshots = shard_cache(config.cache_dir, config.snapshot.cache_size)
-    envs = [stage_snapshot(blobs, snapshots, key, concurrency=config.snapshot.concurrency,
-                           on_plan=on_plan, on_progress=on_progress)
-            for key in request.envs]
-    return WarmSummary(image, envs)
+    envs = []
+    for key in request.envs:
+        turn()
+        envs.append(stage_snapshot(blobs, snapshots, key,
+                                   concurrency=config.snapshot.concurrency, on_plan=on_plan,
+                                   on_progress=on_progress, before_fetch=before_fetch))
+    copies = CheckpointCache(config.cache_dir / "checkpoints", config.checkpoint.cache_size)
+    checkpoints = []
+    keep: set[str] = set()  # one checkpoint of the request never evicts another
+    for url in request.checkpoints:
+        turn()
+        checkpoints.append(stage_checkpoint(
+            copies, url, concurrency=config.checkpoint.stage_concurrency, keep=keep,
+            on_plan=on_plan, on_progress=on_progress, before_fetch=before_fetch))
+    return WarmSummary(image, envs, checkpoints)

@@ -1,8 +1,10 @@
 """The checkpoint-load API for training scripts: fast reads of remote checkpoints.
 
 Everything reads through the striped reader (``stripedfs``): parallel ranged reads over
-the DataNodes holding the file, with read-ahead, straight into memory — no FUSE, no local
-copy, never an mmap of a remote file::
+the DataNodes holding the file, with read-ahead, straight into memory — no FUSE, never an
+mmap of a remote file. A file ``bootseer warm --checkpoint`` staged on this node is read
+from that local copy instead, as long as the store's object is still the one copied (its
+size and mtime; :mod:`stripedfs.checkpoint_cache`)::
 
     import bootseer.checkpoint as ckpt
     state = ckpt.load("hdfs://namenode:8020/ckpt/step100/model.pt", map_location="cpu")
@@ -19,8 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from stripedfs.config import StripeConfig
-from stripedfs.files import open_striped, split_url, store_for
-from stripedfs.reader import StripedReader
+from stripedfs.files import open_reader, open_striped, split_url, store_for
 
 if TYPE_CHECKING:
     from stripedfs.dcp import StripedStorageReader
@@ -29,7 +30,7 @@ __all__ = ["StorageReader", "StripeConfig", "load", "load_safetensors", "open"]
 
 
 def open(url: str, *, config: StripeConfig | None = None) -> BinaryIO:  # noqa: A001
-    """A read-only, seekable binary file over the checkpoint at ``url``."""
+    """A read-only, seekable binary file over the checkpoint at ``url`` (or its staged copy)."""
     return open_striped(url, config=config)
 
 
@@ -48,7 +49,7 @@ def load_safetensors(url: str, device: str = "cpu", *,
     from stripedfs import safetensors
 
     directory, name = split_url(url)
-    with StripedReader(store_for(directory), name, config=config) as reader:
+    with open_reader(store_for(directory), name, config=config) as reader:
         return safetensors.load(reader, device=device)
 
 

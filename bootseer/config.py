@@ -101,6 +101,16 @@ class SnapshotConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoints staged on this node by ``bootseer warm --checkpoint``."""
+
+    cache_size: ByteSize = ByteSize(50 << 30)  # local checkpoint copies cap (LRU beyond it)
+    #: Ranged reads in flight per checkpoint file while staging: enough to keep several
+    #: DataNodes streaming, few enough to leave the link to a start happening meanwhile.
+    stage_concurrency: int = 8
+
+
+@dataclass
 class AgentConfig:
     """Where the node agent listens (``bootseer agent``), and where clients look for it."""
 
@@ -119,6 +129,7 @@ class Config:
     hdfs: HdfsConfig = field(default_factory=HdfsConfig)
     image: ImageConfig = field(default_factory=ImageConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def get(self, key: str) -> Any:

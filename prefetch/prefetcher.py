@@ -87,12 +87,14 @@ def plan(image: LazyImage, hot: HotList, request_size: int) -> list[Request]:
 class Prefetcher:
     def __init__(self, image: LazyImage, hot: HotList, *, concurrency: int = 4,
                  request_size: int = 8 << 20,
-                 on_progress: Callable[[int], None] | None = None) -> None:
+                 on_progress: Callable[[int], None] | None = None,
+                 before_fetch: Callable[[], None] | None = None) -> None:
         if concurrency < 1:
             raise ValueError("prefetch concurrency must be at least 1")
         self.image, self.hot, self.concurrency = image, hot, concurrency
         self.requests = plan(image, hot, request_size)
         self.on_progress = on_progress
+        self.before_fetch = before_fetch  # may block: e.g. until more urgent fetches are done
         self.stats = PrefetchStats(
             hot_blocks=sum(len(r.pieces) for r in self.requests),
             hot_bytes=sum(r.size for r in self.requests),
@@ -173,6 +175,8 @@ class Prefetcher:
             self._active += 1
 
     def _fetch(self, request: Request) -> None:
+        if self.before_fetch:  # before claiming: a read must never wait on a held-back block
+            self.before_fetch()
         claimed = [p for p in request.pieces if self.image.claim(p[0])]
         with self._lock:
             self.stats.already_local += len(request.pieces) - len(claimed)

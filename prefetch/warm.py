@@ -45,12 +45,14 @@ class WarmResult:
 def warm_image(blobs: BlobStore, cache: BlockCache, image: str, workload: str, *,
                all_blocks: bool = False, concurrency: int = 4, request_size: int = 8 << 20,
                lazy: LazyImage | None = None, on_plan: Callable[[int], None] | None = None,
-               on_progress: Callable[[int], None] | None = None) -> WarmResult:
+               on_progress: Callable[[int], None] | None = None,
+               before_fetch: Callable[[], None] | None = None) -> WarmResult:
     """Fetch the hot blocks of (``image``, ``workload``) into ``cache``; wait until done.
 
     ``on_plan`` gets the bytes to stage before the fetching starts, ``on_progress`` the
     bytes of each request as it completes. ``lazy`` is the image if the caller has it open
-    (its in-flight table is then shared with the caller's reads).
+    (its in-flight table is then shared with the caller's reads). ``before_fetch`` is
+    called before each ranged read of blocks and may block (the agent's priorities).
     """
     started = time.monotonic()
     lazy = lazy or LazyImage(blobs, image, cache)  # also caches the manifest
@@ -66,7 +68,7 @@ def warm_image(blobs: BlobStore, cache: BlockCache, image: str, workload: str, *
     if wanted is None:
         wanted = HotList(lazy.image_id, workload, ())
     prefetcher = Prefetcher(lazy, wanted, concurrency=concurrency, request_size=request_size,
-                            on_progress=on_progress)
+                            on_progress=on_progress, before_fetch=before_fetch)
     if on_plan:
         on_plan(prefetcher.stats.hot_bytes)
     if prefetcher.requests:

@@ -47,8 +47,13 @@ class StageResult:
 
 def stage_snapshot(blobs: BlobStore, cache: BlockCache, key: str, *, concurrency: int = 4,
                    on_plan: Callable[[int], None] | None = None,
-                   on_progress: Callable[[int], None] | None = None) -> StageResult:
-    """Fetch every shard of snapshot ``key`` that the cache lacks; wait until done."""
+                   on_progress: Callable[[int], None] | None = None,
+                   before_fetch: Callable[[], None] | None = None) -> StageResult:
+    """Fetch every shard of snapshot ``key`` that the cache lacks; wait until done.
+
+    ``before_fetch`` is called before each shard is fetched and may block (the agent's
+    priorities).
+    """
     started = time.monotonic()
     manifest = load_manifest(blobs, key)
     total = sum(s.size for s in manifest.shards)
@@ -58,6 +63,8 @@ def stage_snapshot(blobs: BlobStore, cache: BlockCache, key: str, *, concurrency
     fetched: list[int] = []
 
     def fetch(digest: str, size: int) -> None:
+        if before_fetch:
+            before_fetch()
         cache.put(digest.removeprefix("sha256:"), blobs.get(digest))  # verified by the store
         fetched.append(size)
         if on_progress:

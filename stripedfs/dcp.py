@@ -22,9 +22,10 @@ from typing import Any
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader
 
 from bootseer.store import Store, open_store
+from stripedfs.checkpoint_cache import LocalRange
 from stripedfs.config import StripeConfig
-from stripedfs.files import striped_file
-from stripedfs.reader import PendingRange, StripedReader
+from stripedfs.files import Reader, open_reader, striped_file
+from stripedfs.reader import PendingRange
 
 
 class _StoreFileSystem(FileSystemBase):
@@ -37,7 +38,7 @@ class _StoreFileSystem(FileSystemBase):
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         if "r" not in mode:
             raise io.UnsupportedOperation("the striped DCP reader only reads")
-        with striped_file(StripedReader(self.store, str(path), config=self.config)) as f:
+        with striped_file(open_reader(self.store, str(path), config=self.config)) as f:
             yield f
 
     def concat_path(self, path: str | os.PathLike, suffix: str) -> str:
@@ -74,9 +75,9 @@ class StripedStorageReader(FileSystemReader):
         self.fs = _StoreFileSystem(open_store(url), self.config)
         self.path = ""
         self.max_bytes_in_flight = max_bytes_in_flight
-        self._fetched: dict[tuple[str, int, int], PendingRange] = {}
+        self._fetched: dict[tuple[str, int, int], PendingRange | LocalRange] = {}
         self._queue: deque[tuple[str, int, int]] = deque()
-        self._readers: dict[str, StripedReader] = {}
+        self._readers: dict[str, Reader] = {}
         self._in_flight = 0
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
@@ -108,10 +109,10 @@ class StripedStorageReader(FileSystemReader):
             self._readers.clear()
             self._in_flight = 0
 
-    def _reader(self, path: str) -> StripedReader:
+    def _reader(self, path: str) -> Reader:
         reader = self._readers.get(path)
         if reader is None:
-            reader = self._readers[path] = StripedReader(self.fs.store, path, config=self.config)
+            reader = self._readers[path] = open_reader(self.fs.store, path, config=self.config)
         return reader
 
     def _submit_more(self) -> None:

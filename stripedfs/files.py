@@ -3,6 +3,10 @@
 A checkpoint URL names one object: ``hdfs://nn:9000/ckpt/step100/model.pt`` is the key
 ``model.pt`` in the store rooted at ``hdfs://nn:9000/ckpt/step100``. Stores are opened once
 per directory and process, so repeated opens reuse the HDFS connection.
+
+The checkpoint API opens objects with :func:`open_reader`: the node's staged copy
+(``bootseer warm --checkpoint``, :mod:`stripedfs.checkpoint_cache`) when it is a copy of
+the object the store holds now, else the striped reader over the network.
 """
 
 from __future__ import annotations
@@ -14,8 +18,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 from bootseer.store import Store, open_store
 from bootseer.store.base import open_ranged
+from stripedfs.checkpoint_cache import CopyReader, node_cache, object_url
 from stripedfs.config import StripeConfig
 from stripedfs.reader import StripedReader
+
+#: What :func:`open_reader` returns: both read with the same methods.
+Reader = StripedReader | CopyReader
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -34,13 +42,24 @@ def store_for(directory_url: str) -> Store:
 
 def open_striped(url: str, *, config: StripeConfig | None = None,
                  buffer_size: int = 1 << 20) -> BinaryIO:
-    """A buffered binary file reading ``url`` through the striped reader."""
+    """A buffered binary file reading ``url``: its staged copy, or the striped reader."""
     directory, name = split_url(url)
-    reader = StripedReader(store_for(directory), name, config=config)
-    return striped_file(reader, buffer_size=buffer_size)
+    return striped_file(open_reader(store_for(directory), name, config=config),
+                        buffer_size=buffer_size)
 
 
-def striped_file(reader: StripedReader, *, buffer_size: int = 1 << 20) -> BinaryIO:
+def open_reader(store: Store, key: str, *, config: StripeConfig | None = None) -> Reader:
+    """``key`` of ``store`` from the node's staged copy if it matches the object now, else
+    through the striped reader; one ``stat`` of the object either way."""
+    info = store.stat(key)
+    cache = node_cache()
+    copy = cache.open_copy(object_url(store, key), info) if cache is not None else None
+    if copy is not None:
+        return copy
+    return StripedReader(store, key, config=config, size=info.size)
+
+
+def striped_file(reader: Reader, *, buffer_size: int = 1 << 20) -> BinaryIO:
     """A buffered, seekable file over ``reader``; closing it closes the reader."""
     return open_ranged(reader.readinto, reader.size, reader.name, buffer_size=buffer_size,
                        on_close=reader.close)

@@ -6,6 +6,7 @@ Real processes throughout: the agent, its FUSE servers, overlayfs, runc.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -141,3 +142,35 @@ def test_a_dead_fuse_server_is_seen_by_the_watcher(node) -> None:
         start = client.release("c5")
     assert start.detail["server_deaths"] == 1
     assert not is_mounted(Path(mount.rootfs))
+
+
+def test_the_watcher_claims_starting_while_prefetching_and_demand_while_reads_fetch(
+        tmp_path: Path) -> None:
+    """The agent's warm work waits on these claims (agents.priority); the watcher derives
+    them from each mount server's statistics file."""
+    from agents.mounts import MountManager, _Mounted
+    from agents.priority import Priority
+    from bootseer.config import Config
+    from prefetch.session import stats_path
+
+    manager = MountManager(Config(cache_dir=tmp_path), lambda start: start)
+    mount = ContainerMount("c6", "py", "sha256:x", str(tmp_path / "rootfs"), "/nowhere")
+    manager._mounts["c6"] = _Mounted(MountRequest("c6", "py"), mount, os.getpid(), 0.0)
+    stats = stats_path(tmp_path, manager.root / "c6" / "lower")
+    stats.parent.mkdir(parents=True, exist_ok=True)
+
+    def look(fetch_requests: int, prefetch_done: bool | None) -> dict[Priority, int]:
+        prefetch = None if prefetch_done is None else {"done": prefetch_done}
+        stats.write_text(json.dumps({"fetch_requests": fetch_requests, "prefetch": prefetch}))
+        manager._look()
+        return manager.gate.busy()
+
+    assert look(0, False) == {Priority.DEMAND: 0, Priority.STARTING: 1, Priority.WARM: 0}
+    assert look(3, False)[Priority.DEMAND] == 1  # reads fetched since the last look
+    assert look(3, False)[Priority.DEMAND] == 0  # and then did not
+    assert look(3, True)[Priority.STARTING] == 0
+    assert look(3, None)[Priority.STARTING] == 0  # no hot list: nothing to prefetch
+    look(5, False)
+    manager._mounts["c6"].pid = 2**22 + 1  # the server is gone: its claims go with it
+    manager._look()
+    assert set(manager.gate.busy().values()) == {0}

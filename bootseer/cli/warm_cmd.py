@@ -1,9 +1,10 @@
 """``bootseer warm``: stage what an upcoming job needs on this node; ``bootseer ready``.
 
-``warm`` (an image's hot blocks, environment snapshots) is meant to be run by a scheduler
-on every node of a job before (re)starting it. When the node agent runs (its socket is
-there), the agent does the work, in its cache, sharing in-flight fetches with everything
-else it serves; otherwise (or with ``--no-agent``) this process does the same work itself.
+``warm`` (an image's hot blocks, environment snapshots, checkpoints) is meant to be run by
+a scheduler on every node of a job before (re)starting it. When the node agent runs (its
+socket is there), the agent does the work, in its cache, sharing in-flight fetches with
+everything else it serves and yielding to them; otherwise (or with ``--no-agent``) this
+process does the same work itself.
 
 Exit status: 0 when everything needed is local, 3 when some of it could not be staged (the
 summary says how much and why), 1 on errors.
@@ -40,21 +41,26 @@ INCOMPLETE = 3
               help="Stage every block of the image, not only the hot ones.")
 @click.option("--env", "envs", multiple=True, metavar="KEY",
               help="Also stage this environment snapshot (`bootseer env ls`); repeatable.")
+@click.option("--checkpoint", "checkpoints", multiple=True, metavar="URL",
+              help="Also stage this checkpoint, a file or a directory (all files under it; "
+                   "a DCP checkpoint), e.g. hdfs://nn:8020/ckpt/step100; repeatable. The "
+                   "checkpoint API reads the local copy while the store's file is unchanged.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--agent/--no-agent", "use_agent", default=None,
               help="Warm through the node agent (default: if one is running) or in this "
                    "process.")
 @pass_app
 def warm(app: AppContext, image: str | None, workload: str, all_blocks: bool,
-         envs: tuple[str, ...], as_json: bool, use_agent: bool | None) -> None:
-    """Stage an image's hot blocks and environment snapshots on this node before a job
-    starts here."""
+         envs: tuple[str, ...], checkpoints: tuple[str, ...], as_json: bool,
+         use_agent: bool | None) -> None:
+    """Stage an image's hot blocks, environment snapshots and checkpoints on this node
+    before a job starts here."""
     from agents.warm import WarmRequest
 
-    if image is None and not envs:
-        raise click.UsageError("nothing to warm: give --image and/or --env")
+    if image is None and not envs and not checkpoints:
+        raise click.UsageError("nothing to warm: give --image and/or --env and/or --checkpoint")
     cfg = app.loaded.config
-    request = WarmRequest(image, workload, all_blocks, envs)
+    request = WarmRequest(image, workload, all_blocks, envs, checkpoints)
     summary = None
     with byte_progress("warming", None) as advance:
         if use_agent is not False and (use_agent or cfg.agent.socket.exists()):
@@ -103,6 +109,18 @@ def _print(summary: WarmSummary, cfg: Config, all_blocks: bool, warnings_only: b
                           f"are not local: the store failed them, or the cache "
                           f"({format_size(cfg.snapshot.cache_size)}, snapshot.cache_size) "
                           f"is too small")
+    for ckpt in summary.checkpoints:
+        if not warnings_only:
+            console.print(f"checkpoint {ckpt.url}: {ckpt.files} files "
+                          f"({format_size(ckpt.bytes)}), {ckpt.already_local} already local, "
+                          f"{ckpt.fetched_files} fetched ({format_size(ckpt.fetched_bytes)}) "
+                          f"in {ckpt.seconds:.2f} s")
+        if not ckpt.complete:
+            console.print(f"[yellow]warning:[/yellow] {ckpt.missing} of {ckpt.files} files "
+                          f"of {ckpt.url} are not local: the store failed them, they changed "
+                          f"while being copied, or the cache "
+                          f"({format_size(cfg.checkpoint.cache_size)}, "
+                          f"checkpoint.cache_size) is too small")
 
 
 def _warm_via_agent(app: AppContext, request: WarmRequest, advance: Advance,
