@@ -148,5 +148,69 @@ second_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 "$venv/bin/python" -c 'import numpy; print("numpy", numpy.__version__, "imports from the restored venv")'
 echo "install + snapshot: ${first_ms} ms; restore: ${second_ms} ms"
 
+step "a training job restarted through the node agent and the runtime hook"
+echo "(each node runs 'bootseer agent'; the job's bundle goes through bootseer-runtime, the"
+echo " shim Docker and containerd call instead of runc: it asks the agent for the lazy root,"
+echo " and its poststop hook releases it. Inside, the job restores its dependencies with"
+echo " 'bootseer env run', reads its checkpoint through the API and signals ready.)"
+job=$work/job
+mkdir -p "$job/wheels"
+echo "numpy==2.4.6" > "$job/requirements.txt"
+$BIN/pip download -q --disable-pip-version-check --only-binary :all: --no-deps \
+  -d "$job/wheels" -r "$job/requirements.txt"
+agents=()
+trap 'kill "${agents[@]}" 2>/dev/null || true' EXIT
+start_agent() {  # NODE: a node = its own cache directory and agent
+  local dir="$PWD/$work/$1"
+  mkdir -p "$dir"
+  BOOTSEER_CACHE_DIR="$dir/cache" $BIN/bootseer agent --socket "$dir/agent.sock" \
+    >"$dir/agent.log" 2>&1 &
+  agents+=($!)
+  until BOOTSEER_AGENT_SOCKET="$dir/agent.sock" $BIN/python -c \
+      'import os, sys; from agents.client import AgentClient; from pathlib import Path
+AgentClient(Path(os.environ["BOOTSEER_AGENT_SOCKET"])).health()' 2>/dev/null; do sleep 0.1; done
+}
+run_job() {  # NODE ID
+  local dir="$PWD/$work/$1"
+  $BIN/python scripts/demo_job.py --id "$2" --image demo-python --socket "$dir/agent.sock" \
+    --cache-dir "$dir/cache" --job-dir "$PWD/$job" --store "$BOOTSEER_STORE" \
+    --checkpoint "$ckpt_url/model.pt"
+}
+on_node() {  # NODE COMMAND...: a bootseer command on that node
+  local dir="$PWD/$work/$1"; shift
+  BOOTSEER_CACHE_DIR="$dir/cache" BOOTSEER_AGENT_SOCKET="$dir/agent.sock" $BIN/bootseer "$@"
+}
+
+step "cold start on node A: image fetched on demand (hot list recorded), dependencies installed"
+start_agent node-a
+run_job node-a train-cold
+
+step "restart on node B, staged first with bootseer warm (image hot blocks, env, checkpoint)"
+start_agent node-b
+on_node node-b warm --image demo-python --workload train --env "$(cat "$job/env-key")" \
+  --checkpoint "$ckpt_url/model.pt"
+run_job node-b train-warm
+
+step "bootseer report: where each start's time went (cold on A, warm on B)"
+on_node node-a report --since 1h
+on_node node-b report --since 1h
+on_node node-a report --since 1h --json > "$work/report-cold.json"
+on_node node-b report --since 1h --json > "$work/report-warm.json"
+$BIN/python - "$work" <<'PY'
+import json, sys
+from pathlib import Path
+starts = {label: json.loads((Path(sys.argv[1]) / f"report-{label}.json").read_text())[-1]
+          for label in ("cold", "warm")}
+phases = list(starts["cold"]["breakdown"])
+print(f"{'phase':<24}{'cold (node A)':>14}{'warm (node B)':>14}")
+for phase in phases:
+    cold, warm = (starts[k]["breakdown"].get(phase) for k in ("cold", "warm"))
+    print(f"{phase:<24}{cold:>14.2f}{warm:>14.2f}")
+cold, warm = (starts[k]["startup_seconds"] for k in ("cold", "warm"))
+print(f"{'created -> ready':<24}{cold:>14.2f}{warm:>14.2f}   ({cold / warm:.1f}x faster warm)")
+PY
+kill "${agents[@]}"; wait "${agents[@]}" 2>/dev/null || true
+trap - EXIT
+
 echo
 echo "demo finished: store at $work/store, checkpoints at $work/checkpoints"
