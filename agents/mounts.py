@@ -11,10 +11,16 @@ directory, ``<cache_dir>/containers/<id>/``::
     signal/   bound at /run/bootseer in the container: ready file, phase marks
     state.json  what a restarted agent needs to adopt the mount
 
-The FUSE servers are processes of their own session, so an agent that dies or restarts
-leaves running containers served; the next agent adopts them from ``state.json``. A
-server that dies is seen by the watcher within :data:`WATCH_INTERVAL`, and the start's
-timeline notes it.
+The agent mounts the FUSE connection itself (:func:`prefetch.fuse_ll.mount_fd`) and keeps
+its /dev/fuse file; the server process serves a clone of it. That is what makes a mount
+outlive its server: a server that dies is seen by the watcher within
+:data:`WATCH_INTERVAL` and replaced by one that takes the connection over. Only the
+requests the dead server had read and not answered fail (``ECONNABORTED``; page reads
+are retried by the kernel); those still queued are answered by the new server, so the
+running container reads on. Servers are processes of their own session, so an agent
+that dies or restarts leaves containers served; the next agent adopts them from
+``state.json`` and takes its copy of the connection's file back from the server
+(``pidfd_getfd``), so it can replace that server too.
 
 When the container stops (``DELETE``), the overlay and the lazy mount go, the server ends
 the recording and writes its report, and the start's record is completed: phases the
@@ -24,10 +30,12 @@ workload marked, exit, the mount's statistics.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -42,7 +50,7 @@ from agents.priority import Priority, PriorityGate
 from agents.timeline import PHASES, StartRecord
 from bootseer.config import Config
 from bootseer.errors import BootseerError
-from bootseer.mounts import is_mounted, spawn_mount, unmount, wait_for_file
+from bootseer.mounts import is_mounted, unmount, wait_for_file
 from bootseer.ready import READY_FILE_ENV, read_phases
 from snapshot.key import IMAGE_ID_ENV
 
@@ -66,19 +74,22 @@ class _Mounted:
     request: MountRequest
     mount: ContainerMount
     pid: int  # the FUSE server
+    server_fd: int  # the connection's /dev/fuse file, by its number in the server
     created: float
     server_deaths: int = 0
+    failed: bool = False  # the server died and could not be replaced
 
     def to_json(self) -> dict[str, Any]:
         return {"request": self.request.to_json(), "mount": self.mount.to_json(),
-                "pid": self.pid, "created": self.created,
-                "server_deaths": self.server_deaths}
+                "pid": self.pid, "server_fd": self.server_fd, "created": self.created,
+                "server_deaths": self.server_deaths, "failed": self.failed}
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> _Mounted:
         return cls(MountRequest.from_json(body["request"]),
                    ContainerMount.from_json(body["mount"]), int(body["pid"]),
-                   float(body["created"]), int(body.get("server_deaths", 0)))
+                   int(body["server_fd"]), float(body["created"]),
+                   int(body.get("server_deaths", 0)), bool(body.get("failed")))
 
 
 class _Claims:
@@ -116,6 +127,7 @@ class MountManager:
         self.root.mkdir(parents=True, exist_ok=True)
         self._record = record  # into the timeline (and the metrics): the agent's
         self._mounts: dict[str, _Mounted] = {}
+        self._fds: dict[str, int] = {}  # this agent's copy of each connection's file
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -127,8 +139,9 @@ class MountManager:
             if request.id in self._mounts:
                 return self._mounts[request.id].mount
             created = time.time()
-            mounted = self._mount(request, created)
+            mounted, fd = self._mount(request, created)
             self._mounts[request.id] = mounted
+            self._fds[request.id] = fd
             self._save(mounted)
             claims = self._claims[request.id] = _Claims(self.gate)
             claims.set(Priority.STARTING, True)  # until the watcher sees the prefetch end
@@ -150,9 +163,15 @@ class MountManager:
                 claims.clear()
             directory = self.root / container_id
             exited = time.time()
+            fd = self._fds.pop(container_id, None)
+            if fd is not None and not _alive(mounted.pid):
+                os.close(fd)  # no server: end the connection, so unmounting cannot wait
+                fd = None
             unmount(Path(mounted.mount.rootfs))
-            unmount(directory / "lower")
+            unmount(directory / "lower")  # the server sees the connection end, reports
             report = self._report(directory, mounted.pid)
+            if fd is not None:
+                os.close(fd)
             phases = self._container_phases(directory / "signal", mounted.created, exited)
             phases["exited"] = exited
             detail: dict[str, Any] = {"image": report} if report else {}
@@ -160,6 +179,7 @@ class MountManager:
                 detail["exit_code"] = exit_code
             if mounted.server_deaths:
                 detail["server_deaths"] = mounted.server_deaths
+                detail["server_failed"] = mounted.failed
             shutil.rmtree(directory, ignore_errors=True)
         with self._lock:
             self._locks.pop(container_id, None)
@@ -170,7 +190,7 @@ class MountManager:
             mounts = list(self._mounts.values())
         return [{"id": m.request.id, "image": m.request.image, "rootfs": m.mount.rootfs,
                  "pid": m.pid, "serving": _alive(m.pid), "created": m.created,
-                 "server_deaths": m.server_deaths} for m in mounts]
+                 "server_deaths": m.server_deaths, "failed": m.failed} for m in mounts]
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -184,10 +204,17 @@ class MountManager:
                 log.warning("ignoring %s: %s", state, exc)
                 continue
             if is_mounted(Path(mounted.mount.rootfs)):
+                fd = _take_fd(mounted.pid, mounted.server_fd) if _alive(mounted.pid) else None
+                if fd is None:  # server and agent both gone: so is the connection
+                    mounted.failed = True
+                    log.error("container %s: its mount's server is gone and the connection "
+                              "with it; the container's reads of its image fail",
+                              mounted.request.id)
+                else:
+                    self._fds[mounted.request.id] = fd
                 self._mounts[mounted.request.id] = mounted
-                log.info("adopted container %s's mount (server pid %d, %s)",
-                         mounted.request.id, mounted.pid,
-                         "serving" if _alive(mounted.pid) else "server dead")
+                log.info("adopted container %s's mount (server pid %d)", mounted.request.id,
+                         mounted.pid)
             else:
                 log.info("container %s's mount is gone: removing its directory",
                          mounted.request.id)
@@ -211,14 +238,32 @@ class MountManager:
             _reap(mounted.pid)
             alive = _alive(mounted.pid)
             self._claim(mounted, alive)
-            if not alive and mounted.server_deaths == 0:
-                mounted.server_deaths += 1
-                log.error("container %s: the FUSE server of image %s (pid %d) died",
-                          mounted.request.id, mounted.request.image, mounted.pid)
-                try:
-                    self._save(mounted)
-                except FileNotFoundError:  # released meanwhile
-                    pass
+            if not alive and not mounted.failed:
+                self._replace_server(mounted)
+
+    def _replace_server(self, mounted: _Mounted) -> None:
+        """A server died: start one that takes its connection over."""
+        container_id = mounted.request.id
+        with self._lock_for(container_id):
+            if self._mounts.get(container_id) is not mounted or _alive(mounted.pid):
+                return  # released meanwhile
+            mounted.server_deaths += 1
+            directory = self.root / container_id
+            fd = self._fds.get(container_id)
+            try:
+                if fd is None or not is_mounted(directory / "lower"):
+                    raise BootseerError("the connection is gone")
+                mounted.pid = self._start_server(mounted.request, directory, fd,
+                                                 takeover=True)
+                mounted.server_fd = fd
+                log.warning("container %s: the FUSE server of image %s died; pid %d took "
+                            "its connection over", container_id, mounted.request.image,
+                            mounted.pid)
+            except (BootseerError, OSError) as exc:
+                mounted.failed = True
+                log.error("container %s: the FUSE server of image %s died and cannot be "
+                          "replaced: %s", container_id, mounted.request.image, exc)
+            self._save(mounted)
 
     def _claim(self, mounted: _Mounted, alive: bool) -> None:
         """Hold the priorities the mount's server needs now, from its statistics file."""
@@ -242,8 +287,10 @@ class MountManager:
 
     # -- the work ------------------------------------------------------------------------
 
-    def _mount(self, request: MountRequest, created: float) -> _Mounted:
+    def _mount(self, request: MountRequest, created: float) -> tuple[_Mounted, int]:
+        """The container's mounts and the server; also the connection's file."""
         from prefetch.container import mount_overlay
+        from prefetch.fuse_ll import mount_fd
 
         directory = self.root / request.id
         if directory.exists():  # a failed earlier attempt: start clean
@@ -254,14 +301,16 @@ class MountManager:
                                                       "signal")}
         for path in parts.values():
             path.mkdir(parents=True)
+        fd = None
         try:
-            pid = spawn_mount(self._server_argv(request, directory), parts["lower"],
-                              f"image {request.image}", 120.0,
-                              env={"BOOTSEER_CACHE_DIR": str(self.config.cache_dir)})
+            fd = mount_fd(parts["lower"])
+            pid = self._start_server(request, directory, fd, takeover=False)
             info = json.loads((directory / "info.json").read_text())
             mount_overlay(parts["lower"], parts["upper"], parts["work"], parts["rootfs"])
         except BaseException:
-            unmount(parts["lower"])
+            if fd is not None:  # first: with no server left, this ends the connection,
+                os.close(fd)  # and the unmount cannot wait for a server that never comes
+            unmount(parts["lower"])  # a server that is there exits when it sees this
             shutil.rmtree(directory, ignore_errors=True)
             raise
         image_config = info["config"].get("config") or {}
@@ -270,10 +319,33 @@ class MountManager:
             rootfs=str(parts["rootfs"]), signal_dir=str(parts["signal"]),
             env={READY_FILE_ENV: "/run/bootseer/ready", IMAGE_ID_ENV: info["image_id"]},
             image_config=image_config, recording=bool(info.get("recording")))
-        return _Mounted(request, mount, pid, created)
+        return _Mounted(request, mount, pid, fd, created), fd
 
-    def _server_argv(self, request: MountRequest, directory: Path) -> list[str]:
-        """``bootseer image mount --foreground`` with this agent's store and cache."""
+    def _start_server(self, request: MountRequest, directory: Path, fd: int, *,
+                      takeover: bool) -> int:
+        """A FUSE server for the connection of ``fd``; the first one (not ``takeover``) is
+        waited for until it has loaded the image (``info.json``)."""
+        argv = self._server_argv(request, directory, record=not takeover) + [
+            "--fuse-fd", str(fd), "--takeover-state", str(directory / "fuse.json")]
+        with open(directory / "server.log", "ab") as log_file:
+            child = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                start_new_session=True, pass_fds=(fd,),
+                env={**os.environ, "BOOTSEER_CACHE_DIR": str(self.config.cache_dir)})
+        deadline = time.monotonic() + 120
+        while not takeover and not (directory / "info.json").exists():
+            if child.poll() is not None or time.monotonic() > deadline:
+                child.kill()
+                log_text = (directory / "server.log").read_text(errors="replace")
+                raise BootseerError(f"the mount server of image {request.image} failed: "
+                                    f"{log_text.strip()[-800:]}")
+            time.sleep(0.01)
+        return child.pid
+
+    def _server_argv(self, request: MountRequest, directory: Path, *,
+                     record: bool) -> list[str]:
+        """``bootseer image mount --foreground`` with this agent's store and cache; a
+        server that takes over never records (the start's first reads went unseen)."""
         cfg = self.config.image
         argv = [sys.executable, "-m", "bootseer", "--store", self.config.store, "image",
                 "mount", "--foreground", request.image, str(directory / "lower"),
@@ -281,7 +353,7 @@ class MountManager:
                 "--prefetch" if cfg.prefetch else "--no-prefetch",
                 "--report", str(directory / "report.json"),
                 "--info", str(directory / "info.json")]
-        if request.record != "never":
+        if record and request.record != "never":
             argv += ["--record" if request.record == "always" else "--record-auto",
                      "--record-timeout", str(cfg.record_timeout),
                      "--ready-file", str(directory / "signal" / "ready")]
@@ -325,6 +397,31 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def _take_fd(pid: int, number: int) -> int | None:
+    """A copy of file ``number`` of process ``pid`` (``pidfd_getfd``, Linux 5.6), if it is
+    a FUSE connection: how a restarted agent gets back the connection of a mount it
+    adopts. None if the process or the file is gone."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        fd = ctypes.CDLL(None, use_errno=True).syscall(_SYS_PIDFD_GETFD, pidfd, number, 0)
+        if fd < 0:
+            log.warning("pidfd_getfd(%d, %d): %s", pid, number,
+                        os.strerror(ctypes.get_errno()))
+            return None
+        if os.readlink(f"/proc/self/fd/{fd}") != "/dev/fuse":
+            os.close(fd)
+            return None
+        return fd
+    finally:
+        os.close(pidfd)
+
+
+_SYS_PIDFD_GETFD = 438  # x86_64 and aarch64 alike (the unified syscall table)
 
 
 def _reap(pid: int) -> None:

@@ -27,15 +27,12 @@ def is_mounted(mountpoint: Path) -> bool:
         return any(line.split()[1] == target for line in mounts)
 
 
-def spawn_mount(args: list[str], mountpoint: Path, what: str, timeout: float, *,
-                env: dict[str, str] | None = None) -> int:
-    """Run ``args`` (a foreground FUSE server) detached, with ``env`` added to this
-    process's environment; return its PID once mounted."""
+def spawn_mount(args: list[str], mountpoint: Path, what: str, timeout: float) -> int:
+    """Run ``args`` (a foreground FUSE server) detached; return its PID once mounted."""
     log_path = Path(tempfile.gettempdir()) / f"bootseer-mount-{os.getpid()}.log"
     with open(log_path, "ab") as log_file:
         child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log_file,
-                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                 env={**os.environ, **env} if env else None)
+                                 stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
     while not is_mounted(mountpoint):
         if child.poll() is not None:

@@ -47,6 +47,10 @@ class SessionOptions:
     info: Path | None = None  # what the caller needs of the image, written once it is loaded
     stats: Path | None = None  # statistics so far as JSON, refreshed while mounted
     report: Path | None = None  # final statistics as JSON, written when the mount ends
+    #: Serve this already-mounted /dev/fuse connection (prefetch.fuse_ll, which survives
+    #: its server) instead of mounting through libfuse; ``takeover_state`` goes with it.
+    fuse_fd: int | None = None
+    takeover_state: Path | None = None
 
 
 def start_prefetch(image: LazyImage, hot: HotList | None, *, concurrency: int,
@@ -75,8 +79,6 @@ def mount_stats(image: LazyImage, prefetcher: Prefetcher | None = None,
 
 def serve(blobs: BlobStore, image_name: str, cache: BlockCache, mountpoint: Path,
           options: SessionOptions) -> None:
-    from prefetch.fuse import mount  # loads libfuse: only in the server process
-
     image = LazyImage(blobs, image_name, cache)
     hot = None
     if options.prefetch or options.record_auto:
@@ -106,7 +108,16 @@ def serve(blobs: BlobStore, image_name: str, cache: BlockCache, mountpoint: Path
         _write_json(stats_path, mount_stats(image, prefetcher, recording))
         threading.Thread(target=refresh, name="stats", daemon=True).start()
     try:
-        mount(image, mountpoint, prefetcher=prefetcher, recording=recording)
+        if options.fuse_fd is not None:
+            from prefetch.fuse_ll import serve as serve_connection
+
+            assert options.takeover_state is not None, "fuse_fd needs takeover_state"
+            serve_connection(image, options.fuse_fd, takeover_state=options.takeover_state,
+                             prefetcher=prefetcher, recording=recording)
+        else:
+            from prefetch.fuse import mount  # loads libfuse: only in the server process
+
+            mount(image, mountpoint, prefetcher=prefetcher, recording=recording)
     finally:
         stop_stats.set()
         if options.stats is not None:

@@ -97,10 +97,55 @@ def test_bad_mount_requests_are_refused_and_leave_nothing(node, dirs) -> None:  
     assert list((dirs["agent-cache"] / "containers").iterdir()) == []
 
 
-WAIT_THEN_IMPORT = """
-while [ ! -e /run/bootseer/go ]; do sleep 0.05; done
-python3 -c "import json, email.parser, http.client; print('ok')"
-"""
+def _wait_for_file_then(name: str, code: str) -> str:
+    return (f"while [ ! -e /run/bootseer/{name} ]; do sleep 0.05; done\n"
+            f"python3 -c \"{code}\" && touch /run/bootseer/{name}.done\n")
+
+
+# Two pauses: each import reads modules the container has not read yet (through the mount).
+TWO_PAUSES = (_wait_for_file_then("go1", "import json, email.parser; print('one')")
+              + _wait_for_file_then("go2", "import http.client, decimal; print('two')"))
+
+
+def _go1(mount: ContainerMount) -> None:
+    """Let the container do its first part; return when it has."""
+    (Path(mount.signal_dir) / "go1").touch()
+    deadline = time.monotonic() + 60
+    while not (Path(mount.signal_dir) / "go1.done").exists():
+        assert time.monotonic() < deadline, "the container's first part did not end"
+        time.sleep(0.05)
+
+
+def _replaced(client: AgentClient, dead_pid: int) -> dict:
+    deadline = time.monotonic() + 20
+    while True:
+        (listed,) = client.mounts()
+        if listed["pid"] != dead_pid and listed["serving"]:
+            return listed
+        assert not listed["failed"] and time.monotonic() < deadline, listed
+        time.sleep(0.1)
+
+
+def test_a_killed_fuse_server_is_replaced_and_the_container_reads_on(node) -> None:
+    sock, _, _ = node
+    with AgentClient(sock) as client:
+        mount = client.mount(MountRequest("c5", "py"))
+        results = []
+        container = threading.Thread(target=lambda: results.append(_run(mount, TWO_PAUSES)))
+        container.start()
+        _go1(mount)
+        (listed,) = client.mounts()
+        os.kill(listed["pid"], signal.SIGKILL)  # between the container's two reads
+        replaced = _replaced(client, listed["pid"])
+        assert replaced["server_deaths"] == 1
+        (Path(mount.signal_dir) / "go2").touch()
+        container.join(120)
+        assert results and (results[0].returncode, results[0].stdout) == (0, "one\ntwo\n"), \
+            results
+        start = client.release("c5", exit_code=0)
+    assert start.detail["server_deaths"] == 1 and not start.detail["server_failed"]
+    assert start.detail["image"]["blocks_fetched"] > 0  # the replacement's report
+    assert not is_mounted(Path(mount.rootfs))
 
 
 def test_a_killed_agent_leaves_the_container_served_and_the_next_one_adopts_it(
@@ -108,40 +153,29 @@ def test_a_killed_agent_leaves_the_container_served_and_the_next_one_adopts_it(
     sock, procs, restart = node
     with AgentClient(sock) as client:
         mount = client.mount(MountRequest("c4", "py"))
-    blocks_before = sorted((dirs["agent-cache"] / "blocks" / "blocks").rglob("*"))
     results = []
-    container = threading.Thread(target=lambda: results.append(_run(mount, WAIT_THEN_IMPORT)))
+    container = threading.Thread(target=lambda: results.append(_run(mount, TWO_PAUSES)))
     container.start()
     procs[0].send_signal(signal.SIGKILL)
     procs[0].wait()
-    (Path(mount.signal_dir) / "go").touch()  # the container reads on while no agent runs
-    container.join(120)
-    assert results and results[0].returncode == 0 and results[0].stdout == "ok\n", results
+    _go1(mount)  # the container reads on while no agent runs
     restart()
+    blocks_before = sorted((dirs["agent-cache"] / "blocks" / "blocks").rglob("*"))
     with AgentClient(sock) as client:
         (listed,) = client.mounts()
-        assert (listed["id"], listed["serving"]) == ("c4", True)
+        assert (listed["id"], listed["serving"], listed["failed"]) == ("c4", True, False)
+        # The new agent took the connection back from the server: it can replace it too.
+        os.kill(listed["pid"], signal.SIGKILL)
+        _replaced(client, listed["pid"])
+        (Path(mount.signal_dir) / "go2").touch()
+        container.join(120)
+        assert results and (results[0].returncode, results[0].stdout) == (0, "one\ntwo\n"), \
+            results
         start = client.release("c4", exit_code=0)
-    assert "exited" in start.phases and start.detail["image"]["blocks_fetched"] > 0
+    assert "exited" in start.phases and start.detail["server_deaths"] == 1
     blocks_after = sorted((dirs["agent-cache"] / "blocks" / "blocks").rglob("*"))
     assert set(blocks_before) <= set(blocks_after)  # the cache survived the kill
     assert not list((dirs["agent-cache"] / "blocks" / "tmp").iterdir())
-
-
-def test_a_dead_fuse_server_is_seen_by_the_watcher(node) -> None:
-    sock, _, _ = node
-    with AgentClient(sock) as client:
-        mount = client.mount(MountRequest("c5", "py"))
-        (listed,) = client.mounts()
-        os.kill(listed["pid"], signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while (listed := client.mounts()[0])["server_deaths"] == 0:
-            assert time.monotonic() < deadline, listed
-            time.sleep(0.1)
-        assert listed["serving"] is False
-        start = client.release("c5")
-    assert start.detail["server_deaths"] == 1
-    assert not is_mounted(Path(mount.rootfs))
 
 
 def test_the_watcher_claims_starting_while_prefetching_and_demand_while_reads_fetch(
@@ -155,7 +189,8 @@ def test_the_watcher_claims_starting_while_prefetching_and_demand_while_reads_fe
 
     manager = MountManager(Config(cache_dir=tmp_path), lambda start: start)
     mount = ContainerMount("c6", "py", "sha256:x", str(tmp_path / "rootfs"), "/nowhere")
-    manager._mounts["c6"] = _Mounted(MountRequest("c6", "py"), mount, os.getpid(), 0.0)
+    manager._mounts["c6"] = _Mounted(MountRequest("c6", "py"), mount, os.getpid(), -1, 0.0,
+                                     failed=True)  # failed: the watcher does not replace it
     stats = stats_path(tmp_path, manager.root / "c6" / "lower")
     stats.parent.mkdir(parents=True, exist_ok=True)
 

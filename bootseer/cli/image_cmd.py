@@ -115,7 +115,8 @@ def _options(app: AppContext, workload: str, prefetch: bool | None, record: bool
 
 @image.command("mount")
 @click.argument("name")
-@click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
+# Not click.Path: it stats the path, and with --fuse-fd that waits for this very server.
+@click.argument("mountpoint", type=Path)
 @_session_flags
 @click.option("--record", "record", flag_value="always",
               help="Record which blocks this start reads into the image's hot list.")
@@ -128,21 +129,30 @@ def _options(app: AppContext, workload: str, prefetch: bool | None, record: bool
 @click.option("--info", type=click.Path(dir_okay=False, path_type=Path), hidden=True,
               help="Write the image's id and config as JSON here once it is loaded.")
 @click.option("--foreground", is_flag=True, help="Serve in this process until unmounted.")
+@click.option("--fuse-fd", type=int, hidden=True,
+              help="--foreground: serve this /dev/fuse connection, already mounted at "
+                   "MOUNTPOINT by the node agent (which keeps it across server restarts).")
+@click.option("--takeover-state", type=click.Path(dir_okay=False, path_type=Path),
+              hidden=True, help="With --fuse-fd: the connection's negotiated parameters.")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="Seconds to wait for the mount to appear.")
 @pass_app
 def mount(app: AppContext, name: str, mountpoint: Path, workload: str, prefetch: bool | None,
           ready_marker: Path | None, record_timeout: float | None, record: str | None,
           ready_file: Path | None, report: Path | None, info: Path | None, foreground: bool,
-          timeout: float) -> None:
+          fuse_fd: int | None, takeover_state: Path | None, timeout: float) -> None:
     """Mount image NAME (a name or an image id) read-only at MOUNTPOINT, lazily.
 
     Its hot list for the workload, if it has one, is prefetched in the background.
     """
-    check_mountpoint(mountpoint)
+    if fuse_fd is None:
+        check_mountpoint(mountpoint)
+    elif not (foreground and takeover_state):
+        raise click.UsageError("--fuse-fd needs --foreground and --takeover-state")
     options = _options(app, workload, prefetch,
                        {"always": True, "auto": None, None: False}[record], ready_file,
                        ready_marker, record_timeout, report, info)
+    options = dataclasses.replace(options, fuse_fd=fuse_fd, takeover_state=takeover_state)
     if foreground:
         from prefetch.session import serve, stats_path
 

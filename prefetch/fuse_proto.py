@@ -1,0 +1,112 @@
+"""The FUSE kernel protocol, as much of it as a read-only server needs (``linux/fuse.h``).
+
+Every message is a fixed header followed by an opcode's fixed argument struct (and, for
+some, a name); every struct is little-endian on the machines we run on, so native byte
+order (``=``) with explicit sizes is right. The structs are compiled once here, since the
+server packs or unpacks several per request.
+"""
+
+from __future__ import annotations
+
+import struct
+
+#: The protocol this server speaks: 7.23 is the oldest whose structs it uses unchanged
+#: (the full-size ``fuse_init_out``), 7.38 the newest whose additions it knows.
+KERNEL_VERSION = 7
+MIN_MINOR = 23
+MAX_MINOR = 38
+
+ROOT_ID = 1  # FUSE_ROOT_ID: the node id the kernel uses for the root without a lookup
+
+#: ioctl(new_fd, FUSE_DEV_IOC_CLONE, &old_fd) = _IOR(229, 0, uint32_t): attach a fresh
+#: /dev/fuse file to old_fd's connection, with a request queue of its own.
+FUSE_DEV_IOC_CLONE = 0x8004E500
+
+# -- opcodes -------------------------------------------------------------------------------
+LOOKUP = 1
+FORGET = 2
+GETATTR = 3
+SETATTR = 4
+READLINK = 5
+SYMLINK = 6
+MKNOD = 8
+MKDIR = 9
+UNLINK = 10
+RMDIR = 11
+RENAME = 12
+LINK = 13
+OPEN = 14
+READ = 15
+WRITE = 16
+STATFS = 17
+RELEASE = 18
+SETXATTR = 21
+GETXATTR = 22
+LISTXATTR = 23
+REMOVEXATTR = 24
+FLUSH = 25
+INIT = 26
+OPENDIR = 27
+READDIR = 28
+RELEASEDIR = 29
+ACCESS = 34
+CREATE = 35
+INTERRUPT = 36
+DESTROY = 38
+BATCH_FORGET = 42
+FALLOCATE = 43
+RENAME2 = 45
+COPY_FILE_RANGE = 47
+TMPFILE = 51
+
+#: Requests that would change the file system: EROFS (the read-only mount stops most of
+#: them in the VFS already; these are what could still arrive).
+WRITE_OPCODES = (SETATTR, SYMLINK, MKNOD, MKDIR, UNLINK, RMDIR, RENAME, LINK, WRITE,
+                 SETXATTR, REMOVEXATTR, CREATE, FALLOCATE, RENAME2, COPY_FILE_RANGE, TMPFILE)
+#: Requests the kernel expects no reply to.
+NO_REPLY_OPCODES = (FORGET, BATCH_FORGET, INTERRUPT)
+
+# -- FUSE_INIT flags -----------------------------------------------------------------------
+ASYNC_READ = 1 << 0  # several reads of one file at once (readahead in parallel)
+NO_OPEN_SUPPORT = 1 << 17  # (from the kernel) OPEN may be answered ENOSYS: never sent again
+PARALLEL_DIROPS = 1 << 18  # lookups and readdirs of one directory in parallel
+MAX_PAGES = 1 << 22  # init_out.max_pages is valid: reads up to max_pages pages per request
+CACHE_SYMLINKS = 1 << 23  # the kernel keeps READLINK answers in its page cache
+NO_OPENDIR_SUPPORT = 1 << 24  # (from the kernel) the same for OPENDIR
+
+# -- open_out.open_flags -------------------------------------------------------------------
+FOPEN_KEEP_CACHE = 1 << 1  # do not drop the file's cached pages on open
+FOPEN_CACHE_DIR = 1 << 3  # the kernel may cache this directory's listing
+FOPEN_NOFLUSH = 1 << 5  # no FLUSH on close (nothing is ever written)
+
+# -- structs -------------------------------------------------------------------------------
+#: fuse_in_header: len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding
+IN_HEADER = struct.Struct("=IIQQIIIHH")
+#: fuse_out_header: len, error (negative errno), unique
+OUT_HEADER = struct.Struct("=IiQ")
+#: fuse_init_in (the start of it): major, minor, max_readahead, flags
+INIT_IN = struct.Struct("=IIII")
+#: fuse_init_out: major, minor, max_readahead, flags, max_background, congestion_threshold,
+#: max_write, time_gran, max_pages, map_alignment, flags2, unused[7]
+INIT_OUT = struct.Struct("=IIIIHHIIHHI28x")
+#: fuse_attr: ino, size, blocks, atime, mtime, ctime, atimensec, mtimensec, ctimensec,
+#: mode, nlink, uid, gid, rdev, blksize, flags
+ATTR = struct.Struct("=QQQQQQIIIIIIIIII")
+#: fuse_entry_out without its fuse_attr: nodeid, generation, entry_valid, attr_valid,
+#: entry_valid_nsec, attr_valid_nsec
+ENTRY_OUT = struct.Struct("=QQQQII")
+#: fuse_attr_out without its fuse_attr: attr_valid, attr_valid_nsec, dummy
+ATTR_OUT = struct.Struct("=QII")
+#: fuse_open_in: flags, open_flags
+OPEN_IN = struct.Struct("=II")
+#: fuse_open_out: fh, open_flags, backing_id
+OPEN_OUT = struct.Struct("=QIi")
+#: fuse_read_in (the start of it): fh, offset, size
+READ_IN = struct.Struct("=QQI")
+#: fuse_getxattr_in: size, padding (then the name); also fuse_getxattr_out: size, padding
+XATTR_SIZE = struct.Struct("=II")
+#: fuse_kstatfs: blocks, bfree, bavail, files, ffree, bsize, namelen, frsize, padding,
+#: spare[6]
+KSTATFS = struct.Struct("=QQQQQIIII24x")
+#: fuse_dirent without its name: ino, off, namelen, type
+DIRENT = struct.Struct("=QQII")
