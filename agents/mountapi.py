@@ -18,6 +18,10 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 RECORD_MODES = ("auto", "always", "never")
 
+#: Where a container finds its checkpoint mounts, one directory per name.
+CHECKPOINTS_TARGET = "/mnt/checkpoints"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
 
 def check_id(container_id: str) -> str:
     if not isinstance(container_id, str) or not _ID.fullmatch(container_id):
@@ -33,9 +37,16 @@ class MountRequest:
     record: str = "auto"  # "auto": while the hot list is young; "always"; "never"
     job: str | None = None  # for `bootseer report`
     runtime: str = "oci"  # who asked: "bootseer-runtime", "bootseer-hook", ...
+    #: Checkpoint directories to mount (striped reads), by name: the container sees each
+    #: at ``CHECKPOINTS_TARGET/<name>``.
+    checkpoints: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_id(self.id)
+        if not isinstance(self.checkpoints, dict) or not all(
+                isinstance(n, str) and _NAME.fullmatch(n) and isinstance(u, str) and u
+                for n, u in self.checkpoints.items()):
+            raise ValueError(f"'checkpoints' maps names ({_NAME.pattern}) to store URLs")
         if not isinstance(self.image, str) or not self.image:
             raise ValueError("'image' must name a lazy image")
         if self.record not in RECORD_MODES:
@@ -49,7 +60,8 @@ class MountRequest:
         return cls(id=body.get("id"), image=body.get("image"),
                    workload=str(body.get("workload") or "default"),
                    record=str(body.get("record") or "auto"), job=body.get("job"),
-                   runtime=str(body.get("runtime") or "oci"))
+                   runtime=str(body.get("runtime") or "oci"),
+                   checkpoints=body.get("checkpoints") or {})
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,11 @@ class ContainerMount:
     #: The image's OCI config ("config" of the image config: Env, Cmd, WorkingDir, ...).
     image_config: dict[str, Any] = field(default_factory=dict)
     recording: bool = False  # this start records the hot list
+    #: Host directory holding the checkpoint mounts (a shared mount: a checkpoint server
+    #: replaced after a crash shows up in the container too), to bind at
+    #: ``checkpoints_target`` with slave propagation; None without checkpoints.
+    checkpoints_dir: str | None = None
+    checkpoints_target: str = CHECKPOINTS_TARGET
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

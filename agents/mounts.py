@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from agents.priority import Priority, PriorityGate
 from agents.timeline import PHASES, StartRecord
 from bootseer.config import Config
 from bootseer.errors import BootseerError
-from bootseer.mounts import is_mounted, unmount, wait_for_file
+from bootseer.mounts import is_mounted, spawn_mount, unmount, wait_for_file
 from bootseer.ready import READY_FILE_ENV, read_phases
 from snapshot.key import IMAGE_ID_ENV
 
@@ -78,18 +78,25 @@ class _Mounted:
     created: float
     server_deaths: int = 0
     failed: bool = False  # the server died and could not be replaced
+    #: The FUSE server of each checkpoint mount, by name (``bootseer ckpt mount``).
+    checkpoint_pids: dict[str, int] = field(default_factory=dict)
+    checkpoint_restarts: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"request": self.request.to_json(), "mount": self.mount.to_json(),
                 "pid": self.pid, "server_fd": self.server_fd, "created": self.created,
-                "server_deaths": self.server_deaths, "failed": self.failed}
+                "server_deaths": self.server_deaths, "failed": self.failed,
+                "checkpoint_pids": self.checkpoint_pids,
+                "checkpoint_restarts": self.checkpoint_restarts}
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> _Mounted:
         return cls(MountRequest.from_json(body["request"]),
                    ContainerMount.from_json(body["mount"]), int(body["pid"]),
                    int(body["server_fd"]), float(body["created"]),
-                   int(body.get("server_deaths", 0)), bool(body.get("failed")))
+                   int(body.get("server_deaths", 0)), bool(body.get("failed")),
+                   {str(k): int(v) for k, v in (body.get("checkpoint_pids") or {}).items()},
+                   int(body.get("checkpoint_restarts", 0)))
 
 
 class _Claims:
@@ -168,6 +175,7 @@ class MountManager:
                 os.close(fd)  # no server: end the connection, so unmounting cannot wait
                 fd = None
             unmount(Path(mounted.mount.rootfs))
+            self._unmount_checkpoints(directory, mounted)
             unmount(directory / "lower")  # the server sees the connection end, reports
             report = self._report(directory, mounted.pid)
             if fd is not None:
@@ -180,6 +188,8 @@ class MountManager:
             if mounted.server_deaths:
                 detail["server_deaths"] = mounted.server_deaths
                 detail["server_failed"] = mounted.failed
+            if mounted.checkpoint_restarts:
+                detail["checkpoint_restarts"] = mounted.checkpoint_restarts
             shutil.rmtree(directory, ignore_errors=True)
         with self._lock:
             self._locks.pop(container_id, None)
@@ -190,7 +200,10 @@ class MountManager:
             mounts = list(self._mounts.values())
         return [{"id": m.request.id, "image": m.request.image, "rootfs": m.mount.rootfs,
                  "pid": m.pid, "serving": _alive(m.pid), "created": m.created,
-                 "server_deaths": m.server_deaths, "failed": m.failed} for m in mounts]
+                 "server_deaths": m.server_deaths, "failed": m.failed,
+                 "checkpoints": {name: {"pid": pid, "serving": _alive(pid)}
+                                 for name, pid in m.checkpoint_pids.items()},
+                 "checkpoint_restarts": m.checkpoint_restarts} for m in mounts]
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -240,6 +253,35 @@ class MountManager:
             self._claim(mounted, alive)
             if not alive and not mounted.failed:
                 self._replace_server(mounted)
+            for name, pid in list(mounted.checkpoint_pids.items()):
+                _reap(pid)
+                if not _alive(pid):
+                    self._replace_checkpoint_server(mounted, name)
+
+    def _replace_checkpoint_server(self, mounted: _Mounted, name: str) -> None:
+        """A checkpoint mount's server died: detach the dead mount and mount again at the
+        same place; both propagate into the container (its bind is a slave of the
+        host's shared directory). Reads in flight on the old mount fail; files opened
+        after see the new one."""
+        container_id = mounted.request.id
+        with self._lock_for(container_id):
+            if self._mounts.get(container_id) is not mounted or \
+                    _alive(mounted.checkpoint_pids.get(name, 0)):
+                return  # released, or replaced, meanwhile
+            target = self.root / container_id / "checkpoints" / name
+            unmount(target)
+            try:
+                mounted.checkpoint_pids[name] = self._start_checkpoint_server(
+                    mounted.request.checkpoints[name], target)
+                mounted.checkpoint_restarts += 1
+                log.warning("container %s: the server of checkpoint mount %s died; "
+                            "mounted again (pid %d)", container_id, name,
+                            mounted.checkpoint_pids[name])
+            except (BootseerError, OSError) as exc:
+                del mounted.checkpoint_pids[name]
+                log.error("container %s: checkpoint mount %s died and could not be "
+                          "mounted again: %s", container_id, name, exc)
+            self._save(mounted)
 
     def _replace_server(self, mounted: _Mounted) -> None:
         """A server died: start one that takes its connection over."""
@@ -307,9 +349,12 @@ class MountManager:
             pid = self._start_server(request, directory, fd, takeover=False)
             info = json.loads((directory / "info.json").read_text())
             mount_overlay(parts["lower"], parts["upper"], parts["work"], parts["rootfs"])
+            checkpoint_pids = self._mount_checkpoints(request, directory)
         except BaseException:
             if fd is not None:  # first: with no server left, this ends the connection,
                 os.close(fd)  # and the unmount cannot wait for a server that never comes
+            unmount(parts["rootfs"])
+            self._unmount_checkpoints(directory, None)
             unmount(parts["lower"])  # a server that is there exits when it sees this
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -318,8 +363,45 @@ class MountManager:
             id=request.id, image=request.image, image_id=info["image_id"],
             rootfs=str(parts["rootfs"]), signal_dir=str(parts["signal"]),
             env={READY_FILE_ENV: "/run/bootseer/ready", IMAGE_ID_ENV: info["image_id"]},
-            image_config=image_config, recording=bool(info.get("recording")))
-        return _Mounted(request, mount, pid, fd, created), fd
+            image_config=image_config, recording=bool(info.get("recording")),
+            checkpoints_dir=str(directory / "checkpoints") if request.checkpoints else None)
+        return _Mounted(request, mount, pid, fd, created,
+                        checkpoint_pids=checkpoint_pids), fd
+
+    def _mount_checkpoints(self, request: MountRequest, directory: Path) -> dict[str, int]:
+        """One striped checkpoint mount per name under ``checkpoints/``, itself made a
+        shared mount so that remounts below it reach the container's slave copy."""
+        if not request.checkpoints:
+            return {}
+        base = directory / "checkpoints"
+        base.mkdir()
+        for command in (["mount", "--bind", str(base), str(base)],
+                        ["mount", "--make-shared", str(base)]):
+            result = subprocess.run(command, capture_output=True, text=True,
+                                    stdin=subprocess.DEVNULL)
+            if result.returncode != 0:
+                raise BootseerError(f"{' '.join(command)}: {result.stderr.strip()}")
+        pids = {}
+        for name, url in request.checkpoints.items():
+            (base / name).mkdir()
+            pids[name] = self._start_checkpoint_server(url, base / name)
+        return pids
+
+    def _start_checkpoint_server(self, url: str, target: Path) -> int:
+        argv = [sys.executable, "-m", "bootseer", "ckpt", "mount", "--foreground", url,
+                str(target)]
+        return spawn_mount(argv, target, f"checkpoint {url}", 60.0)
+
+    @staticmethod
+    def _unmount_checkpoints(directory: Path, mounted: _Mounted | None) -> None:
+        base = directory / "checkpoints"
+        if not base.exists():
+            return
+        for target in sorted(base.iterdir()):  # no stat: a dead mount fails it
+            unmount(target)
+        unmount(base)
+        for pid in (mounted.checkpoint_pids.values() if mounted else ()):
+            _reap(pid)
 
     def _start_server(self, request: MountRequest, directory: Path, fd: int, *,
                       takeover: bool) -> int:

@@ -50,10 +50,24 @@ class Labels:
     workload: str = "default"
     job: str | None = None
     record: str = "auto"
+    checkpoints: tuple[tuple[str, str], ...] = ()  # (name, store URL) to mount
 
     def mount_request(self, container_id: str, runtime: str) -> MountRequest:
         return MountRequest(id=container_id, image=self.image, workload=self.workload,
-                            record=self.record, job=self.job, runtime=runtime)
+                            record=self.record, job=self.job, runtime=runtime,
+                            checkpoints=dict(self.checkpoints))
+
+
+def parse_checkpoints(value: str | None) -> tuple[tuple[str, str], ...]:
+    """``name=URL,name=URL`` (``io.bootseer.checkpoints`` / ``BOOTSEER_CHECKPOINTS``)."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in (value or "").split(","))):
+        name, eq, url = item.partition("=")
+        if not eq or not name or not url:
+            raise SpecError(f"{ANNOTATION_PREFIX}checkpoints / {ENV_PREFIX}CHECKPOINTS: "
+                            f"{item!r} is not NAME=URL")
+        pairs.append((name, url))
+    return tuple(pairs)
 
 
 def env_map(spec: Spec) -> dict[str, str]:
@@ -83,7 +97,8 @@ def requested(spec: Spec) -> Labels | None:
         raise SpecError(f"{ANNOTATION_PREFIX}record / {ENV_PREFIX}RECORD is {record!r}; "
                         f"use one of {', '.join(RECORD_MODES)}")
     return Labels(image=image, workload=setting("workload") or "default",
-                  job=setting("job"), record=record)
+                  job=setting("job"), record=record,
+                  checkpoints=parse_checkpoints(setting("checkpoints")))
 
 
 @dataclass(frozen=True)
@@ -152,6 +167,20 @@ def add_poststop_hook(hook: Hook) -> Modifier:
     return modify
 
 
+def add_checkpoints_mount(mount: ContainerMount) -> Modifier:
+    """The checkpoint mounts' directory, read-only, as a slave of the host's: when the
+    agent replaces a crashed checkpoint server, the new mount propagates in."""
+    def modify(spec: Spec) -> None:
+        if mount.checkpoints_dir is None:
+            return
+        spec["mounts"] = [*(m for m in spec.get("mounts") or []
+                            if m.get("destination") != mount.checkpoints_target),
+                          {"destination": mount.checkpoints_target, "type": "bind",
+                           "source": mount.checkpoints_dir,
+                           "options": ["rbind", "ro", "nosuid", "nodev", "rslave"]}]
+    return modify
+
+
 def annotate(mount: ContainerMount) -> Modifier:
     """Name the mount in the config, for the poststop hook and for anyone inspecting it."""
     def modify(spec: Spec) -> None:
@@ -162,8 +191,8 @@ def annotate(mount: ContainerMount) -> Modifier:
 def modifiers(mount: ContainerMount, poststop: Hook | None = None) -> list[Modifier]:
     """Every change for ``mount``; ``poststop`` only where the engine does not run hooks
     itself (podman runs its hooks.d poststop hooks, so the hook passes None)."""
-    out = [set_root(mount), add_signal_mount(mount), merge_env(mount), set_workdir(mount),
-           annotate(mount)]
+    out = [set_root(mount), add_signal_mount(mount), add_checkpoints_mount(mount),
+           merge_env(mount), set_workdir(mount), annotate(mount)]
     if poststop is not None:
         out.append(add_poststop_hook(poststop))
     return out

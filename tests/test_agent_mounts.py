@@ -209,3 +209,60 @@ def test_the_watcher_claims_starting_while_prefetching_and_demand_while_reads_fe
     manager._mounts["c6"].pid = 2**22 + 1  # the server is gone: its claims go with it
     manager._look()
     assert set(manager.gate.busy().values()) == {0}
+
+
+def test_checkpoint_mounts_are_the_agents_too_and_come_back_after_a_crash(
+        node, tmp_path: Path) -> None:
+    """A container's checkpoint directory, mounted by the agent (striped reads), seen at
+    /mnt/checkpoints/<name>; its server killed, the agent mounts it again and the running
+    container reads the new mount."""
+    import hashlib
+
+    sock, _, _ = node
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    data = os.urandom(3 << 20)
+    (ckpt / "model.bin").write_bytes(data)
+    want = hashlib.sha256(data).hexdigest()
+    read = "sha256sum /mnt/checkpoints/step/model.bin | cut -c1-64"
+    script = ("while [ ! -e /run/bootseer/go1 ]; do sleep 0.05; done\n"
+              f"{read} && touch /run/bootseer/go1.done\n"
+              "while [ ! -e /run/bootseer/go2 ]; do sleep 0.05; done\n" + read + "\n")
+    with AgentClient(sock) as client:
+        mount = client.mount(MountRequest("c7", "py",
+                                          checkpoints={"step": f"file://{ckpt}"}))
+        assert mount.checkpoints_dir and mount.checkpoints_target == "/mnt/checkpoints"
+        results = []
+        container = threading.Thread(target=lambda: results.append(_run_with_checkpoints(
+            mount, script)))
+        container.start()
+        _go1(mount)
+        (listed,) = client.mounts()
+        os.kill(listed["checkpoints"]["step"]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while (listed := client.mounts()[0])["checkpoint_restarts"] == 0 or \
+                not listed["checkpoints"]["step"]["serving"]:
+            assert time.monotonic() < deadline, listed
+            time.sleep(0.1)
+        (Path(mount.signal_dir) / "go2").touch()
+        container.join(120)
+        assert results and results[0].returncode == 0, results
+        assert results[0].stdout.split() == [want, want]
+        start = client.release("c7")
+    assert start.detail["checkpoint_restarts"] == 1
+    assert not is_mounted(Path(mount.checkpoints_dir))
+    assert not Path(mount.checkpoints_dir).exists()
+
+
+def _run_with_checkpoints(mount: ContainerMount, script: str):
+    """``_run`` with the checkpoint directory bound as the runtime shim binds it."""
+    from agents.oci import add_checkpoints_mount
+    from prefetch.container import run_rootfs
+
+    spec: dict = {"mounts": []}
+    add_checkpoints_mount(mount)(spec)
+    (bind,) = spec["mounts"]
+    assert "rslave" in bind["options"]
+    return run_rootfs(mount.rootfs, ["sh", "-c", script], env=mount.env, timeout=120,
+                      binds={mount.signal_target: Path(mount.signal_dir),
+                             bind["destination"]: Path(bind["source"])})

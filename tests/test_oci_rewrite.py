@@ -168,3 +168,23 @@ def test_the_stub_image_carries_the_lazy_images_config() -> None:
     assert config["config"]["Env"][-1] == "BOOTSEER_IMAGE=py"
     with tarfile.open(fileobj=io.BytesIO(layer)) as empty:
         assert empty.getmembers() == []
+
+
+def test_checkpoints_are_asked_for_by_name_and_bound_read_only_as_slaves() -> None:
+    labels = oci.requested(spec(annotations={
+        "io.bootseer.image": "py",
+        "io.bootseer.checkpoints": "step=hdfs://nn:8020/ckpt/step100, opt=file:///c/o"}))
+    assert labels.checkpoints == (("step", "hdfs://nn:8020/ckpt/step100"),
+                                  ("opt", "file:///c/o"))
+    assert labels.mount_request("c1", "docker").checkpoints == {
+        "step": "hdfs://nn:8020/ckpt/step100", "opt": "file:///c/o"}
+    with pytest.raises(oci.SpecError, match="not NAME=URL"):
+        oci.requested(spec(env={"BOOTSEER_IMAGE": "py", "BOOTSEER_CHECKPOINTS": "step"}))
+    with pytest.raises(ValueError, match="checkpoints"):
+        oci.Labels("py", checkpoints=(("../x", "file:///c"),)).mount_request("c1", "docker")
+    assert not [m for m in oci.rewrite(spec(), MOUNT)["mounts"]
+                if m["destination"] == "/mnt/checkpoints"]  # none asked: none bound
+    with_checkpoints = ContainerMount(**{**MOUNT.to_json(), "checkpoints_dir": "/x/ckpt"})
+    (bind,) = [m for m in oci.rewrite(spec(), with_checkpoints)["mounts"]
+               if m["destination"] == "/mnt/checkpoints"]
+    assert bind["source"] == "/x/ckpt" and {"ro", "rslave", "rbind"} <= set(bind["options"])
