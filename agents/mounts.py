@@ -47,21 +47,17 @@ from typing import Any
 
 from agents.mountapi import ContainerMount, MountRequest, check_id
 from agents.priority import Priority, PriorityGate
-from agents.timeline import PHASES, StartRecord
+from agents.timeline import StartRecord, container_phases
 from bootseer.config import Config
 from bootseer.errors import BootseerError
 from bootseer.mounts import is_mounted, spawn_mount, unmount, wait_for_file
-from bootseer.ready import READY_FILE_ENV, read_phases
+from bootseer.ready import READY_FILE_ENV
 from snapshot.key import IMAGE_ID_ENV
 
 log = logging.getLogger(__name__)
 
 #: Seconds between two looks at every server (is it alive, how far is its prefetch).
 WATCH_INTERVAL = 0.5
-
-#: Phases only the host knows; a container's marks of them are ignored.
-_HOST_PHASES = ("created", "image_ready", "exited")
-
 
 class UnknownMount(BootseerError):
     """No container of that id has a mount here."""
@@ -180,7 +176,7 @@ class MountManager:
             report = self._report(directory, mounted.pid)
             if fd is not None:
                 os.close(fd)
-            phases = self._container_phases(directory / "signal", mounted.created, exited)
+            phases = container_phases(directory / "signal", mounted.created, exited)
             phases["exited"] = exited
             detail: dict[str, Any] = {"image": report} if report else {}
             if exit_code is not None:
@@ -451,16 +447,6 @@ class MountManager:
             return None
         finally:
             _reap(pid)
-
-    @staticmethod
-    def _container_phases(signal: Path, created: float, now: float) -> dict[str, float]:
-        marked = read_phases(signal)
-        kept = {p: at for p, at in marked.items()
-                if p in PHASES and p not in _HOST_PHASES and created <= at <= now}
-        if len(kept) != len(marked):
-            log.warning("ignoring phase marks %s: unknown phases or times outside the start",
-                        ", ".join(sorted(set(marked) - set(kept))))
-        return kept
 
     def _save(self, mounted: _Mounted) -> None:
         path = self.root / mounted.request.id / "state.json"

@@ -23,6 +23,7 @@ writes it itself through this same class.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -32,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from bootseer.config import Config
+from bootseer.ready import read_phases
+
+log = logging.getLogger(__name__)
 
 PHASES = ("created", "image_ready", "env_ready", "checkpoint_first_byte", "ready", "exited")
 
@@ -181,3 +185,20 @@ class Timeline:
             yield from self._db.execute(
                 f"SELECT start_id, phase, at FROM phases WHERE start_id IN "
                 f"({','.join('?' * len(batch))})", batch)
+
+
+#: Phases only the host knows; a workload's marks of them are ignored.
+HOST_PHASES = ("created", "image_ready", "exited")
+
+
+def container_phases(signal: Path, created: float, now: float) -> dict[str, float]:
+    """The phases a container's workload marked in ``signal`` (``bootseer env run``, the
+    checkpoint API, ``bootseer ready``), for a start created at ``created`` and ended by
+    ``now``: marks of host phases, unknown phases and impossible times are ignored."""
+    marked = read_phases(signal)
+    kept = {p: at for p, at in marked.items()
+            if p in PHASES and p not in HOST_PHASES and created <= at <= now}
+    if len(kept) != len(marked):
+        log.warning("ignoring phase marks %s: unknown phases or times outside the start",
+                    ", ".join(sorted(set(marked) - set(kept))))
+    return kept

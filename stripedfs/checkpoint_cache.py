@@ -47,6 +47,7 @@ from bootseer.errors import BootseerError, ConfigError
 from bootseer.ready import mark_phase
 from bootseer.store import Store
 from bootseer.store.base import ObjectInfo
+from bootseer.store.local import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ class CheckpointCache:
         with self._locked():
             for leftover in self.tmp.iterdir() if self.tmp.is_dir() else ():
                 pid = leftover.name.split(".")[-2]
-                if not (pid.isdigit() and _alive(int(pid))):
+                if not (pid.isdigit() and pid_alive(int(pid))):
                     leftover.unlink(missing_ok=True)
                     removed += 1
             named = {r.data for _, r in self._records()}
@@ -247,16 +248,6 @@ def _load_record(path: Path, url: str | None) -> CopyRecord | None:
         log.warning("ignoring unreadable checkpoint cache record %s: %s", path, exc)
         return None
     return record if url is None or record.url == url else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def node_cache() -> CheckpointCache | None:

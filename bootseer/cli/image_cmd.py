@@ -22,7 +22,7 @@ from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
 from bootseer.mounts import check_mountpoint, is_mounted, spawn_mount, unmount, wait_for_file
 from bootseer.progress import byte_progress, console
-from bootseer.ready import READY_FILE_ENV, read_phases
+from bootseer.ready import READY_FILE_ENV
 from bootseer.units import format_size
 from prefetch.blockcache import BlockCache
 from prefetch.blockformat import DEFAULT_BLOCK_SIZE, IMAGE_REF_PREFIX
@@ -272,7 +272,9 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
                                     binds={READY_DIR: signal},
                                     cwd=image_config.get("WorkingDir") or "/")
             ran = time.monotonic() - started
-            phases.update(_container_phases(signal, phases["created"]))
+            from agents.timeline import container_phases
+
+            phases.update(container_phases(signal, phases["created"], time.time()))
             phases["exited"] = time.time()
         finally:
             unmount(lower)
@@ -288,22 +290,6 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
     sys.stderr.write(result.stderr)
     console.print(_summary(stats))
     sys.exit(result.returncode)
-
-
-def _container_phases(signal: Path, created: float) -> dict[str, float]:
-    """The phases the workload marked (``bootseer env run``, the checkpoint API, ``bootseer
-    ready``); the ones only the host can know, and impossible times, are ignored."""
-    from agents.timeline import PHASES
-
-    marked = read_phases(signal)
-    now = time.time()
-    kept = {p: at for p, at in marked.items()
-            if p in PHASES and p not in ("created", "image_ready", "exited")
-            and created <= at <= now}
-    if len(kept) != len(marked):
-        log.warning("ignoring phase marks %s: unknown phases or times outside the start",
-                    ", ".join(sorted(set(marked) - set(kept))))
-    return kept
 
 
 def _report(app: AppContext, name: str, workload: str, job: str | None,

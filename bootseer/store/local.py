@@ -126,7 +126,7 @@ class LocalStore(Store):
         cutoff = time.time() - older_than
         for entry in os.scandir(self._tmp) if self._tmp.is_dir() else ():
             pid = entry.name.rpartition(".")[2]
-            alive = pid.isdigit() and _pid_alive(int(pid))
+            alive = pid.isdigit() and pid_alive(int(pid))
             if entry.stat().st_mtime <= cutoff and not alive:
                 os.unlink(entry.path)
                 removed += 1
@@ -191,7 +191,8 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a stale temporary's writer is gone when not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
