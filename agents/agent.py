@@ -35,8 +35,9 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import uvloop
 from aiohttp import web
@@ -55,6 +56,8 @@ from prefetch.blockcache import BlockCache
 from prefetch.lazyimage import LazyImage, resolve_image
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Agent:
@@ -89,11 +92,7 @@ class Agent:
         return app
 
     async def mount(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-            mount_request = MountRequest.from_json(body if isinstance(body, dict) else {})
-        except (ValueError, TypeError) as exc:
-            raise web.HTTPBadRequest(text=f"bad mount request: {exc}") from exc
+        mount_request = await _parse(request, MountRequest.from_json, "mount request")
         try:
             mount = await asyncio.get_running_loop().run_in_executor(
                 None, self.mounts.mount, mount_request)
@@ -129,11 +128,7 @@ class Agent:
         return after
 
     async def record_start(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-            start = StartRecord.from_json(body if isinstance(body, dict) else {})
-        except (ValueError, TypeError) as exc:
-            raise web.HTTPBadRequest(text=f"bad start record: {exc}") from exc
+        start = await _parse(request, StartRecord.from_json, "start record")
         after = await asyncio.get_running_loop().run_in_executor(None, self.record, start)
         return web.json_response(after.to_json())
 
@@ -166,11 +161,7 @@ class Agent:
                                            for p, n in self.gate.busy().items()}})
 
     async def warm(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await request.json()
-            warm_request = WarmRequest.from_json(body if isinstance(body, dict) else {})
-        except ValueError as exc:
-            raise web.HTTPBadRequest(text=f"bad warm request: {exc}") from exc
+        warm_request = await _parse(request, WarmRequest.from_json, "warm request")
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         loop = asyncio.get_running_loop()
@@ -206,6 +197,16 @@ class Agent:
         await task
         await response.write_eof()
         return response
+
+
+async def _parse(request: web.Request, from_json: Callable[[dict[str, Any]], T],
+                 what: str) -> T:
+    """The request's JSON body as ``from_json`` reads it; a 400 naming ``what`` if not."""
+    try:
+        body = await request.json()
+        return from_json(body if isinstance(body, dict) else {})
+    except (ValueError, TypeError) as exc:
+        raise web.HTTPBadRequest(text=f"bad {what}: {exc}") from exc
 
 
 def _restrict(socket_path: Path, group: str) -> None:

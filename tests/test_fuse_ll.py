@@ -29,9 +29,6 @@ from bootseer.store.local import LocalStore
 from prefetch.blockcache import BlockCache
 from prefetch.lazyimage import LazyImage
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse"),
-                                reason="needs root and /dev/fuse")
-
 MIB = 1 << 20
 FILES = {f"/data/d{i % 3}/f{i}.bin": random.Random(i).randbytes(1000 + 37_000 * i)
          for i in range(12)}
