@@ -5,22 +5,32 @@ point: the store client (for ``hdfs://``, a JVM) is opened once, the block cache
 in-flight table of each image are shared by every request, so two ``warm`` calls for the
 same image never fetch a block twice.
 
-API (JSON; long operations stream NDJSON events, one per line):
+API (JSON; long operations stream NDJSON events, one per line). Every body is checked
+field by field (:mod:`agents.fields`): a malformed one gets a 400, a request the operator's
+policy does not allow a 403 naming the setting (:mod:`agents.policy`), and neither leaves
+anything behind. Requests marked *root* are refused (403) to any other peer
+(``SO_PEERCRED``): the socket's group may warm and read, not mount or record.
 
 * ``GET /v1/health`` -> ``{"version", "pid", "store", "cache_dir"}``
-* ``POST /v1/starts`` a start record (:class:`agents.timeline.StartRecord` JSON: ``id`` and
-  any of ``job``, ``image``, ``workload``, ``runtime``, ``phases``, ``detail``) -> the
-  record as now known (merged: first values win); ``GET /v1/starts?since=UNIX`` -> the
-  records of starts since then, oldest first (``bootseer report``).
-* ``POST /v1/mounts`` a :class:`agents.mountapi.MountRequest` -> the container's lazy
-  root (:class:`agents.mountapi.ContainerMount`); ``DELETE /v1/mounts/{id}?exit_code=N``
-  -> the completed start record; ``GET /v1/mounts`` -> the mounts served
-  (:mod:`agents.mounts`). Used by the runtime shim and the OCI hook.
+* ``POST /v1/starts`` (root) a start record (:class:`agents.timeline.StartRecord` JSON:
+  ``id`` and any of ``job``, ``image``, ``workload``, ``runtime``, ``phases``,
+  ``detail``) -> the record as now known (merged: first values win);
+  ``GET /v1/starts?since=UNIX`` -> the records of starts since then, oldest first
+  (``bootseer report``).
+* ``POST /v1/mounts`` (root) a :class:`agents.mountapi.MountRequest` -> the container's
+  lazy root (:class:`agents.mountapi.ContainerMount`);
+  ``DELETE /v1/mounts/{key}?exit_code=N&rootfs=PATH`` (root) -> the completed start
+  record; ``GET /v1/mounts`` (root) -> the mounts served (:mod:`agents.mounts`). Used by
+  the runtime shim and the OCI hook.
 * ``GET /metrics``: Prometheus text format (:mod:`agents.metrics`); also on TCP at
   ``agent.metrics_listen`` (``host:port``) when set, for Prometheus to scrape.
-* ``POST /v1/warm`` ``{"image", "workload", "all", "envs", "checkpoints"}`` -> events ``{"event":
-  "plan", "bytes"}``, ``{"event": "progress", "bytes"}``..., then ``{"event": "result",
-  ...}`` (:meth:`agents.warm.WarmSummary.to_json`) or ``{"event": "error", "message"}``.
+* ``POST /v1/warm`` ``{"image", "workload", "all", "envs", "checkpoints"}`` -> events
+  ``{"event": "plan", "bytes"}``, ``{"event": "progress", "bytes"}``..., then
+  ``{"event": "result", ...}`` (:meth:`agents.warm.WarmSummary.to_json`) or
+  ``{"event": "error", "message"}``; 503 while :data:`MAX_WARMS` are in progress.
+
+Each kind of work has threads of its own (mounts, releases, warms, queries, the watcher),
+and every wait has a timeout, so no number of requests of one kind holds up another.
 
 SIGTERM and SIGINT stop it gracefully: requests in progress finish their current step,
 the socket is removed; containers' mounts keep serving and the next agent adopts them.
@@ -29,13 +39,19 @@ the socket is removed; containers' mounts keep serving and the next agent adopts
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import grp
 import json
 import logging
+import math
 import os
 import signal
+import socket
+import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,7 +60,8 @@ from aiohttp import web
 
 from agents.metrics import AgentMetrics
 from agents.mountapi import MountRequest
-from agents.mounts import MountManager, UnknownMount
+from agents.mounts import MountManager, MountMismatch, UnknownMount
+from agents.policy import CheckpointPolicy, PolicyError
 from agents.priority import Priority, PriorityGate
 from agents.timeline import StartRecord, Timeline, timeline_path
 from agents.warm import WarmRequest, warm
@@ -59,29 +76,68 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: Threads per kind of work. Each kind has its own, so that no number of requests of one
+#: kind can hold up another: warms cannot delay a container's mount or release, and the
+#: watcher that frees the priority gate warms wait on always has its thread.
+MOUNT_THREADS = 8
+RELEASE_THREADS = 8
+WARM_THREADS = 2
+QUERY_THREADS = 2
+#: Warm requests admitted at once (running or waiting for a thread); more get 503.
+MAX_WARMS = 16
+#: Longest a warm's fetch yields to demand reads and starting containers (each time):
+#: a container that reads for ever must not starve staging for good.
+WARM_MAX_YIELD = 30.0
+#: Requests only root may make (the runtime shim and the OCI hook run as root): they
+#: mount, release and record containers' starts. The socket's group may warm and read.
+ROOT_ONLY = {("POST", "/v1/mounts"), ("GET", "/v1/mounts"), ("DELETE", "/v1/mounts/{id}"),
+             ("POST", "/v1/starts")}
+
 
 class Agent:
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.checkpoints = CheckpointPolicy.from_config(config)  # a bad list fails here
         self.blobs = BlobStore(open_configured_store(config))
         self.cache = BlockCache(config.cache_dir / "blocks", config.image.cache_size)
-        self._images: dict[str, LazyImage] = {}  # by image id: one in-flight table each
+        #: Images warms are using now, by id, with how many use each: one in-flight table
+        #: per image while warms of it run, none kept after (their memory goes with it).
+        self._images: dict[str, tuple[LazyImage, int]] = {}
         self._lock = threading.Lock()
         self.timeline = Timeline(timeline_path(config))
         self._merging = threading.Lock()  # start records are merged one at a time
         self.metrics = AgentMetrics()
         self.gate = PriorityGate()  # demand reads > containers starting > warm requests
         self.mounts = MountManager(config, self.record, self.gate)
+        self.pools = {kind: ThreadPoolExecutor(n, thread_name_prefix=kind) for kind, n in
+                      (("mount", MOUNT_THREADS), ("release", RELEASE_THREADS),
+                       ("warm", WARM_THREADS), ("query", QUERY_THREADS), ("watch", 1))}
+        self._warms = 0  # admitted warm requests
 
-    def image(self, name: str) -> LazyImage:
+    @contextmanager
+    def image(self, name: str) -> Iterator[LazyImage]:
+        """The image for a warm, shared with the warms of it running meanwhile (their
+        fetches then never overlap); released, with its memory, when the last one ends."""
         image_id = resolve_image(self.blobs, name)
         with self._lock:
-            if image_id not in self._images:
-                self._images[image_id] = LazyImage(self.blobs, image_id, self.cache)
-            return self._images[image_id]
+            lazy, users = self._images.get(image_id, (None, 0))
+        if lazy is None:  # outside the lock: loading a manifest reads the store
+            lazy = LazyImage(self.blobs, image_id, self.cache, prefetch_memory=0)
+        with self._lock:
+            lazy, users = self._images.get(image_id, (lazy, 0))
+            self._images[image_id] = (lazy, users + 1)
+        try:
+            yield lazy
+        finally:
+            with self._lock:
+                lazy, users = self._images[image_id]
+                if users == 1:
+                    del self._images[image_id]
+                else:
+                    self._images[image_id] = (lazy, users - 1)
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[_root_only])
         app.add_routes([web.get("/v1/health", self.health), web.post("/v1/warm", self.warm),
                         web.post("/v1/starts", self.record_start),
                         web.get("/v1/starts", self.list_starts),
@@ -91,15 +147,20 @@ class Agent:
                         web.delete("/v1/mounts/{id}", self.release)])
         return app
 
+    async def _run(self, kind: str, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.pools[kind], fn, *args)
+
     async def mount(self, request: web.Request) -> web.Response:
         mount_request = await _parse(request, MountRequest.from_json, "mount request")
         try:
-            mount = await asyncio.get_running_loop().run_in_executor(
-                None, self.mounts.mount, mount_request)
-        except (BootseerError, OSError) as exc:
-            raise web.HTTPInternalServerError(
-                text=f"mounting image {mount_request.image} for {mount_request.id}: "
-                     f"{exc}") from exc
+            allowed = {name: self.checkpoints.check(url)
+                       for name, url in mount_request.checkpoints.items()}
+            await self._run("mount", resolve_image, self.blobs, mount_request.image)
+            mount_request = dataclasses.replace(mount_request, checkpoints=allowed)
+            mount = await self._run("mount", self.mounts.mount, mount_request)
+        except Exception as exc:
+            raise _http_error(exc, f"mounting image {mount_request.image} for "
+                                   f"{mount_request.id}") from exc
         return web.json_response(mount.to_json())
 
     async def release(self, request: web.Request) -> web.Response:
@@ -109,17 +170,14 @@ class Agent:
         except ValueError as exc:
             raise web.HTTPBadRequest(text="exit_code: an integer") from exc
         try:
-            record = await asyncio.get_running_loop().run_in_executor(
-                None, self.mounts.release, request.match_info["id"], code)
-        except ValueError as exc:
-            raise web.HTTPBadRequest(text=str(exc)) from exc
-        except UnknownMount as exc:
-            raise web.HTTPNotFound(text=str(exc)) from exc
+            record = await self._run("release", self.mounts.release, request.match_info["id"],
+                                     code, request.query.get("rootfs"))
+        except Exception as exc:
+            raise _http_error(exc, "releasing a mount") from exc
         return web.json_response(record.to_json())
 
     async def list_mounts(self, request: web.Request) -> web.Response:
-        mounts = await asyncio.get_running_loop().run_in_executor(None, self.mounts.list)
-        return web.json_response(mounts)
+        return web.json_response(await self._run("query", self.mounts.list))
 
     def record(self, start: StartRecord) -> StartRecord:
         """Merge ``start`` into the timeline and count what it added in the metrics."""
@@ -129,7 +187,7 @@ class Agent:
 
     async def record_start(self, request: web.Request) -> web.Response:
         start = await _parse(request, StartRecord.from_json, "start record")
-        after = await asyncio.get_running_loop().run_in_executor(None, self.record, start)
+        after = await self._run("query", self.record, start)
         return web.json_response(after.to_json())
 
     def _record(self, start: StartRecord) -> tuple[StartRecord | None, StartRecord]:
@@ -143,10 +201,11 @@ class Agent:
     async def list_starts(self, request: web.Request) -> web.Response:
         try:
             since = float(request.query.get("since", "0"))
+            if not math.isfinite(since):
+                raise ValueError(since)
         except ValueError as exc:
             raise web.HTTPBadRequest(text="since: Unix seconds") from exc
-        starts = await asyncio.get_running_loop().run_in_executor(
-            None, self.timeline.starts, since)
+        starts = await self._run("query", self.timeline.starts, since)
         return web.json_response([s.to_json() for s in starts])
 
     async def serve_metrics(self, request: web.Request) -> web.Response:
@@ -162,6 +221,24 @@ class Agent:
 
     async def warm(self, request: web.Request) -> web.StreamResponse:
         warm_request = await _parse(request, WarmRequest.from_json, "warm request")
+        try:
+            warm_request = dataclasses.replace(warm_request, checkpoints=tuple(
+                self.checkpoints.check(url) for url in warm_request.checkpoints))
+            if warm_request.image is not None:
+                await self._run("query", resolve_image, self.blobs, warm_request.image)
+        except Exception as exc:
+            raise _http_error(exc, "warm") from exc
+        if self._warms >= MAX_WARMS:
+            raise web.HTTPServiceUnavailable(
+                text=f"{MAX_WARMS} warm requests are already in progress; retry later")
+        self._warms += 1
+        try:
+            return await self._stream_warm(request, warm_request)
+        finally:
+            self._warms -= 1
+
+    async def _stream_warm(self, request: web.Request,
+                           warm_request: WarmRequest) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         loop = asyncio.get_running_loop()
@@ -170,14 +247,18 @@ class Agent:
         def emit(event: dict[str, Any] | None) -> None:
             loop.call_soon_threadsafe(events.put_nowait, event)
 
+        def before_fetch() -> None:
+            self.gate.wait_turn(Priority.WARM, timeout=WARM_MAX_YIELD)
+
         def work() -> None:
             try:
-                lazy = self.image(warm_request.image) if warm_request.image else None
-                summary = warm(self.blobs, self.config, warm_request, image_cache=self.cache,
-                               lazy=lazy,
-                               before_fetch=lambda: self.gate.wait_turn(Priority.WARM),
-                               on_plan=lambda n: emit({"event": "plan", "bytes": n}),
-                               on_progress=lambda n: emit({"event": "progress", "bytes": n}))
+                with self._lazy(warm_request.image) as lazy:
+                    summary = warm(self.blobs, self.config, warm_request,
+                                   image_cache=self.cache, lazy=lazy,
+                                   before_fetch=before_fetch,
+                                   on_plan=lambda n: emit({"event": "plan", "bytes": n}),
+                                   on_progress=lambda n: emit({"event": "progress",
+                                                               "bytes": n}))
                 if summary.image is not None:
                     summary.image.image = warm_request.image or summary.image.image
                 summary.via = "agent"
@@ -191,20 +272,64 @@ class Agent:
             finally:
                 emit(None)
 
-        task = loop.run_in_executor(None, work)
+        task = loop.run_in_executor(self.pools["warm"], work)
         while (event := await events.get()) is not None:
             await response.write(json.dumps(event).encode() + b"\n")
         await task
         await response.write_eof()
         return response
 
+    @contextmanager
+    def _lazy(self, name: str | None) -> Iterator[LazyImage | None]:
+        if name is None:
+            yield None
+        else:
+            with self.image(name) as lazy:
+                yield lazy
 
-async def _parse(request: web.Request, from_json: Callable[[dict[str, Any]], T],
-                 what: str) -> T:
+
+def _http_error(exc: Exception, doing: str) -> web.HTTPException:
+    """The status a failure maps to: the client's fault is a 4xx naming what to change."""
+    text = f"{doing}: {exc}"
+    if isinstance(exc, PolicyError):
+        return web.HTTPForbidden(text=text)
+    if isinstance(exc, UnknownMount | FileNotFoundError):
+        return web.HTTPNotFound(text=text)
+    if isinstance(exc, MountMismatch):
+        return web.HTTPConflict(text=text)
+    if isinstance(exc, ValueError):
+        return web.HTTPBadRequest(text=text)
+    if not isinstance(exc, BootseerError | OSError):
+        log.exception("%s failed", doing)
+    return web.HTTPInternalServerError(text=text)
+
+
+def _peer_uid(request: web.Request) -> int | None:
+    """The uid of the process at the other end of the Unix socket (``SO_PEERCRED``)."""
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+@web.middleware
+async def _root_only(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
+    """:data:`ROOT_ONLY` requests from anyone but root (or the agent's own user) get 403:
+    the socket's group may warm and read, not mount or release containers."""
+    route = request.match_info.route.resource
+    canonical = route.canonical if route is not None else request.path
+    if (request.method, canonical) in ROOT_ONLY and \
+            _peer_uid(request) not in (0, os.geteuid()):
+        raise web.HTTPForbidden(text=f"{request.method} {canonical}: only root (the runtime "
+                                     f"shim and the OCI hook) may ask this of the agent")
+    return await handler(request)
+
+
+async def _parse(request: web.Request, from_json: Callable[[Any], T], what: str) -> T:
     """The request's JSON body as ``from_json`` reads it; a 400 naming ``what`` if not."""
     try:
-        body = await request.json()
-        return from_json(body if isinstance(body, dict) else {})
+        return from_json(await request.json())
     except (ValueError, TypeError) as exc:
         raise web.HTTPBadRequest(text=f"bad {what}: {exc}") from exc
 
@@ -237,7 +362,7 @@ async def _serve(agent: Agent, socket_path: Path) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    watcher = asyncio.create_task(agent.mounts.watch(stop))
+    watcher = asyncio.create_task(agent.mounts.watch(stop, agent.pools["watch"]))
     try:
         await stop.wait()
         await watcher
@@ -246,6 +371,8 @@ async def _serve(agent: Agent, socket_path: Path) -> None:
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         socket_path.unlink(missing_ok=True)
+        for pool in agent.pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
         agent.timeline.close()
         log.info("bootseer agent stopped")
 

@@ -24,11 +24,16 @@ class AgentError(BootseerError):
 
 
 class AgentClient:
-    def __init__(self, socket_path: Path, timeout: float = 10.0) -> None:
+    def __init__(self, socket_path: Path, timeout: float = 10.0,
+                 answer_timeout: float = 600.0) -> None:
+        """``timeout`` bounds connecting and sending; ``answer_timeout`` waiting for an
+        answer (a mount starts a server; a release waits for its report). A warm's
+        stream has no answer timeout: it reports progress, and a warm may wait its turn."""
         self.socket_path = socket_path
         self._client = httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)),
                                     base_url="http://bootseer-agent",
-                                    timeout=httpx.Timeout(timeout, read=None))
+                                    timeout=httpx.Timeout(timeout, read=answer_timeout))
+        self._stream_timeout = httpx.Timeout(timeout, read=None)
 
     def __enter__(self) -> AgentClient:
         return self
@@ -50,7 +55,8 @@ class AgentClient:
         """Ask the agent to stage what ``request`` names; its summary when done."""
         body = request.to_json()
         try:
-            with self._client.stream("POST", "/v1/warm", json=body) as response:
+            with self._client.stream("POST", "/v1/warm", json=body,
+                                     timeout=self._stream_timeout) as response:
                 if response.status_code != 200:
                     raise AgentError(f"agent: {response.read().decode(errors='replace')}")
                 for line in response.iter_lines():
@@ -83,11 +89,18 @@ class AgentClient:
         return ContainerMount.from_json(self._call("POST", "/v1/mounts",
                                                    json=request.to_json()))
 
-    def release(self, container_id: str, exit_code: int | None = None) -> StartRecord:
-        """The container stopped: end its recording, unmount, complete its timeline."""
-        return StartRecord.from_json(self._call(
-            "DELETE", f"/v1/mounts/{container_id}",
-            params={} if exit_code is None else {"exit_code": exit_code}))
+    def release(self, container_id: str, exit_code: int | None = None,
+                rootfs: str | None = None) -> StartRecord:
+        """The container stopped: end its recording, unmount, complete its timeline.
+        ``rootfs`` is the root the engine ran it on: the agent refuses the release if it
+        is not the mount's."""
+        params: dict[str, Any] = {}
+        if exit_code is not None:
+            params["exit_code"] = exit_code
+        if rootfs is not None:
+            params["rootfs"] = rootfs
+        return StartRecord.from_json(self._call("DELETE", f"/v1/mounts/{container_id}",
+                                                params=params))
 
     def mounts(self) -> list[dict[str, Any]]:
         """The containers' mounts the agent serves (``GET /v1/mounts``)."""

@@ -8,14 +8,21 @@ Stages (the first argument, else told apart by what comes on stdin: an OCI state
   container that asked for Bootseer (:mod:`agents.oci`) gets its lazy root from the node
   agent and the same rewrite the shim does, minus the poststop hook (the engine runs its
   hooks.d poststop hook itself). The engine has not named the container yet, so the mount
-  gets an id of its own, kept in the ``io.bootseer.mount`` annotation. Anything else is
-  echoed unchanged. A failure exits non-zero: the engine then refuses to create the
-  container, which is right, since its root would not be there.
-* ``poststop``: the OCI state comes on stdin. The mount the container ran on (annotation
-  ``io.bootseer.mount`` in the state, else in the bundle's ``config.json``: podman gives its
-  poststop hooks the annotations it was asked for, not the rewritten ones) is released.
-  Running twice, or after the mount is gone, is fine; a problem is logged and the hook
-  still exits 0, since the container has stopped either way.
+  gets a fresh, unguessable id of its own, kept in the ``io.bootseer.mount`` annotation
+  (which the rewrite sets whatever the container brought). A container that did not ask
+  passes unchanged, but for an ``io.bootseer.mount`` annotation of its own, which is
+  removed: it could only name another container's mount. A failure exits non-zero: the
+  engine then refuses to create the container, which is right, since its root would not
+  be there.
+* ``poststop``: the OCI state comes on stdin, and the container's own mount is released.
+  Which mount that is comes from the engine's state, never from the container: with
+  ``--runtime-root ROOT`` (the shim's hook), from the state's container id and runc's
+  root; otherwise (hooks.d), from the bundle's ``config.json`` as the engine stored it
+  from precreate's output, not from the state's annotations (podman gives its poststop
+  hooks the annotations the container asked for). The agent also checks that the root the
+  engine's config names is that mount's. Running twice, or after the mount is gone, is
+  fine; a problem is logged and the hook still exits 0, since the container has stopped
+  either way.
 
 ``deploy/hooks.d/bootseer.json`` installs both stages for containers annotated
 ``io.bootseer.image``.
@@ -39,44 +46,66 @@ def precreate(spec: dict[str, Any]) -> dict[str, Any]:
     from agents.runtime import agent_socket, request_mount
 
     labels = oci.requested(spec)
-    if labels is None or oci.mount_id(spec):  # not ours, or already rewritten
-        return spec
+    if labels is None:  # not ours; nor may it name a mount of ours
+        return oci.without_mount_annotation(spec)
     mount = request_mount(agent_socket(), labels, f"bootseer-{uuid.uuid4().hex}",
                           "bootseer-hook")
     return oci.rewrite(spec, mount)
 
 
-def poststop_mount(state: dict[str, Any]) -> str | None:
-    """The mount a stopped container ran on, from its state or its bundle's config."""
-    found = oci.mount_id(state)
-    if found is None and state.get("bundle"):
+def poststop_mount(state: dict[str, Any], runtime_root: str | None) -> tuple[str, str | None]:
+    """The mount a stopped container ran on, and its root as the engine stored it (the
+    proof the agent checks); ``ValueError`` if the engine's state names none."""
+    from agents.mountapi import mount_key
+
+    bundle = state.get("bundle")
+    spec = None
+    if isinstance(bundle, str) and bundle:
         try:
-            found = oci.mount_id(json.loads((Path(state["bundle"]) / "config.json")
-                                            .read_text()))
+            spec = json.loads((Path(bundle) / "config.json").read_text())
         except (OSError, ValueError):
-            return None  # the bundle is gone: nothing says it was ours
-    return found
+            spec = None  # the bundle is gone already
+    rootfs = oci.root_path(spec, bundle) if isinstance(spec, dict) else None
+    if runtime_root is not None:
+        container_id = state.get("id")
+        if not isinstance(container_id, str) or not container_id:
+            raise ValueError("the OCI state names no container")
+        return mount_key(container_id, runtime_root), rootfs
+    found = oci.mount_id(spec) if isinstance(spec, dict) else None
+    if found is None:
+        raise ValueError("the container's config names no Bootseer mount")
+    return found, rootfs
 
 
-def poststop(state: dict[str, Any]) -> None:
+def poststop(state: dict[str, Any], runtime_root: str | None = None) -> None:
     from agents.client import AgentError
     from agents.runtime import agent_socket, release_mount
 
-    mount = poststop_mount(state)
-    if mount is None:
+    try:
+        mount, rootfs = poststop_mount(state, runtime_root)
+    except ValueError as exc:
+        sys.stderr.write(f"bootseer-hook poststop: nothing to release: {exc}\n")
         return
     try:
-        release_mount(agent_socket(), mount)
+        release_mount(agent_socket(), mount, rootfs=rootfs)
     except AgentError as exc:
         # Already released (a second poststop, the agent restarted): nothing left to do.
         sys.stderr.write(f"bootseer-hook: mount {mount} not released: {exc}\n")
 
 
+USAGE = ("usage: bootseer-hook [precreate | poststop [--runtime-root ROOT]]  (an OCI hook: "
+         "the config or the state comes on stdin)\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] not in STAGES:
-        sys.stderr.write("usage: bootseer-hook [precreate|poststop]  (an OCI hook: the "
-                         "config or the state comes on stdin)\n")
+    runtime_root = None
+    if args[1:2] == ["--runtime-root"] and len(args) == 3:
+        runtime_root = args.pop()
+        args.pop()
+    if len(args) > 1 or (args and args[0] not in STAGES) or \
+            (runtime_root is not None and args != ["poststop"]):
+        sys.stderr.write(USAGE)
         sys.exit(2)
     raw = sys.stdin.buffer.read()
     try:
@@ -87,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     if stage == "poststop":
         try:
-            poststop(document)
+            poststop(document, runtime_root)
         except Exception as exc:  # the container has stopped anyway: say why, exit 0
             sys.stderr.write(f"bootseer-hook poststop: {exc}\n")
         return

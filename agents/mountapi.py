@@ -9,29 +9,39 @@ complete. Asking twice for the same id gives the same mount (runtimes retry).
 
 from __future__ import annotations
 
-import re
+import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-#: Container ids as Docker, podman, containerd and runc spell them.
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+from agents import fields
+from agents.fields import COMPONENT, CONTAINER_ID, IMAGE, JOB, RUNTIME
 
 RECORD_MODES = ("auto", "always", "never")
 
 #: Where a container finds its checkpoint mounts, one directory per name.
 CHECKPOINTS_TARGET = "/mnt/checkpoints"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+#: Mount keys: a container id, and where its engine keeps it (see :func:`mount_key`).
+_KEY = CONTAINER_ID
 
 
 def check_id(container_id: str) -> str:
-    if not isinstance(container_id, str) or not _ID.fullmatch(container_id):
-        raise ValueError(f"container id must match {_ID.pattern}: {container_id!r}")
-    return container_id
+    """A mount key or a container id, as the API accepts them (``ValueError`` if not)."""
+    return fields.name(container_id, "id", _KEY)
+
+
+def mount_key(container_id: str, namespace: str) -> str:
+    """The agent's name for a container's mount: its id, qualified by the engine state it
+    lives in (``runc --root``: a containerd namespace, Docker's ``moby``). Two engines, or
+    two namespaces of one, may use the same container id; they never share a mount."""
+    if not namespace:
+        return container_id
+    digest = hashlib.sha256(namespace.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return f"{container_id[:115]}.{digest}"
 
 
 @dataclass(frozen=True)
 class MountRequest:
-    id: str  # the container's id (runc/Docker/podman): also the start's id in the timeline
+    id: str  # the container's id, from the engine (runc's argv, podman's hook)
     image: str  # a lazy image's name or id
     workload: str = "default"  # which hot list
     record: str = "auto"  # "auto": while the hot list is young; "always"; "never"
@@ -40,28 +50,49 @@ class MountRequest:
     #: Checkpoint directories to mount (striped reads), by name: the container sees each
     #: at ``CHECKPOINTS_TARGET/<name>``.
     checkpoints: dict[str, str] = field(default_factory=dict)
+    #: Where the engine keeps the container (runc's ``--root``); part of the mount's key.
+    namespace: str = ""
 
     def __post_init__(self) -> None:
-        check_id(self.id)
-        if not isinstance(self.checkpoints, dict) or not all(
-                isinstance(n, str) and _NAME.fullmatch(n) and isinstance(u, str) and u
-                for n, u in self.checkpoints.items()):
-            raise ValueError(f"'checkpoints' maps names ({_NAME.pattern}) to store URLs")
-        if not isinstance(self.image, str) or not self.image:
-            raise ValueError("'image' must name a lazy image")
+        fields.name(self.id, "id", CONTAINER_ID)
+        fields.name(self.image, "image", IMAGE)
+        fields.name(self.workload, "workload", COMPONENT)
+        fields.optional_name(self.job, "job", JOB)
+        fields.name(self.runtime, "runtime", RUNTIME)
         if self.record not in RECORD_MODES:
             raise ValueError(f"'record' must be one of {', '.join(RECORD_MODES)}")
+        if not isinstance(self.namespace, str) or len(self.namespace) > fields.MAX_URL:
+            raise ValueError("'namespace' must be a path")
+        if not isinstance(self.checkpoints, dict) or \
+                len(self.checkpoints) > fields.MAX_ITEMS:
+            raise ValueError(f"'checkpoints' maps at most {fields.MAX_ITEMS} names "
+                             f"({COMPONENT.pattern}) to store URLs")
+        for checkpoint, url in self.checkpoints.items():
+            fields.name(checkpoint, "checkpoints", COMPONENT)
+            fields.url(url, f"checkpoints.{checkpoint}")
+
+    @property
+    def key(self) -> str:
+        """The mount's name at the agent (:func:`mount_key`)."""
+        return mount_key(self.id, self.namespace)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, body: dict[str, Any]) -> MountRequest:
+    def from_json(cls, body: Any) -> MountRequest:
+        body = fields.only(body, {f for f in cls.__dataclass_fields__}, "mount request")
         return cls(id=body.get("id"), image=body.get("image"),
-                   workload=str(body.get("workload") or "default"),
-                   record=str(body.get("record") or "auto"), job=body.get("job"),
-                   runtime=str(body.get("runtime") or "oci"),
-                   checkpoints=body.get("checkpoints") or {})
+                   workload=_default(body, "workload", "default"),
+                   record=_default(body, "record", "auto"), job=body.get("job"),
+                   runtime=_default(body, "runtime", "oci"),
+                   checkpoints=_default(body, "checkpoints", {}),
+                   namespace=_default(body, "namespace", ""))
+
+
+def _default(body: Any, name: str, default: Any) -> Any:
+    value = body.get(name)
+    return default if value is None else value
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ For each container the runtime shim or the OCI hook asks about (:mod:`agents.mou
 the agent starts one FUSE server process for the lazy image (prefetching its hot list,
 recording a young one), puts an overlay with a fresh writable layer over it, and hands
 back the overlay as the container's root. Everything about a container lives in one
-directory, ``<cache_dir>/containers/<id>/``::
+directory, ``<cache_dir>/containers/<key>/`` (the key is the container's id qualified by
+its engine's namespace, :func:`agents.mountapi.mount_key`)::
 
     lower/    the lazy image (FUSE)          upper/, work/  the overlay's writable layer
     rootfs/   the overlay: the container's root
@@ -25,6 +26,12 @@ that dies or restarts leaves containers served; the next agent adopts them from
 When the container stops (``DELETE``), the overlay and the lazy mount go, the server ends
 the recording and writes its report, and the start's record is completed: phases the
 workload marked, exit, the mount's statistics.
+
+A container writes its root and its signal directory, so the host must never trust or
+expose them: ``containers/`` and each container's directory are root's alone (0700),
+every mount made here is ``nosuid,nodev``, and what the agent reads from the signal
+directory is read without following links or blocking (:func:`bootseer.ready.read_phases`).
+Checkpoint URLs arrive here already allowed and normalised by the agent's policy.
 """
 
 from __future__ import annotations
@@ -40,12 +47,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agents.mountapi import ContainerMount, MountRequest, check_id
+from agents.policy import RecordingPolicy
 from agents.priority import Priority, PriorityGate
 from agents.timeline import StartRecord, container_phases
 from bootseer.config import Config
@@ -61,6 +70,10 @@ WATCH_INTERVAL = 0.5
 
 class UnknownMount(BootseerError):
     """No container of that id has a mount here."""
+
+
+class MountMismatch(BootseerError):
+    """A release named a mount whose root is not the one the engine ran the container on."""
 
 
 @dataclass
@@ -126,8 +139,10 @@ class MountManager:
         self.config = config
         self.gate = gate or PriorityGate()
         self._claims: dict[str, _Claims] = {}
+        self.recording = RecordingPolicy.from_config(config)
         self.root = config.cache_dir / "containers"
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)  # also when an older agent made it 0755
         self._record = record  # into the timeline (and the metrics): the agent's
         self._mounts: dict[str, _Mounted] = {}
         self._fds: dict[str, int] = {}  # this agent's copy of each connection's file
@@ -138,29 +153,44 @@ class MountManager:
 
     def mount(self, request: MountRequest) -> ContainerMount:
         """The container's root: mounted now, or the one it already has."""
-        with self._lock_for(request.id):
-            if request.id in self._mounts:
-                return self._mounts[request.id].mount
+        key = request.key
+        with self._lock_for(key):
+            if key in self._mounts:
+                return self._mounts[key].mount
             created = time.time()
             mounted, fd = self._mount(request, created)
-            self._mounts[request.id] = mounted
-            self._fds[request.id] = fd
-            self._save(mounted)
-            claims = self._claims[request.id] = _Claims(self.gate)
+            try:
+                self._mounts[key] = mounted
+                self._fds[key] = fd
+                self._save(mounted)
+                self._record(StartRecord(key, job=request.job, image=request.image,
+                                         workload=request.workload, runtime=request.runtime,
+                                         phases={"created": created,
+                                                 "image_ready": time.time()}))
+            except BaseException:  # nothing of a refused mount stays behind
+                self._mounts.pop(key, None)
+                self._fds.pop(key, None)
+                self._teardown(self.root / key, mounted, fd)
+                raise
+            claims = self._claims[key] = _Claims(self.gate)
             claims.set(Priority.STARTING, True)  # until the watcher sees the prefetch end
-        self._record(StartRecord(request.id, job=request.job, image=request.image,
-                                 workload=request.workload, runtime=request.runtime,
-                                 phases={"created": created, "image_ready": time.time()}))
         return mounted.mount
 
-    def release(self, container_id: str, exit_code: int | None = None) -> StartRecord:
+    def release(self, container_id: str, exit_code: int | None = None,
+                rootfs: str | None = None) -> StartRecord:
         """The container stopped: unmount, let the server store its recording, and
-        complete the start's record."""
+        complete the start's record. ``rootfs``, the root the engine ran the container
+        on, must be this mount's when given: proof from the engine's own state that the
+        caller releases the container's own mount."""
         check_id(container_id)
         with self._lock_for(container_id):
-            mounted = self._mounts.pop(container_id, None)
+            mounted = self._mounts.get(container_id)
             if mounted is None:
                 raise UnknownMount(f"no container {container_id} has a mount here")
+            if rootfs is not None and os.path.normpath(rootfs) != mounted.mount.rootfs:
+                raise MountMismatch(f"container {container_id}'s root is not {rootfs}: "
+                                    f"not releasing another container's mount")
+            del self._mounts[container_id]
             claims = self._claims.pop(container_id, None)
             if claims is not None:
                 claims.clear()
@@ -194,7 +224,8 @@ class MountManager:
     def list(self) -> list[dict[str, Any]]:
         with self._lock:
             mounts = list(self._mounts.values())
-        return [{"id": m.request.id, "image": m.request.image, "rootfs": m.mount.rootfs,
+        return [{"id": m.request.key, "container": m.request.id, "image": m.request.image,
+                 "rootfs": m.mount.rootfs,
                  "pid": m.pid, "serving": _alive(m.pid), "created": m.created,
                  "server_deaths": m.server_deaths, "failed": m.failed,
                  "checkpoints": {name: {"pid": pid, "serving": _alive(pid)}
@@ -212,29 +243,35 @@ class MountManager:
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("ignoring %s: %s", state, exc)
                 continue
+            if mounted.request.key != state.parent.name:
+                log.warning("ignoring %s: it describes container %s", state,
+                            mounted.request.key)
+                continue
             if is_mounted(Path(mounted.mount.rootfs)):
                 fd = _take_fd(mounted.pid, mounted.server_fd) if _alive(mounted.pid) else None
                 if fd is None:  # server and agent both gone: so is the connection
                     mounted.failed = True
                     log.error("container %s: its mount's server is gone and the connection "
                               "with it; the container's reads of its image fail",
-                              mounted.request.id)
+                              mounted.request.key)
                 else:
-                    self._fds[mounted.request.id] = fd
-                self._mounts[mounted.request.id] = mounted
-                log.info("adopted container %s's mount (server pid %d)", mounted.request.id,
+                    self._fds[mounted.request.key] = fd
+                self._mounts[mounted.request.key] = mounted
+                log.info("adopted container %s's mount (server pid %d)", mounted.request.key,
                          mounted.pid)
             else:
                 log.info("container %s's mount is gone: removing its directory",
-                         mounted.request.id)
+                         mounted.request.key)
                 unmount(state.parent / "lower")
                 shutil.rmtree(state.parent, ignore_errors=True)
 
-    async def watch(self, stop: asyncio.Event) -> None:
-        """Look at every server each :data:`WATCH_INTERVAL` until ``stop`` is set."""
+    async def watch(self, stop: asyncio.Event, pool: Executor | None = None) -> None:
+        """Look at every server each :data:`WATCH_INTERVAL` until ``stop`` is set, on
+        ``pool`` (the agent gives it a thread of its own: warm requests wait on the
+        priorities the watcher releases, so it must never queue behind them)."""
         loop = asyncio.get_running_loop()
         while not stop.is_set():
-            await loop.run_in_executor(None, self._look)
+            await loop.run_in_executor(pool, self._look)
             try:
                 await asyncio.wait_for(stop.wait(), WATCH_INTERVAL)
             except TimeoutError:
@@ -259,16 +296,16 @@ class MountManager:
         same place; both propagate into the container (its bind is a slave of the
         host's shared directory). Reads in flight on the old mount fail; files opened
         after see the new one."""
-        container_id = mounted.request.id
+        container_id = mounted.request.key
         with self._lock_for(container_id):
             if self._mounts.get(container_id) is not mounted or \
                     _alive(mounted.checkpoint_pids.get(name, 0)):
                 return  # released, or replaced, meanwhile
-            target = self.root / container_id / "checkpoints" / name
-            unmount(target)
+            directory = self.root / container_id
+            unmount(directory / "checkpoints" / name)
             try:
                 mounted.checkpoint_pids[name] = self._start_checkpoint_server(
-                    mounted.request.checkpoints[name], target)
+                    mounted.request.checkpoints[name], directory, name)
                 mounted.checkpoint_restarts += 1
                 log.warning("container %s: the server of checkpoint mount %s died; "
                             "mounted again (pid %d)", container_id, name,
@@ -281,7 +318,7 @@ class MountManager:
 
     def _replace_server(self, mounted: _Mounted) -> None:
         """A server died: start one that takes its connection over."""
-        container_id = mounted.request.id
+        container_id = mounted.request.key
         with self._lock_for(container_id):
             if self._mounts.get(container_id) is not mounted or _alive(mounted.pid):
                 return  # released meanwhile
@@ -307,13 +344,13 @@ class MountManager:
         """Hold the priorities the mount's server needs now, from its statistics file."""
         from prefetch.session import stats_path
 
-        claims = self._claims.setdefault(mounted.request.id, _Claims(self.gate))
+        claims = self._claims.setdefault(mounted.request.key, _Claims(self.gate))
         if not alive:
             claims.clear()
             return
         try:
             stats = json.loads(stats_path(self.config.cache_dir,
-                                          self.root / mounted.request.id / "lower")
+                                          self.root / mounted.request.key / "lower")
                                .read_text())
         except (OSError, ValueError):
             return  # not written yet: keep what is held
@@ -330,15 +367,14 @@ class MountManager:
         from prefetch.container import mount_overlay
         from prefetch.fuse_ll import mount_fd
 
-        directory = self.root / request.id
+        directory = self.root / request.key
         if directory.exists():  # a failed earlier attempt: start clean
-            unmount(directory / "rootfs")
-            unmount(directory / "lower")
-            shutil.rmtree(directory)
+            self._teardown(directory, None, None)
+        directory.mkdir(mode=0o700)
         parts = {name: directory / name for name in ("lower", "upper", "work", "rootfs",
                                                       "signal")}
         for path in parts.values():
-            path.mkdir(parents=True)
+            path.mkdir()
         fd = None
         try:
             fd = mount_fd(parts["lower"])
@@ -346,23 +382,34 @@ class MountManager:
             info = json.loads((directory / "info.json").read_text())
             mount_overlay(parts["lower"], parts["upper"], parts["work"], parts["rootfs"])
             checkpoint_pids = self._mount_checkpoints(request, directory)
+            image_config = (info.get("config") or {}).get("config") or {}
+            if not isinstance(image_config, dict):
+                raise BootseerError(f"image {request.image}: its config is not an object")
+            mount = ContainerMount(
+                id=request.key, image=request.image, image_id=str(info["image_id"]),
+                rootfs=str(parts["rootfs"]), signal_dir=str(parts["signal"]),
+                env={READY_FILE_ENV: "/run/bootseer/ready",
+                     IMAGE_ID_ENV: str(info["image_id"])},
+                image_config=image_config, recording=bool(info.get("recording")),
+                checkpoints_dir=str(directory / "checkpoints") if request.checkpoints
+                else None)
         except BaseException:
-            if fd is not None:  # first: with no server left, this ends the connection,
-                os.close(fd)  # and the unmount cannot wait for a server that never comes
-            unmount(parts["rootfs"])
-            self._unmount_checkpoints(directory, None)
-            unmount(parts["lower"])  # a server that is there exits when it sees this
-            shutil.rmtree(directory, ignore_errors=True)
+            self._teardown(directory, None, fd)
             raise
-        image_config = info["config"].get("config") or {}
-        mount = ContainerMount(
-            id=request.id, image=request.image, image_id=info["image_id"],
-            rootfs=str(parts["rootfs"]), signal_dir=str(parts["signal"]),
-            env={READY_FILE_ENV: "/run/bootseer/ready", IMAGE_ID_ENV: info["image_id"]},
-            image_config=image_config, recording=bool(info.get("recording")),
-            checkpoints_dir=str(directory / "checkpoints") if request.checkpoints else None)
         return _Mounted(request, mount, pid, fd, created,
                         checkpoint_pids=checkpoint_pids), fd
+
+    def _teardown(self, directory: Path, mounted: _Mounted | None, fd: int | None) -> None:
+        """Remove every mount and file of a container that must not stay (a refused or
+        failed mount); the server, if any, exits when it sees its mount go."""
+        if fd is not None:  # first: with no server left, this ends the connection, and
+            os.close(fd)  # the unmount cannot wait for a server that never comes
+        unmount(directory / "rootfs")
+        self._unmount_checkpoints(directory, mounted)
+        unmount(directory / "lower")
+        if mounted is not None:
+            _reap(mounted.pid)
+        shutil.rmtree(directory, ignore_errors=True)
 
     def _mount_checkpoints(self, request: MountRequest, directory: Path) -> dict[str, int]:
         """One striped checkpoint mount per name under ``checkpoints/``, itself made a
@@ -372,6 +419,7 @@ class MountManager:
         base = directory / "checkpoints"
         base.mkdir()
         for command in (["mount", "--bind", str(base), str(base)],
+                        ["mount", "-o", "remount,bind,nosuid,nodev", str(base)],
                         ["mount", "--make-shared", str(base)]):
             result = subprocess.run(command, capture_output=True, text=True,
                                     stdin=subprocess.DEVNULL)
@@ -380,13 +428,17 @@ class MountManager:
         pids = {}
         for name, url in request.checkpoints.items():
             (base / name).mkdir()
-            pids[name] = self._start_checkpoint_server(url, base / name)
+            pids[name] = self._start_checkpoint_server(url, directory, name)
         return pids
 
-    def _start_checkpoint_server(self, url: str, target: Path) -> int:
-        argv = [sys.executable, "-m", "bootseer", "ckpt", "mount", "--foreground", url,
-                str(target)]
-        return spawn_mount(argv, target, f"checkpoint {url}", 60.0)
+    def _start_checkpoint_server(self, url: str, directory: Path, name: str) -> int:
+        cfg = self.config.checkpoint
+        target = directory / "checkpoints" / name
+        argv = [sys.executable, "-m", "bootseer", "ckpt", "mount", "--foreground",
+                "--mode", f"{cfg.mount_mode:o}", "--memory", str(cfg.mount_memory), "--",
+                url, str(target)]
+        return spawn_mount(argv, target, f"checkpoint {url}", 60.0,
+                           directory / f"checkpoint-{name}.log")
 
     @staticmethod
     def _unmount_checkpoints(directory: Path, mounted: _Mounted | None) -> None:
@@ -403,8 +455,9 @@ class MountManager:
                       takeover: bool) -> int:
         """A FUSE server for the connection of ``fd``; the first one (not ``takeover``) is
         waited for until it has loaded the image (``info.json``)."""
-        argv = self._server_argv(request, directory, record=not takeover) + [
-            "--fuse-fd", str(fd), "--takeover-state", str(directory / "fuse.json")]
+        argv = self._server_argv(request, directory, record=not takeover,
+                                 extra=["--fuse-fd", str(fd), "--takeover-state",
+                                        str(directory / "fuse.json")])
         with open(directory / "server.log", "ab") as log_file:
             child = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
@@ -421,21 +474,21 @@ class MountManager:
         return child.pid
 
     def _server_argv(self, request: MountRequest, directory: Path, *,
-                     record: bool) -> list[str]:
+                     record: bool, extra: list[str]) -> list[str]:
         """``bootseer image mount --foreground`` with this agent's store and cache; a
         server that takes over never records (the start's first reads went unseen)."""
         cfg = self.config.image
         argv = [sys.executable, "-m", "bootseer", "--store", self.config.store, "image",
-                "mount", "--foreground", request.image, str(directory / "lower"),
-                "--workload", request.workload,
+                "mount", "--foreground", "--workload", request.workload,
                 "--prefetch" if cfg.prefetch else "--no-prefetch",
                 "--report", str(directory / "report.json"),
                 "--info", str(directory / "info.json")]
-        if record and request.record != "never":
-            argv += ["--record" if request.record == "always" else "--record-auto",
+        mode = self.recording.effective(request.image, request.record)
+        if record and mode != "never":
+            argv += ["--record" if mode == "always" else "--record-auto",
                      "--record-timeout", str(cfg.record_timeout),
                      "--ready-file", str(directory / "signal" / "ready")]
-        return argv
+        return [*argv, *extra, "--", request.image, str(directory / "lower")]
 
     def _report(self, directory: Path, pid: int) -> dict[str, Any] | None:
         """The server's final statistics (written after it stored the recording)."""
@@ -449,7 +502,7 @@ class MountManager:
             _reap(pid)
 
     def _save(self, mounted: _Mounted) -> None:
-        path = self.root / mounted.request.id / "state.json"
+        path = self.root / mounted.request.key / "state.json"
         tmp = path.with_name(".state.json.tmp")
         tmp.write_text(json.dumps(mounted.to_json(), indent=2) + "\n")
         os.replace(tmp, path)

@@ -20,6 +20,7 @@ in any of them leaves the original untouched and nothing is forwarded half-modif
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,10 +53,11 @@ class Labels:
     record: str = "auto"
     checkpoints: tuple[tuple[str, str], ...] = ()  # (name, store URL) to mount
 
-    def mount_request(self, container_id: str, runtime: str) -> MountRequest:
+    def mount_request(self, container_id: str, runtime: str,
+                      namespace: str = "") -> MountRequest:
         return MountRequest(id=container_id, image=self.image, workload=self.workload,
                             record=self.record, job=self.job, runtime=runtime,
-                            checkpoints=dict(self.checkpoints))
+                            checkpoints=dict(self.checkpoints), namespace=namespace)
 
 
 def parse_checkpoints(value: str | None) -> tuple[tuple[str, str], ...]:
@@ -206,6 +208,29 @@ def rewrite(spec: Spec, mount: ContainerMount, poststop: Hook | None = None) -> 
     return out
 
 
-def mount_id(spec_or_state: dict[str, Any]) -> str | None:
-    """The agent mount a config or an OCI state names, if any."""
-    return (spec_or_state.get("annotations") or {}).get(MOUNT_ANNOTATION) or None
+def mount_id(spec: dict[str, Any]) -> str | None:
+    """The agent mount a config names, if any. Only a config the engine stored from
+    Bootseer's own rewrite can be trusted to name it (:func:`annotate` overrides any value
+    a container brings); an OCI state's annotations are the container's own."""
+    value = (spec.get("annotations") or {}).get(MOUNT_ANNOTATION)
+    return value if isinstance(value, str) and value else None
+
+
+def without_mount_annotation(spec: Spec) -> Spec:
+    """``spec`` without the annotation that names a mount: a container that brings one
+    itself is naming someone else's (the same object when it has none)."""
+    annotations = spec.get("annotations") or {}
+    if MOUNT_ANNOTATION not in annotations:
+        return spec
+    out = copy.deepcopy(spec)
+    del out["annotations"][MOUNT_ANNOTATION]
+    return out
+
+
+def root_path(spec: Spec, bundle: str) -> str | None:
+    """The container's root as the engine stored it in its config (relative to the
+    bundle, as runc reads it)."""
+    path = (spec.get("root") or {}).get("path")
+    if not isinstance(path, str) or not path:
+        return None
+    return os.path.normpath(os.path.join(bundle, path))

@@ -36,6 +36,10 @@ _COMMAND_VALUE_FLAGS = {"bundle", "b", "console-socket", "pid-file", "preserve-f
 _ACTS_ON = {"create", "run"}
 
 
+#: runc's state directory when ``--root`` is not given (run as root).
+DEFAULT_ROOT = "/run/runc"
+
+
 @dataclass(frozen=True)
 class RuncCall:
     """The parts of a runc command line the shim needs."""
@@ -45,6 +49,9 @@ class RuncCall:
     container_id: str | None = None
     log: Path | None = None
     log_format: str = "text"
+    #: --root: where this engine (containerd namespace, Docker's moby) keeps containers;
+    #: with the id, it names the container on the node (mountapi.mount_key).
+    root: str = DEFAULT_ROOT
 
 
 def _flag(arg: str) -> tuple[str, str | None]:
@@ -69,7 +76,8 @@ def parse(args: list[str]) -> RuncCall:
         return RuncCall(None)
     command, rest = args[i], args[i + 1:]
     call = RuncCall(command, log=Path(options["log"]) if options.get("log") else None,
-                    log_format=options.get("log-format", "text"))
+                    log_format=options.get("log-format", "text"),
+                    root=options.get("root") or DEFAULT_ROOT)
     if command not in _ACTS_ON:
         return call
     bundle, container_id = None, None
@@ -87,7 +95,7 @@ def parse(args: list[str]) -> RuncCall:
             container_id = arg
         j += 1
     return RuncCall(command, Path(bundle) if bundle else None, container_id, call.log,
-                    call.log_format)
+                    call.log_format, call.root)
 
 
 def real_runc() -> str:
@@ -111,14 +119,14 @@ def agent_socket() -> Path:
 
 
 def request_mount(socket: Path, labels: Labels, container_id: str,
-                  runtime: str) -> ContainerMount:
+                  runtime: str, namespace: str = "") -> ContainerMount:
     """Ask the node agent for the container's lazy root (httpx is imported only here)."""
     from agents.client import AgentClient
     from bootseer.errors import BootseerError
 
     try:
         with AgentClient(socket) as client:
-            return client.mount(labels.mount_request(container_id, runtime))
+            return client.mount(labels.mount_request(container_id, runtime, namespace))
     except (BootseerError, ValueError) as exc:
         raise ShimError(f"the node agent could not give container {container_id} the lazy "
                         f"image {labels.image!r}: {exc}. Is it running (`bootseer agent`, "
@@ -126,13 +134,14 @@ def request_mount(socket: Path, labels: Labels, container_id: str,
                         ) from exc
 
 
-def release_mount(socket: Path, mount_id: str, exit_code: int | None = None) -> None:
+def release_mount(socket: Path, mount_id: str, exit_code: int | None = None,
+                  rootfs: str | None = None) -> None:
     """Give a mount back to the agent (raises :class:`agents.client.AgentError` and
     friends: the caller decides whether that matters)."""
     from agents.client import AgentClient
 
     with AgentClient(socket) as client:
-        client.release(mount_id, exit_code)
+        client.release(mount_id, exit_code, rootfs)
 
 
 def hook_path(argv0: str) -> Path:
@@ -164,10 +173,12 @@ def prepare_bundle(call: RuncCall, argv0: str) -> None:
         return
     hook = hook_path(argv0)
     socket = agent_socket()
-    mount = request_mount(socket, labels, call.container_id, "bootseer-runtime")
+    mount = request_mount(socket, labels, call.container_id, "bootseer-runtime", call.root)
     try:
-        poststop = oci.Hook(str(hook), ["bootseer-hook", "poststop"],
-                            [f"BOOTSEER_AGENT_SOCKET={socket}"])
+        # The hook finds the mount from runc's state (the container's id) and this root,
+        # never from anything the container's config says.
+        poststop = oci.Hook(str(hook), ["bootseer-hook", "poststop", "--runtime-root",
+                                        call.root], [f"BOOTSEER_AGENT_SOCKET={socket}"])
         tmp = path.with_name(f".{path.name}.bootseer")
         tmp.write_text(json.dumps(oci.rewrite(spec, mount, poststop)))
         os.chmod(tmp, path.stat().st_mode & 0o7777)

@@ -32,12 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents import fields
 from bootseer.config import Config
 from bootseer.ready import read_phases
 
 log = logging.getLogger(__name__)
 
 PHASES = ("created", "image_ready", "env_ready", "checkpoint_first_byte", "ready", "exited")
+#: A start's detail (mount statistics, exit code) as JSON: it is stored per start.
+MAX_DETAIL_BYTES = 64 << 10
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS starts (
@@ -98,18 +101,31 @@ class StartRecord:
                 "startup_seconds": self.startup_seconds, "detail": dict(self.detail)}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StartRecord:
+    def from_json(cls, data: Any) -> StartRecord:
+        """A record from JSON, every field checked (:mod:`agents.fields`); the derived
+        fields of :meth:`to_json` (``breakdown``, ``startup_seconds``) are accepted and
+        ignored."""
+        data = fields.only(data, {"id", "job", "image", "workload", "runtime", "phases",
+                                  "detail", "breakdown", "startup_seconds"}, "start record")
         phases = data.get("phases") or {}
+        if not isinstance(phases, dict):
+            raise ValueError("'phases' maps phase names to Unix times")
         unknown = set(phases) - set(PHASES)
         if unknown:
-            raise ValueError(f"unknown phase(s) {', '.join(sorted(unknown))}; phases are "
-                             f"{', '.join(PHASES)}")
-        if not isinstance(data.get("id"), str) or not data["id"]:
-            raise ValueError("a start needs an id")
-        return cls(id=data["id"], job=data.get("job"), image=data.get("image"),
-                   workload=data.get("workload"), runtime=data.get("runtime"),
-                   phases={k: float(v) for k, v in phases.items()},
-                   detail=dict(data.get("detail") or {}))
+            raise ValueError(f"unknown phase(s) {', '.join(sorted(map(str, unknown)))}; "
+                             f"phases are {', '.join(PHASES)}")
+        detail = data.get("detail") or {}
+        if not isinstance(detail, dict) or len(json.dumps(detail)) > MAX_DETAIL_BYTES:
+            raise ValueError(f"'detail' is a JSON object of at most {MAX_DETAIL_BYTES} bytes")
+        return cls(id=fields.name(data.get("id"), "id", fields.CONTAINER_ID),
+                   job=fields.optional_name(data.get("job"), "job", fields.JOB),
+                   image=fields.optional_name(data.get("image"), "image", fields.IMAGE),
+                   workload=fields.optional_name(data.get("workload"), "workload",
+                                                 fields.COMPONENT),
+                   runtime=fields.optional_name(data.get("runtime"), "runtime",
+                                                fields.RUNTIME),
+                   phases={k: fields.time_value(v, f"phases.{k}") for k, v in phases.items()},
+                   detail=dict(detail))
 
 
 def timeline_path(config: Config) -> Path:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agents import fields
 from bootseer.config import Config
 from bootseer.store import BlobStore
 from prefetch.blockcache import BlockCache
@@ -39,21 +40,16 @@ class WarmRequest:
                 "envs": list(self.envs), "checkpoints": list(self.checkpoints)}
 
     @classmethod
-    def from_json(cls, body: dict[str, Any]) -> WarmRequest:
-        envs = _strings(body, "envs", "snapshot keys")
-        checkpoints = _strings(body, "checkpoints", "checkpoint URLs")
-        image = body.get("image")
-        if image is not None and not isinstance(image, str):
-            raise ValueError("'image' must be a string")
-        return cls(image, str(body.get("workload") or "default"), bool(body.get("all")),
-                   envs, checkpoints)
-
-
-def _strings(body: dict[str, Any], name: str, what: str) -> tuple[str, ...]:
-    values = body.get(name) or []
-    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        raise ValueError(f"{name!r} must be a list of {what}")
-    return tuple(values)
+    def from_json(cls, body: Any) -> WarmRequest:
+        body = fields.only(body, {"image", "workload", "all", "envs", "checkpoints"},
+                           "warm request")
+        workload = body.get("workload")
+        return cls(fields.optional_name(body.get("image"), "image", fields.IMAGE),
+                   "default" if workload is None else
+                   fields.name(workload, "workload", fields.COMPONENT),
+                   fields.boolean(body.get("all"), "all"),
+                   fields.names(body.get("envs"), "envs", fields.SNAPSHOT_KEY),
+                   fields.urls(body.get("checkpoints"), "checkpoints"))
 
 
 @dataclass

@@ -64,6 +64,14 @@ class ByteSize(int):
     """An int that config files may write as ``"64m"`` or ``"1GiB"``."""
 
 
+class FileMode(int):
+    """Permission bits; files and variables write them in octal (``"0444"`` or ``0o444``)."""
+
+
+#: A list of strings: a TOML array, or a comma-separated ``BOOTSEER_*`` variable.
+Strings = tuple[str, ...]
+
+
 @dataclass
 class HdfsConfig:
     """Options for the ``hdfs://`` and ``webhdfs://`` store backends."""
@@ -83,6 +91,11 @@ class ImageConfig:
     prefetch_concurrency: int = 4  # prefetch reads in flight at once
     prefetch_request_size: ByteSize = ByteSize(8 << 20)  # bytes per prefetch read, at most
     record_timeout: float = 300.0  # seconds after which a recording ends, ready or not
+    #: Images (name prefixes; "*" for all) whose container starts may record the shared
+    #: hot list, or force ``record=always``. A hot list steers every later start of the
+    #: image on every node, so writing it is the operator's grant, not a container's
+    #: choice: by default no container records (``bootseer image run`` still does).
+    record_images: Strings = ()
 
 
 @dataclass
@@ -108,6 +121,16 @@ class CheckpointConfig:
     #: Ranged reads in flight per checkpoint file while staging: enough to keep several
     #: DataNodes streaming, few enough to leave the link to a start happening meanwhile.
     stage_concurrency: int = 8
+    #: Checkpoint URL prefixes (``hdfs://nn:8020/ckpt/``) that containers may mount and
+    #: ``warm --checkpoint`` may stage through the agent. A request for anything else is
+    #: refused. ``file://`` is allowed only under a prefix listed here. Empty: none.
+    allowed: Strings = ()
+    #: The widest permission bits a checkpoint mount shows (the store's own bits are shown
+    #: where it has them, narrowed by this; where it has none, exactly this).
+    mount_mode: FileMode = FileMode(0o444)
+    #: Memory of one checkpoint-mount server for fetched and in-flight stripes, across all
+    #: its open files: a FUSE server is a root process outside the container's cgroup.
+    mount_memory: ByteSize = ByteSize(512 << 20)
 
 
 @dataclass
@@ -174,7 +197,7 @@ def env_name(key: str) -> str:
     return ENV_PREFIX + key.replace(".", "_").upper()
 
 
-def _coerce(kind: Any, raw: Any, key: str, origin: str) -> Any:
+def coerce(kind: Any, raw: Any, key: str, origin: str) -> Any:
     """Convert a TOML value or an environment string to the declared type."""
     args = typing.get_args(kind)
     if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in args:
@@ -193,6 +216,12 @@ def _coerce(kind: Any, raw: Any, key: str, origin: str) -> Any:
             raise ValueError
         if kind is ByteSize:
             return ByteSize(parse_size(raw))
+        if kind is FileMode:
+            mode = raw if isinstance(raw, int) and not isinstance(raw, bool) \
+                else int(str(raw).strip().removeprefix("0o"), 8)
+            if not 0 <= mode <= 0o777:
+                raise ValueError
+            return FileMode(mode)
         if kind is int:
             if isinstance(raw, bool):
                 raise ValueError
@@ -203,6 +232,12 @@ def _coerce(kind: Any, raw: Any, key: str, origin: str) -> Any:
             return float(raw)
         if kind is Path:
             return Path(os.path.expanduser(str(raw)))
+        if kind == Strings:
+            items = raw.split(",") if isinstance(raw, str) else raw
+            if not isinstance(items, list | tuple) or \
+                    not all(isinstance(i, str) for i in items):
+                raise ValueError
+            return tuple(i.strip() for i in items if i.strip())
         if kind is str:
             if not isinstance(raw, str):
                 raise ValueError
@@ -212,7 +247,8 @@ def _coerce(kind: Any, raw: Any, key: str, origin: str) -> Any:
     else:
         raise AssertionError(f"unsupported config type {kind} for {key}")
     expected = {bool: "true or false", int: "an integer", float: "a number",
-                ByteSize: "a size like 64m", str: "a string"}.get(kind, str(kind))
+                ByteSize: "a size like 64m", str: "a string", Strings: "a list of strings",
+                FileMode: "octal permission bits"}.get(kind, str(kind))
     raise ConfigError(f"{origin}: {key}: expected {expected}, got {raw!r}")
 
 
@@ -271,18 +307,18 @@ def load_config(
             if key not in kinds:
                 raise ConfigError(f"{path}: unknown setting {key!r} "
                                   f"(known: {', '.join(sorted(kinds))})")
-            _assign(config, key, _coerce(kinds[key], raw, key, str(path)))
+            _assign(config, key, coerce(kinds[key], raw, key, str(path)))
             sources[key] = str(path)
 
     for key, kind in kinds.items():
         name = env_name(key)
         if name in environ:
-            _assign(config, key, _coerce(kind, environ[name], key, f"env {name}"))
+            _assign(config, key, coerce(kind, environ[name], key, f"env {name}"))
             sources[key] = f"env {name}"
 
     for key, raw in (flags or {}).items():
         if raw is not None:
             flag = "--" + key.replace("_", "-").replace(".", "-")
-            _assign(config, key, _coerce(kinds[key], raw, key, f"flag {flag}"))
+            _assign(config, key, coerce(kinds[key], raw, key, f"flag {flag}"))
             sources[key] = f"flag {flag}"
     return LoadedConfig(config, sources)

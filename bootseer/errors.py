@@ -27,3 +27,8 @@ class InvalidRangeError(BootseerError, ValueError):
 
 class BackendUnavailableError(BootseerError, ImportError):
     """A store backend cannot be used here; the message says what to install."""
+
+
+class SizeLimitError(IntegrityError):
+    """Data from the store is larger than its format allows; refused before it is read or
+    decompressed, so hostile bytes cannot make a process allocate without bound."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,10 +27,22 @@ def is_mounted(mountpoint: Path) -> bool:
         return any(line.split()[1] == target for line in mounts)
 
 
-def spawn_mount(args: list[str], mountpoint: Path, what: str, timeout: float) -> int:
-    """Run ``args`` (a foreground FUSE server) detached; return its PID once mounted."""
-    log_path = Path(tempfile.gettempdir()) / f"bootseer-mount-{os.getpid()}.log"
-    with open(log_path, "ab") as log_file:
+def server_log(directory: Path, what: str) -> Path:
+    """A new log file for a server, in ``directory`` (made 0700 if new): never a name in a
+    shared directory such as ``/tmp``, where another user could have put a symlink."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = directory / f"{what}-{os.getpid()}-{secrets.token_hex(4)}.log"
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    return path
+
+
+def spawn_mount(args: list[str], mountpoint: Path, what: str, timeout: float,
+                log_path: Path) -> int:
+    """Run ``args`` (a foreground FUSE server) detached, its output appended to
+    ``log_path``; return its PID once mounted."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW |
+                 os.O_CLOEXEC, 0o600)
+    with open(fd, "ab") as log_file:
         child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log_file,
                                  stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -81,16 +82,69 @@ def mark_phase(phase: str) -> bool:
     return True
 
 
+#: What the host reads of a signal directory at most: the directory is the container's
+#: to write, so its entries and their sizes are bounded (a phase mark is a time: 20 bytes).
+MAX_SIGNAL_ENTRIES = 256
+MAX_MARK_BYTES = 64
+
+
 def read_phases(directory: Path) -> dict[str, float]:
     """The phases marked in ``directory`` (the host's side), with their times; the ready
-    file's own mtime stands for ``ready`` when only the file was touched."""
+    file's own mtime stands for ``ready`` when only the file was touched.
+
+    The directory is written by the container, so nothing in it is trusted: entries are
+    opened relative to the directory, without following symlinks and without blocking
+    (a FIFO), only regular files count, at most :data:`MAX_MARK_BYTES` of each and
+    :data:`MAX_SIGNAL_ENTRIES` entries are read. What does not pass is ignored.
+    """
     phases: dict[str, float] = {}
-    for entry in directory.glob("phase.*"):
-        try:
-            phases[entry.name.removeprefix("phase.")] = float(entry.read_text().strip())
-        except (OSError, ValueError):
-            log.warning("ignoring the unreadable phase mark %s", entry)
-    ready = directory / "ready"
-    if "ready" not in phases and ready.exists():
-        phases["ready"] = ready.stat().st_mtime
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW |
+                         os.O_CLOEXEC)
+    except OSError as exc:
+        log.warning("cannot read the signal directory %s: %s", directory, exc)
+        return phases
+    try:
+        with os.scandir(dir_fd) as entries:
+            for count, entry in enumerate(entries):
+                if count >= MAX_SIGNAL_ENTRIES:
+                    log.warning("%s holds more than %d entries; reading no further",
+                                directory, MAX_SIGNAL_ENTRIES)
+                    break
+                if entry.name.startswith("phase."):
+                    text = read_small_file(dir_fd, entry.name, MAX_MARK_BYTES)
+                    try:
+                        phases[entry.name.removeprefix("phase.")] = float(text or "")
+                    except ValueError:
+                        log.warning("ignoring the phase mark %s/%s", directory, entry.name)
+        if "ready" not in phases:
+            try:
+                st = os.stat("ready", dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                pass
+            else:
+                if stat.S_ISREG(st.st_mode):
+                    phases["ready"] = st.st_mtime
+    finally:
+        os.close(dir_fd)
     return phases
+
+
+def read_small_file(dir_fd: int, name: str, limit: int) -> str | None:
+    """At most ``limit`` bytes of the regular file ``name`` in the directory ``dir_fd``,
+    as text; None if it is anything else (a symlink, a FIFO, a device), or unreadable.
+    Never blocks: ``O_NONBLOCK`` makes opening a FIFO return at once, and it is then
+    refused as not a regular file."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

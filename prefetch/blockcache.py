@@ -11,12 +11,17 @@ go first.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
 import secrets
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
+
+from bootseer.errors import IntegrityError
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +72,56 @@ class BlockCache:
             return None
         return data
 
+    def open(self, digest: str) -> BinaryIO | None:
+        """The entry as a stream, or None if absent: for entries too large to hold in
+        memory at once (snapshot shards). It is checked against its digest as it is read;
+        a mismatch at the end raises :class:`IntegrityError` (the file is dropped), so a
+        reader must not act on the bytes before reaching the end."""
+        with self._lock:
+            if digest not in self._lru:
+                return None
+            self._lru.move_to_end(digest)
+        try:
+            raw = open(self._path(digest), "rb", buffering=0)
+        except FileNotFoundError:
+            self._forget(digest)
+            return None
+        return io.BufferedReader(_Verified(raw, digest, lambda: self._forget(digest)))
+
     def put(self, digest: str, data: bytes) -> None:
         """Add a block whose digest the caller has verified."""
+        self.put_stream(digest, [data], verified=True)
+
+    def put_stream(self, digest: str, chunks: Iterable[bytes], *,
+                   verified: bool = False) -> None:
+        """Add an entry from a stream of chunks, never holding it whole; unless the caller
+        has ``verified`` it, it is hashed while written and kept only if it matches
+        (:class:`IntegrityError` otherwise)."""
         with self._lock:
             if digest in self._lru:
                 return
         tmp = self._tmp / f"{digest}.{secrets.token_hex(4)}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        dest = self._path(digest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, dest)
+        sha = hashlib.sha256()
+        size = 0
+        try:
+            with open(tmp, "wb") as f:
+                for chunk in chunks:
+                    if not verified:
+                        sha.update(chunk)
+                    f.write(chunk)
+                    size += len(chunk)
+            if not verified and sha.hexdigest() != digest:
+                raise IntegrityError(f"{digest}: the bytes do not match the digest; not "
+                                     f"cached")
+            dest = self._path(digest)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
         with self._lock:
             if digest not in self._lru:
-                self._lru[digest] = len(data)
-                self.size += len(data)
+                self._lru[digest] = size
+                self.size += size
             evict = []
             while self.size > self.max_bytes and len(self._lru) > 1:
                 old, size = self._lru.popitem(last=False)
@@ -96,3 +136,32 @@ class BlockCache:
             if size is not None:
                 self.size -= size
         self._path(digest).unlink(missing_ok=True)
+
+
+class _Verified(io.RawIOBase):
+    """A cache file read through: hashed as it goes, checked against its name at the end."""
+
+    def __init__(self, raw: io.FileIO, digest: str, on_mismatch) -> None:
+        self._raw, self._digest, self._on_mismatch = raw, digest, on_mismatch
+        self._sha = hashlib.sha256()
+        self._checked = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        n = self._raw.readinto(buffer)
+        if n:
+            self._sha.update(memoryview(buffer)[:n])
+        elif not self._checked:
+            self._checked = True
+            if self._sha.hexdigest() != self._digest:
+                log.warning("cached entry %s is damaged; dropping it", self._digest)
+                self._on_mismatch()
+                raise IntegrityError(f"cached entry {self._digest} is damaged (it does not "
+                                     f"match its digest)")
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()

@@ -28,6 +28,7 @@ from typing import Any
 import zstandard
 
 from bootseer.errors import BootseerError
+from bootseer.limits import decompress
 from prefetch.rootfs import Kind
 
 FORMAT = "bootseer-image/1"
@@ -37,6 +38,11 @@ FORMAT = "bootseer-image/1"
 #: the over-fetch of random reads inside large files (shared libraries) lower.
 DEFAULT_BLOCK_SIZE = 2 << 20
 DEFAULT_PACK_TARGET = 64 << 20
+#: Limits of the format, checked before anything is allocated (the store's bytes are
+#: hostile input): a block's size, and the decompressed manifest's. A 100,000-file image
+#: has a manifest of 20-40 MB; 1 GiB leaves room for millions of files.
+MAX_BLOCK_SIZE = 64 << 20
+MAX_MANIFEST_BYTES = 1 << 30
 PACK_PREFIX = "packs/"
 IMAGE_REF_PREFIX = "images/"
 
@@ -122,14 +128,26 @@ class Manifest:
     @classmethod
     def decode(cls, data: bytes) -> Manifest:
         try:
-            body = json.loads(zstandard.ZstdDecompressor().decompress(data))
-        except (zstandard.ZstdError, ValueError) as exc:
+            body = json.loads(decompress(data, MAX_MANIFEST_BYTES, "an image manifest"))
+        except BootseerError as exc:
+            raise ImageManifestError(str(exc)) from exc
+        except ValueError as exc:
             raise ImageManifestError(f"image manifest is not valid: {exc}") from exc
+        if not isinstance(body, dict):
+            raise ImageManifestError("image manifest is not a JSON object")
         if body.get("format") != FORMAT:
             raise ImageManifestError(f"image manifest format {body.get('format')!r} is not "
                                      f"supported (this Bootseer reads {FORMAT})")
         try:
+            block_size = body["block_size"]
+            if not isinstance(block_size, int) or not 0 < block_size <= MAX_BLOCK_SIZE:
+                raise ValueError(f"block size {block_size!r} is not in 1..{MAX_BLOCK_SIZE}")
             blocks = [BlockLocation(*b) for b in body["blocks"]]
+            packs = body["packs"]
+            for b in blocks:  # a block's size bounds what decompressing it may allocate
+                if not (0 <= b.size <= block_size and 0 <= b.pack < len(packs)
+                        and b.offset >= 0 and b.length >= 0):
+                    raise ValueError(f"block {b.digest} has an impossible location or size")
             kinds = {k.value: k for k in Kind}  # a dict lookup: Kind(k) is slow x 100,000
             no_xattrs: dict[str, bytes] = {}  # shared: entries are never modified
             entries = [
@@ -139,7 +157,6 @@ class Manifest:
                 for p, k, mode, uid, gid, size, mtime, link, xattrs, major, minor, ino, nlink,
                 blist in body["entries"]
             ]
-            return cls(body["block_size"], body["config"], body["source"], entries, blocks,
-                       body["packs"])
+            return cls(block_size, body["config"], body["source"], entries, blocks, packs)
         except (KeyError, TypeError, ValueError) as exc:
             raise ImageManifestError(f"image manifest is malformed: {exc}") from exc

@@ -164,6 +164,10 @@ def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
     """Mount an overlay of ``upper`` (writable) over ``lower`` at ``target``.
 
     ``upper`` and ``work`` must be on the same file system; missing directories are made.
+    The overlay is ``nosuid,nodev``: a container's root is written by the container, and a
+    setuid-root binary or a device node it leaves there must not work for anyone who
+    reaches the directory from the host (nor, inside the container, escalate: it runs as
+    if ``no_new_privileges`` were set).
     """
     for path in (lower, upper, work, target):
         if any(c in str(path) for c in ",:\n"):
@@ -173,7 +177,8 @@ def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
     for path in (upper, work, target):
         path.mkdir(parents=True, exist_ok=True)
     options = f"lowerdir={lower.resolve()},upperdir={upper.resolve()},workdir={work.resolve()}"
-    proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(target)],
+    proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", "nosuid,nodev," + options,
+                           str(target)],
                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise RuncError(f"mounting an overlay at {target} failed: {proc.stderr.strip()}"

@@ -24,6 +24,7 @@ from prefetch.blockformat import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_PACK_TARGET,
     IMAGE_REF_PREFIX,
+    MAX_MANIFEST_BYTES,
     PACK_PREFIX,
     BlockLocation,
     FileEntry,
@@ -110,7 +111,8 @@ def known_blocks(blobs: BlobStore) -> dict[str, _Known]:
     known: dict[str, _Known] = {}
     for name in blobs.list_refs(IMAGE_REF_PREFIX):
         try:
-            manifest = Manifest.decode(blobs.get(blobs.get_ref(name).digest))
+            manifest = Manifest.decode(blobs.get(blobs.get_ref(name).digest,
+                                                  MAX_MANIFEST_BYTES))
         except Exception as exc:  # a broken image must not stop a new conversion
             log.warning("skipping image %s while looking for known blocks: %s", name, exc)
             continue

@@ -107,6 +107,7 @@ def mount(image: LazyImage, mountpoint: Path, *, prefetcher: Prefetcher | None =
     """Serve ``image`` at ``mountpoint`` until unmounted or SIGTERM/SIGINT (foreground)."""
     options = {"foreground": True, "ro": True, "use_ino": True, "fsname": "bootseer-image",
                "subtype": "bootseer", "default_permissions": True, "kernel_cache": True,
+               "nosuid": True, "nodev": True,
                "max_readahead": 1 << 20, "entry_timeout": 3600, "attr_timeout": 3600,
                "negative_timeout": 3600}
     if os.geteuid() == 0:

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 FORMAT = "bootseer-hotlist/1"
 DEFAULT_WORKLOAD = "default"
+#: The largest hot list this format allows (checked before it is read): a block's record
+#: is its digest, a path and its samples, about 100 bytes, so this is millions of blocks.
+MAX_HOTLIST_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,7 @@ def load(blobs: BlobStore, image_id: str, workload: str = DEFAULT_WORKLOAD,
                     exc)
         return None
     try:
-        hot = HotList.decode(blobs.get(ref.digest))
+        hot = HotList.decode(blobs.get(ref.digest, MAX_HOTLIST_BYTES))
     except Exception as exc:
         log.warning("ignoring the hot list of image %s (%s): %s", image_id, workload, exc)
         return None

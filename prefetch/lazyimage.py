@@ -29,7 +29,13 @@ from bootseer.errors import BootseerError, IntegrityError
 from bootseer.store import BlobStore
 from bootseer.store.blobs import is_digest
 from prefetch.blockcache import BlockCache
-from prefetch.blockformat import IMAGE_REF_PREFIX, BlockLocation, FileEntry, Manifest
+from prefetch.blockformat import (
+    IMAGE_REF_PREFIX,
+    MAX_MANIFEST_BYTES,
+    BlockLocation,
+    FileEntry,
+    Manifest,
+)
 from prefetch.hotlist import Recorder
 from prefetch.rootfs import Kind
 
@@ -75,7 +81,7 @@ def load_manifest(blobs: BlobStore, image_id: str, cache: BlockCache) -> Manifes
     digest = image_id.removeprefix("sha256:")
     data = cache.get(digest)
     if data is None:
-        data = blobs.get(image_id)  # verified against the digest by the blob store
+        data = blobs.get(image_id, MAX_MANIFEST_BYTES)  # verified against its digest
         try:
             cache.put(digest, data)
         except OSError as exc:

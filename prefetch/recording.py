@@ -18,6 +18,7 @@ keeps running. An empty recording (nothing was read) stores nothing.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -64,9 +65,9 @@ class Recording:
                 return
 
     def _over(self) -> str | None:
-        if self.when.ready_file is not None and self.when.ready_file.exists():
+        if self.when.ready_file is not None and _present(self.when.ready_file):
             return "ready"
-        if self.when.marker is not None and self.when.marker.exists():
+        if self.when.marker is not None and _present(self.when.marker):
             return "marker"
         if time.monotonic() - self._started >= self.when.timeout:
             return "timeout"
@@ -99,3 +100,13 @@ class Recording:
                      "recordings", len(recording.blocks), seconds, reason,
                      len(self.result.blocks), self.result.recordings)
             return self.result
+
+
+def _present(path: Path) -> bool:
+    """Whether ``path`` exists, itself: the container writes these places, so a symlink
+    there is never followed (to a hung mount, say) by this root process."""
+    try:
+        os.lstat(path)
+    except OSError:
+        return False
+    return True

@@ -36,7 +36,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
-import io
 import logging
 import os
 import shutil
@@ -56,7 +55,13 @@ from bootseer.errors import BootseerError, IntegrityError, InvalidRangeError
 from bootseer.filelock import file_lock
 from bootseer.store import BlobStore
 from prefetch.blockcache import BlockCache
-from snapshot.manifest import REF_PREFIX, Manifest, SnapEntry, UnsafeSnapshotError
+from snapshot.manifest import (
+    MAX_MANIFEST_BYTES,
+    REF_PREFIX,
+    Manifest,
+    SnapEntry,
+    UnsafeSnapshotError,
+)
 from snapshot.relocate import Relocation, Watch
 from snapshot.tarstream import MalformedStream, TarStream
 
@@ -85,7 +90,7 @@ def load_manifest(blobs: BlobStore, key: str) -> Manifest:
         ref = blobs.get_ref(REF_PREFIX + key)
     except FileNotFoundError:
         raise FileNotFoundError(f"no snapshot {key} in the store {blobs.store.url}") from None
-    return Manifest.decode(blobs.get(ref.digest), key)
+    return Manifest.decode(blobs.get(ref.digest, MAX_MANIFEST_BYTES), key)
 
 
 def _crash_point(name: str) -> None:
@@ -255,10 +260,11 @@ def _set_meta(path: str, entry: SnapEntry) -> None:
 
 
 def _open_shard(blobs: BlobStore, cache: BlockCache | None, digest: str) -> BinaryIO:
-    """The shard from the node's snapshot cache (``bootseer warm --env``), else streamed
-    from the store (verified chunk by chunk either way)."""
-    data = cache.get(digest.removeprefix("sha256:")) if cache is not None else None
-    return io.BytesIO(data) if data is not None else blobs.open(digest)
+    """The shard, streamed (never whole in memory) from the node's snapshot cache
+    (``bootseer warm --env``; checked against its digest at its end), else from the store
+    (verified chunk by chunk)."""
+    cached = cache.open(digest.removeprefix("sha256:")) if cache is not None else None
+    return cached if cached is not None else blobs.open(digest)
 
 
 def _extract_shard(blobs: BlobStore, manifest: Manifest, number: int,
@@ -299,6 +305,8 @@ def _extract_shard(blobs: BlobStore, manifest: Manifest, number: int,
                     relocation.apply(path, entry.path, os.path.join(stage.target, entry.path),
                                      watch)
                     _set_meta(path, entry)  # a rewrite changed the mtime
+            while raw.read(1 << 20):  # to the end: a cached shard is checked there
+                pass
     except (zstandard.ZstdError, MalformedStream, EOFError, InvalidRangeError) as exc:
         raise IntegrityError(f"snapshot {manifest.key}: shard {number} ({shard.digest}) is "
                              f"truncated or corrupt: {exc}") from exc

@@ -65,7 +65,10 @@ def stage_snapshot(blobs: BlobStore, cache: BlockCache, key: str, *, concurrency
     def fetch(digest: str, size: int) -> None:
         if before_fetch:
             before_fetch()
-        cache.put(digest.removeprefix("sha256:"), blobs.get(digest))  # verified by the store
+        # Streamed, never whole in memory; iter_chunks checks the whole digest at the end,
+        # before the cache file is renamed into place.
+        cache.put_stream(digest.removeprefix("sha256:"), blobs.iter_chunks(digest),
+                         verified=True)
         fetched.append(size)
         if on_progress:
             on_progress(size)

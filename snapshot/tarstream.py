@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 BLOCK = 512
+#: The largest PAX extended header a shard may carry. Bootseer writes one only for a long
+#: path or link target (each at most PATH_MAX, 4096 bytes) and a large size; 64 KiB is
+#: far beyond that, and it is checked before the header is read into memory.
+MAX_PAX_BYTES = 64 << 10
 _REGULAR = (b"0", b"\0")
 _SYMLINK = b"2"
 _PAX = b"x"
@@ -92,6 +96,9 @@ class TarStream:
             kind = header[156:157]
             size = _number(header[124:136])
             if kind == _PAX:
+                if not 0 <= size <= MAX_PAX_BYTES:
+                    raise MalformedStream(f"a PAX header of {size} bytes (at most "
+                                          f"{MAX_PAX_BYTES} in a shard)")
                 pax = _pax_records(self._read(size))
                 self._skip(-size % BLOCK)
                 continue
@@ -103,7 +110,12 @@ class TarStream:
                 name = _text(header[345:500]) + "/" + name
             name = pax.get("path", name)
             if "size" in pax:
-                size = int(pax["size"])
+                try:
+                    size = int(pax["size"])
+                except ValueError:
+                    raise MalformedStream("a PAX size that is not a number") from None
+            if size < 0:
+                raise MalformedStream(f"a member of {size} bytes")
             if kind == _SYMLINK:
                 return Member(name, "symlink", 0, pax.get("linkpath", _text(header[157:257])))
             return Member(name, "file", size, "")

@@ -46,7 +46,7 @@ from bootseer.config import load_config
 from bootseer.errors import BootseerError, ConfigError
 from bootseer.ready import mark_phase
 from bootseer.store import Store
-from bootseer.store.base import ObjectInfo
+from bootseer.store.base import Access, ObjectInfo
 from bootseer.store.local import pid_alive
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,8 @@ class CheckpointCache:
             fd = os.open(self._data_path(record), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:  # evicted since we read the record
             return None
+        except PermissionError:  # staged for readers this user is not one of
+            return None
         if os.fstat(fd).st_size != record.size:
             os.close(fd)
             log.warning("staged copy of %s has the wrong size; reading the store", url)
@@ -158,11 +160,13 @@ class CheckpointCache:
 
     def begin(self, url: str) -> Path:
         """A fresh temporary for a copy of ``url``; :meth:`commit` or unlink it."""
-        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
         return self.tmp / f"{self._hash(url)[:16]}.{os.getpid()}.{secrets.token_hex(4)}"
 
-    def commit(self, tmp: Path, url: str, info: ObjectInfo, sha256: str) -> CopyRecord:
-        """Put the complete, fsync'ed copy ``tmp`` in place as the copy of ``url``."""
+    def commit(self, tmp: Path, url: str, info: ObjectInfo, sha256: str,
+               access: Access | None) -> CopyRecord:
+        """Put the complete, fsync'ed copy ``tmp`` in place as the copy of ``url``,
+        readable by whom ``access`` (the store's say on the object) lets read it."""
         record = CopyRecord(url, info.size, info.mtime, sha256,
                             f"{self._hash(url)}.{sha256[:16]}")
         data = self._data_path(record)
@@ -170,7 +174,7 @@ class CheckpointCache:
         with self._locked():
             old = self.record(url)
             data.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(tmp, 0o444)
+            _limit_readers(tmp, access)
             os.replace(tmp, data)
             path.parent.mkdir(parents=True, exist_ok=True)
             pending = self.tmp / f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
@@ -237,6 +241,25 @@ class CheckpointCache:
         with open(self.directory / "lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
+
+
+def _limit_readers(path: Path, access: Access | None) -> None:
+    """Give a copy the owner, group and read bits of its source (:class:`Access`), so a
+    user who could not read the source cannot read the copy. Where the store cannot say
+    who may read (``None``), only root may. A copy staged by a user for themselves keeps
+    them as owner, and only an "everyone" bit of the source."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if os.geteuid() == 0:
+            mode = access.mode if access is not None else 0o400
+            uid = access.uid if access is not None and access.uid is not None else 0
+            gid = access.gid if access is not None and access.gid is not None else 0
+            os.fchown(fd, uid, gid)
+            os.fchmod(fd, mode | (0o400 if uid == 0 else 0))
+        else:
+            os.fchmod(fd, 0o400 | (access.mode & 0o004 if access is not None else 0))
+    finally:
+        os.close(fd)
 
 
 def _load_record(path: Path, url: str | None) -> CopyRecord | None:

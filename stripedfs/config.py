@@ -32,8 +32,11 @@ class StripeConfig:
     #: A small step back still counts as sequential too: FUSE serves a file's 128 KiB
     #: requests on several threads, so they can arrive slightly out of order.
     max_backward_seek_distance: int = 1 * MIB
-    #: Memory cap per open file: fetched or in-flight stripes beyond the read position.
-    max_buffer_bytes: int = 512 * MIB
+    #: Memory cap for stripes, fetched or in flight, across every reader of the process:
+    #: a FUSE server's open files share it, so a hundred open handles cost what one does.
+    #: Read-ahead stops where it would exceed it; a read waits for memory, taking it back
+    #: from read-ahead nobody is reading.
+    max_memory: int = 1024 * MIB
     #: Attempts per stripe before a read fails; transient errors (a DataNode restarting,
     #: a dropped connection) are retried with exponential backoff from retry_initial_delay.
     max_attempts: int = 4
@@ -44,5 +47,5 @@ class StripeConfig:
             raise ValueError("stripe_size and max_concurrent_fetches must be positive")
         if not self.stripe_size <= self.initial_read_window <= self.max_read_window:
             raise ValueError("need stripe_size <= initial_read_window <= max_read_window")
-        if self.max_buffer_bytes < self.stripe_size or self.max_attempts < 1:
-            raise ValueError("max_buffer_bytes must hold a stripe; max_attempts must be >= 1")
+        if self.max_memory < 2 * self.stripe_size or self.max_attempts < 1:
+            raise ValueError("max_memory must hold two stripes; max_attempts must be >= 1")

@@ -3,12 +3,15 @@
 A read ``[offset, offset+length)`` needs the stripes it overlaps (*demand* stripes) and,
 per the :class:`ReadWindow`, the stripes in the window after it (*read-ahead*). Both are
 fetched by ranged reads on a shared, bounded thread pool; demand stripes are submitted
-first. Fetched stripes wait in a buffer capped by ``max_buffer_bytes``; stripes behind the
-read position are dropped, and a seek cancels read-ahead that has not started.
+first. Fetched stripes wait in the reader's buffer; stripes behind the read position are
+dropped, and a seek cancels read-ahead that has not started.
 
-Stripe memory is recycled (:class:`StripeBuffers`): a stripe is read straight into a
-reused buffer (``Store.read_range_into``), because fresh multi-MiB allocations cost a page
-fault per 4 KiB, which on a virtual machine is enough to make the reader CPU-bound.
+Stripe memory comes from one pool per process (:mod:`stripedfs.memory`), capped across
+all readers by ``max_memory``: read-ahead stops where the pool is short, and a read takes
+back the read-ahead no read is using (:meth:`StripedReader.shed`). A stripe is read
+straight into a pooled buffer (``Store.read_range_into``), because fresh multi-MiB
+allocations cost a page fault per 4 KiB, which on a virtual machine is enough to make the
+reader CPU-bound.
 
 A stripe fetch retries transient errors with backoff; a fetch that still fails becomes a
 :class:`StripeReadError` naming the object and the byte range, raised by the read that
@@ -30,6 +33,7 @@ from bootseer.ready import mark_phase
 from bootseer.store import Store
 from stripedfs.config import StripeConfig
 from stripedfs.layout import Stripe, StripeLayout
+from stripedfs.memory import shared_memory
 from stripedfs.window import ReadWindow
 
 log = logging.getLogger(__name__)
@@ -66,74 +70,82 @@ def shared_pool(workers: int) -> ThreadPoolExecutor:
         return pool
 
 
-class StripeBuffers:
-    """A free list of stripe-sized buffers, so steady-state reads allocate nothing."""
-
-    def __init__(self, stripe_size: int, keep: int) -> None:
-        self.stripe_size, self.keep = stripe_size, keep
-        self._free: list[bytearray] = []
-        self._lock = threading.Lock()
-
-    def take(self) -> bytearray:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return bytearray(self.stripe_size)
-
-    def give(self, buffer: bytearray) -> None:
-        with self._lock:
-            if len(self._free) < self.keep:
-                self._free.append(buffer)
-
-
-_buffers: dict[int, StripeBuffers] = {}
-
-
-def shared_buffers(config: StripeConfig) -> StripeBuffers:
-    keep = config.max_buffer_bytes // config.stripe_size + config.max_concurrent_fetches
-    with _pools_lock:
-        buffers = _buffers.get(config.stripe_size)
-        if buffers is None:
-            buffers = _buffers[config.stripe_size] = StripeBuffers(config.stripe_size, keep)
-        return buffers
-
-
 @dataclass
 class _Pending:
-    """A stripe being fetched or fetched; its buffer returns to the free list once it has
-    left the read buffer (``dropped``) and no read is copying from it (``users``)."""
+    """A stripe being fetched or fetched into ``buffer``; the buffer returns to the pool
+    once the stripe has left the read buffer (``dropped``), no read is copying from it
+    (``users``) and the fetch is over (done or cancelled)."""
 
     stripe: Stripe
+    buffer: bytearray = field(repr=False)
     future: Future = field(repr=False)
     users: int = 0
     dropped: bool = False
     released: bool = False
 
 
-@dataclass
 class PendingRange:
-    """A range whose stripes are being fetched; ``result()`` waits and assembles them."""
+    """A range whose stripes are being fetched; ``result()`` waits and assembles them.
 
-    offset: int
-    length: int
-    parts: list[tuple[Stripe, Future]] = field(repr=False)
-    give_back: Callable[[bytearray], None] = field(repr=False)
+    Stripes start in order, each with a buffer from the process's pool: as many as the
+    pool spares when the range is submitted, then one more each time ``result()`` has
+    copied a stripe and hands its buffer on. A consumer that finds its next stripe not
+    started takes a buffer for it, waiting if it must, while holding none: so ranges
+    larger than the cap stream through it, and ranges never wait on one another's memory.
+    Call ``result()`` or ``cancel()``: either returns every buffer to the pool.
+    """
+
+    def __init__(self, reader: StripedReader, offset: int, end: int) -> None:
+        self.offset, self.length = offset, max(0, end - offset)
+        self._reader = reader
+        self._stripes = list(reader.layout.stripes(offset, end))
+        #: Started stripes: their fetch and buffer; None once the buffer is handed on.
+        self._started: list[tuple[Future, bytearray] | None] = []
+        while len(self._started) < len(self._stripes):
+            buffer = reader.memory.try_take()
+            if buffer is None:
+                break
+            self._start(buffer)
+
+    def _start(self, buffer: bytearray) -> None:
+        stripe = self._stripes[len(self._started)]
+        self._started.append((self._reader._pool.submit(self._reader._fetch, stripe, buffer),
+                              buffer))
 
     def result(self) -> bytearray:
+        memory = self._reader.memory
         out = bytearray(self.length)
-        for stripe, future in self.parts:
-            data = future.result()
-            lo = max(self.offset, stripe.start)
-            hi = min(self.offset + self.length, stripe.end)
-            out[lo - self.offset : hi - self.offset] = \
-                memoryview(data)[lo - stripe.start : hi - stripe.start]
-            self.give_back(data)
+        try:
+            for i, stripe in enumerate(self._stripes):
+                if i == len(self._started):
+                    self._start(memory.take(1)[0])
+                future, data = self._started[i]  # type: ignore[misc]
+                future.result()
+                lo = max(self.offset, stripe.start)
+                hi = min(self.offset + self.length, stripe.end)
+                out[lo - self.offset : hi - self.offset] = \
+                    memoryview(data)[lo - stripe.start : hi - stripe.start]
+                self._started[i] = None
+                if len(self._started) < len(self._stripes):
+                    self._start(data)  # the next stripe reuses this one's buffer
+                else:
+                    memory.give(data)
+        finally:
+            self.cancel()
         mark_phase("checkpoint_first_byte")
         return out
 
     def cancel(self) -> None:
-        for _, future in self.parts:
+        """Stop what has not started; each buffer comes back once its fetch is over."""
+        memory = self._reader.memory
+        for i, part in enumerate(self._started):
+            if part is None:
+                continue
+            future, buffer = part
+            self._started[i] = None
             future.cancel()
+            future.add_done_callback(lambda _f, buffer=buffer: memory.give(buffer))
+        self._stripes = self._stripes[: len(self._started)]  # nothing more starts
 
 
 class StripedReader:
@@ -157,12 +169,13 @@ class StripedReader:
         self.window = ReadWindow(self.config)
         self.stats = ReaderStats()
         self._pool = shared_pool(self.config.max_concurrent_fetches)
-        self._buffers = shared_buffers(self.config)
+        self.memory = shared_memory(self.config.stripe_size, self.config.max_memory)
         self._buffer: dict[int, _Pending] = {}  # stripe start -> fetch
         # Reentrant: a future that is already done (or is cancelled) runs its done callback
         # at once, in the thread that holds the lock.
         self._lock = threading.RLock()
         self._closed = False
+        self.memory.register(self)
 
     @property
     def name(self) -> str:
@@ -191,6 +204,13 @@ class StripedReader:
         end = min(self.size, offset + length)
         if end <= offset:
             return 0
+        # A read takes memory for all its stripes at once: a large one goes in pieces a
+        # fraction of the cap each, so it never needs more than the cap holds.
+        piece = self.config.stripe_size * max(1, self.memory.capacity // 4)
+        if end - offset > piece:
+            for start in range(offset, end, piece):
+                self._read(start, min(piece, end - start), sink)
+            return end - offset
         demand = list(self.layout.stripes(offset, end))
         with self._lock:
             if self._closed:
@@ -198,20 +218,38 @@ class StripedReader:
             ahead = self.window.advance(offset, end - offset)
             self.stats.seeks = self.window.seeks
             self._drop_outside(offset, end + ahead)
-            pending = [self._ensure(stripe, demand=True) for stripe in demand]
-            for item in pending:
+            missing = sum(1 for stripe in demand if self._present(stripe) is None)
+        # Memory for every missing stripe at once, or none: taken without holding the
+        # lock, so shedding (which only try-locks) can reach this reader too.
+        buffers = self.memory.take(missing) if missing else []
+        with self._lock:
+            pending = []
+            for stripe in demand:
+                item = self._present(stripe)
+                if item is not None:
+                    self.stats.stripe_hits += 1
+                else:
+                    item = self._start(stripe, buffers.pop())
                 item.users += 1
+                pending.append(item)
+            for unused in buffers:  # another read started some of them meanwhile
+                self.memory.give(unused)
             self._schedule_read_ahead(end, ahead)
         try:
             for item in pending:
-                data = self._result(item)
-                lo, hi = max(offset, item.stripe.start), min(end, item.stripe.end)
-                sink(lo, memoryview(data)[lo - item.stripe.start : hi - item.stripe.start])
+                data, own = self._result(item)
+                try:
+                    lo, hi = max(offset, item.stripe.start), min(end, item.stripe.end)
+                    sink(lo, memoryview(data)[lo - item.stripe.start : hi - item.stripe.start])
+                finally:
+                    if own:
+                        self.memory.give(data)
         except BaseException:
             with self._lock:
                 self.window.reset()
                 for item in pending:  # a failed stripe must be fetched afresh next time
-                    if item.future.done() and item.future.exception() is not None:
+                    if item.future.done() and not item.future.cancelled() and \
+                            item.future.exception() is not None:
                         self._drop(item)
                 self._unuse(pending)
             raise
@@ -229,15 +267,28 @@ class StripedReader:
         """Start fetching exactly ``[offset, offset+length)``, every stripe in parallel.
 
         For callers that know their ranges up front (safetensors tensors, DCP items): no
-        read-ahead, no window, nothing kept after the bytes are handed over.
+        read-ahead, no window, nothing kept after the bytes are handed over; a range
+        larger than the memory cap streams through it (see :class:`PendingRange`).
         """
-        end = min(self.size, offset + length)
-        parts = [(s, self._pool.submit(self._fetch, s)) for s in self.layout.stripes(offset, end)]
-        return PendingRange(offset, max(0, end - offset), parts, self._buffers.give)
+        return PendingRange(self, offset, min(self.size, offset + length))
 
     def fetch(self, offset: int, length: int) -> bytearray:
         """``submit_range(offset, length).result()``: parallel, no read-ahead."""
         return self.submit_range(offset, length).result()
+
+    def shed(self) -> int:
+        """Give back the buffers of fetched stripes no read is using (they are fetched
+        again if wanted); nothing if the reader is busy right now (never waits)."""
+        if not self._lock.acquire(blocking=False):
+            return 0
+        try:
+            idle = [item for item in self._buffer.values()
+                    if item.users == 0 and item.future.done()]
+            for item in idle:
+                self._drop(item)
+            return len(idle)
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         with self._lock:
@@ -254,32 +305,35 @@ class StripedReader:
 
     # -- the buffer (called with the lock held) -----------------------------------------------
 
-    def _ensure(self, stripe: Stripe, demand: bool) -> _Pending:
+    def _present(self, stripe: Stripe) -> _Pending | None:
         item = self._buffer.get(stripe.start)
-        if item is not None and not item.future.cancelled():
-            if demand:
-                self.stats.stripe_hits += 1
-            return item
-        item = _Pending(stripe, self._pool.submit(self._fetch, stripe))
+        return item if item is not None and not item.future.cancelled() else None
+
+    def _start(self, stripe: Stripe, buffer: bytearray) -> _Pending:
+        """Fetch ``stripe`` into ``buffer`` and keep it in the read buffer."""
+        stale = self._buffer.get(stripe.start)
+        if stale is not None:
+            self._drop(stale)
+        item = _Pending(stripe, buffer, self._pool.submit(self._fetch, stripe, buffer))
         item.future.add_done_callback(lambda _f, item=item: self._on_done(item))
         self._buffer[stripe.start] = item
         return item
 
     def _schedule_read_ahead(self, start: int, ahead: int) -> None:
-        budget = self.config.max_buffer_bytes - sum(p.stripe.length for p in self._buffer.values())
         for stripe in self.layout.stripes(start, start + ahead):
-            if stripe.start in self._buffer:
+            if self._present(stripe) is not None:
                 continue
-            if budget < stripe.length:
+            buffer = self.memory.try_take()
+            if buffer is None:  # the process's stripe memory is short: read-ahead waits
                 break
-            self._ensure(stripe, demand=False)
-            budget -= stripe.length
+            self._start(stripe, buffer)
 
     def _drop_outside(self, start: int, end: int) -> None:
         """A seek: forget stripes that the new position and window do not cover."""
         for item in list(self._buffer.values()):
             if item.stripe.end <= start or item.stripe.start >= end:
-                item.future.cancel()
+                if item.users == 0:  # a concurrent read's stripe finishes for it
+                    item.future.cancel()
                 self._drop(item)
 
     def _drop_before(self, position: int) -> None:
@@ -301,8 +355,7 @@ class StripedReader:
     def _release(self, item: _Pending) -> None:
         if item.dropped and item.users == 0 and item.future.done() and not item.released:
             item.released = True
-            if not item.future.cancelled() and item.future.exception() is None:
-                self._buffers.give(item.future.result())
+            self.memory.give(item.buffer)
 
     def _on_done(self, item: _Pending) -> None:
         with self._lock:
@@ -310,20 +363,26 @@ class StripedReader:
 
     # -- fetching (on the pool) ---------------------------------------------------------------
 
-    def _result(self, item: _Pending) -> bytearray:
+    def _result(self, item: _Pending) -> tuple[bytearray, bool]:
+        """The stripe's bytes, and whether the caller owns (and must give back) them."""
         try:
-            return item.future.result()
+            return item.future.result(), False
         except CancelledError:  # cancelled by a concurrent seek: fetch it ourselves
-            return self._fetch(item.stripe)
+            return self._fetch_new(item.stripe), True
 
-    def _fetch(self, stripe: Stripe) -> bytearray:
-        """The stripe's bytes, at the start of a buffer from the free list."""
-        buffer = self._buffers.take()
+    def _fetch_new(self, stripe: Stripe) -> bytearray:
+        """The stripe's bytes in a buffer taken from the pool now (the caller gives it
+        back)."""
+        (buffer,) = self.memory.take(1)
         try:
-            self._fetch_into(stripe, memoryview(buffer)[: stripe.length])
+            return self._fetch(stripe, buffer)
         except BaseException:
-            self._buffers.give(buffer)
+            self.memory.give(buffer)
             raise
+
+    def _fetch(self, stripe: Stripe, buffer: bytearray) -> bytearray:
+        """The stripe's bytes, at the start of ``buffer``."""
+        self._fetch_into(stripe, memoryview(buffer)[: stripe.length])
         return buffer
 
     def _fetch_into(self, stripe: Stripe, view: memoryview) -> None:

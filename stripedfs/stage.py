@@ -130,7 +130,10 @@ def _copy(cache: CheckpointCache, store: Store, info: ObjectInfo, *, concurrency
 
     tmp = cache.begin(url)
     try:
-        with open(tmp, "wb") as out, ThreadPoolExecutor(max(1, concurrency)) as pool:
+        # 0600 until commit gives it the source's readers: a partial copy is nobody's.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        with open(fd, "wb") as out, ThreadPoolExecutor(max(1, concurrency)) as pool:
             in_flight: deque[Future[bytearray]] = deque()
             try:
                 while True:
@@ -151,6 +154,6 @@ def _copy(cache: CheckpointCache, store: Store, info: ObjectInfo, *, concurrency
             os.fsync(out.fileno())
         if store.stat(info.key) != info:
             raise StagingError(f"{url} changed while it was being staged")
-        cache.commit(tmp, url, info, digest.hexdigest())
+        cache.commit(tmp, url, info, digest.hexdigest(), store.access(info.key))
     finally:
         tmp.unlink(missing_ok=True)  # after a commit, already gone

@@ -2,7 +2,9 @@
 
 One recursive listing gives every path, its size and mtime; directories are implied by
 keys. The listing is cached for ``ttl`` seconds, so ``ls`` and ``stat`` of a checkpoint
-directory cost one round trip to the NameNode per TTL rather than one per call.
+directory cost one round trip to the NameNode per TTL rather than one per call. Who may
+read a file (:meth:`StoreTree.access`, the store's owner, group and permissions) is asked
+once per file and TTL, when the file is first looked at.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from bootseer.store import Store
+from bootseer.store.base import Access
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class StoreTree:
         self._entries: dict[str, Entry] = {}
         self._children: dict[str, list[str]] = {}
         self._loaded_at = float("-inf")
+        self._access: dict[str, Access | None] = {}
         self._lock = threading.Lock()
 
     def lookup(self, path: str) -> Entry | None:
@@ -42,6 +46,21 @@ class StoreTree:
 
     def key(self, path: str) -> str:
         return _norm(path).lstrip("/")
+
+    def access(self, path: str) -> Access | None:
+        """Who may read the file at ``path`` as the store says (None: it cannot say)."""
+        self._refresh_if_stale()
+        key = self.key(path)
+        with self._lock:
+            if key in self._access:
+                return self._access[key]
+        try:
+            found = self.store.access(key)
+        except FileNotFoundError:
+            found = Access(None, None, 0)  # gone since the listing: nobody reads it
+        with self._lock:
+            self._access[key] = found
+        return found
 
     def _refresh_if_stale(self) -> None:
         with self._lock:
@@ -61,6 +80,7 @@ class StoreTree:
                     child = parent
             self._entries = entries
             self._children = {k: sorted(v) for k, v in children.items()}
+            self._access = {}
             self._loaded_at = time.monotonic()
 
 

@@ -36,7 +36,11 @@ def node(dirs, python_layout, tmp_path: Path):  # noqa: F811
              cache=dirs["cache"])
     sock = tmp_path / "run" / "agent.sock"
     env = {"BOOTSEER_STORE": f"file://{dirs['store']}",
-           "BOOTSEER_CACHE_DIR": str(dirs["agent-cache"])}
+           "BOOTSEER_CACHE_DIR": str(dirs["agent-cache"]),
+           # The operator's grants: containers of every image record, and may mount the
+           # checkpoints under the test's own ckpt/ directory.
+           "BOOTSEER_IMAGE_RECORD_IMAGES": "*",
+           "BOOTSEER_CHECKPOINT_ALLOWED": f"file://{tmp_path}/ckpt/"}
     procs = [start_agent(sock, env)]
 
     def restart() -> None:
@@ -89,7 +93,7 @@ def test_a_container_runs_on_its_mount_and_release_completes_its_start(node) -> 
 def test_bad_mount_requests_are_refused_and_leave_nothing(node, dirs) -> None:  # noqa: F811
     sock, _, _ = node
     with AgentClient(sock) as client:
-        with pytest.raises(AgentError, match="container id"):
+        with pytest.raises(AgentError, match="'id' must match"):
             client._call("POST", "/v1/mounts", json={"id": "../x", "image": "py"})
         with pytest.raises(AgentError, match="no-such-image"):
             client.mount(MountRequest("c3", "no-such-image"))

@@ -65,7 +65,7 @@ def test_labels_become_the_agents_mount_request() -> None:
     request = oci.Labels("py", "train", "j1", "never").mount_request("abc123", "docker")
     assert (request.id, request.image, request.workload, request.job, request.record,
             request.runtime) == ("abc123", "py", "train", "j1", "never", "docker")
-    with pytest.raises(ValueError, match="container id"):
+    with pytest.raises(ValueError, match="'id' must match"):
         oci.Labels("py").mount_request("../etc", "docker")
 
 
@@ -137,13 +137,13 @@ def test_a_failed_modification_forwards_nothing() -> None:
 @pytest.mark.parametrize("argv, expected", [
     (["--root", "/run/r", "--log", "/l.json", "--log-format", "json", "--systemd-cgroup",
       "create", "--bundle", "/b", "--pid-file", "/p", "--console-socket", "/s", "abc"],
-     RuncCall("create", Path("/b"), "abc", Path("/l.json"), "json")),
+     RuncCall("create", Path("/b"), "abc", Path("/l.json"), "json", "/run/r")),
     (["--root=/run/r", "run", "-b", "/b", "--detach", "xyz"],
-     RuncCall("run", Path("/b"), "xyz")),
+     RuncCall("run", Path("/b"), "xyz", root="/run/r")),
     (["-root", "create", "create", "--bundle=/b", "--no-pivot", "id1"],  # a value "create"
-     RuncCall("create", Path("/b"), "id1")),
+     RuncCall("create", Path("/b"), "id1", root="create")),
     (["--debug", "create", "id2"], RuncCall("create", None, "id2")),  # bundle: the cwd
-    (["--root", "/r", "start", "abc"], RuncCall("start")),
+    (["--root", "/r", "start", "abc"], RuncCall("start", root="/r")),
     (["--log", "/l", "delete", "--force", "abc"], RuncCall("delete", log=Path("/l"))),
     (["--version"], RuncCall(None)),
     ([], RuncCall(None)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,13 @@ from bootseer.store import Store, open_store
 from bootseer.store.local import LocalStore
 from stripedfs.config import StripeConfig
 from stripedfs.layout import Stripe, StripeLayout
+from stripedfs.memory import shared_memory
 from stripedfs.reader import StripedReader, StripeReadError
 
 KIB = 1024
 SMALL = StripeConfig(stripe_size=64 * KIB, initial_read_window=128 * KIB,
                      max_read_window=1024 * KIB, max_forward_seek_distance=256 * KIB,
-                     max_backward_seek_distance=64 * KIB, max_buffer_bytes=2048 * KIB,
+                     max_backward_seek_distance=64 * KIB, max_memory=2048 * KIB,
                      max_concurrent_fetches=4, retry_initial_delay=0.001)
 SIZE = 3 * 1024 * KIB + 12345  # several stripes and a short last one
 
@@ -120,11 +122,66 @@ def test_a_read_that_keeps_failing_names_file_and_offset(tmp_path: Path) -> None
         assert reader.read(70 * KIB, 10) == ramp(70 * KIB, 10)
 
 
-def test_buffer_stays_under_the_memory_cap(store: Store) -> None:
-    cfg = StripeConfig(stripe_size=64 * KIB, initial_read_window=64 * KIB,
-                       max_read_window=8192 * KIB, max_buffer_bytes=256 * KIB)
+def _capped(limit_stripes: int, salt: int) -> StripeConfig:
+    """A config whose process-wide pool is this test's own (pools are per stripe size and
+    cap, so ``salt`` bytes over the cap keep tests apart)."""
+    return StripeConfig(stripe_size=64 * KIB, initial_read_window=64 * KIB,
+                        max_read_window=8192 * KIB, max_concurrent_fetches=4,
+                        max_memory=limit_stripes * 64 * KIB + salt)
+
+
+def test_a_hundred_readers_share_one_memory_cap(store: Store) -> None:
+    """Each open file has its own read-ahead window; together they stay under the cap,
+    and a reader whose read needs memory takes it back from the others' idle read-ahead
+    (one thread reading round-robin: a per-file cap, or reads waiting on each other,
+    would hang here)."""
+    cfg = _capped(8, 1)
+    readers = [StripedReader(store, "ckpt.bin", config=cfg) for _ in range(100)]
+    memory = readers[0].memory
+    for offset in range(0, 1024 * KIB, 32 * KIB):
+        for reader in readers:
+            assert reader.read(offset, 32 * KIB) == ramp(offset, 32 * KIB)
+    assert memory.peak <= memory.capacity == 8
+    assert memory.shed_buffers > 0  # reads took memory back from read-ahead
+    for reader in readers:
+        reader.close()
+    assert len(memory._free) == memory.allocated  # every buffer came back
+
+
+def test_readers_on_threads_stay_under_the_cap_and_read_right(store: Store) -> None:
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    cfg = _capped(6, 2)
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        readers = [StripedReader(store, "ckpt.bin", config=cfg) for _ in range(4)]
+        for _ in range(60):
+            reader = rng.choice(readers)
+            offset, length = rng.randrange(SIZE), rng.randrange(1, 200 * KIB)
+            want = ramp(offset, max(0, min(length, SIZE - offset)))
+            assert reader.read(offset, length) == want
+        for reader in readers:
+            reader.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(work, range(8)))
+    memory = shared_memory(cfg.stripe_size, cfg.max_memory)
+    assert memory.peak <= memory.capacity
+    assert len(memory._free) == memory.allocated
+
+
+def test_reads_and_ranges_larger_than_the_cap_stream_through_it(store: Store) -> None:
+    cfg = _capped(4, 3)
     with StripedReader(store, "ckpt.bin", config=cfg) as reader:
-        for offset in range(0, SIZE, 32 * KIB):
-            reader.read(offset, 32 * KIB)
-            buffered = sum(p.stripe.length for p in reader._buffer.values())
-            assert buffered <= cfg.max_buffer_bytes + cfg.stripe_size
+        assert reader.read(0, SIZE) == ramp(0, SIZE)  # 50 stripes through 4 buffers
+        assert reader.fetch(100, SIZE - 200) == ramp(100, SIZE - 200)
+        pending = reader.submit_range(0, SIZE)
+        pending.cancel()  # abandoned: its buffers still come back
+    memory = reader.memory
+    deadline = time.monotonic() + 10
+    while len(memory._free) != memory.allocated:
+        assert time.monotonic() < deadline, "buffers of a cancelled range never came back"
+        time.sleep(0.01)
+    assert memory.peak <= memory.capacity

@@ -234,7 +234,8 @@ def test_warm_through_the_agent_stages_in_the_nodes_cache(node, monkeypatch) -> 
     store.put("optim/state.bin", ramp(7, MIB))
     sock = node["run"] / "agent.sock"
     agent = start_agent(sock, {"BOOTSEER_STORE": node["store"].as_uri(),
-                               "BOOTSEER_CACHE_DIR": str(node["agent-cache"])})
+                               "BOOTSEER_CACHE_DIR": str(node["agent-cache"]),
+                               "BOOTSEER_CHECKPOINT_ALLOWED": f"{node['store'].as_uri()}/ckpt/"})
     try:
         out = _warm(node, url, env={"BOOTSEER_AGENT_SOCKET": str(sock)})
     finally:

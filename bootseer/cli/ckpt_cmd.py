@@ -16,7 +16,8 @@ from pathlib import Path
 import click
 
 from bootseer.cli import AppContext, pass_app
-from bootseer.mounts import check_mountpoint, spawn_mount, unmount
+from bootseer.config import ByteSize, FileMode, coerce
+from bootseer.mounts import check_mountpoint, server_log, spawn_mount, unmount
 from bootseer.progress import byte_progress, console
 from bootseer.store import open_store
 from stripedfs.files import split_url, store_for
@@ -40,20 +41,32 @@ def ckpt() -> None:
               help="Seconds a directory listing is cached.")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="Seconds to wait for the mount to come up.")
+@click.option("--mode", help="The widest permission bits files show, in octal (default: "
+                             "config checkpoint.mount_mode).")
+@click.option("--memory", help="Memory for stripes across all open files, e.g. 512m "
+                               "(default: config checkpoint.mount_memory).")
 @pass_app
 def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_io: bool,
-          metadata_ttl: float, timeout: float) -> None:
+          metadata_ttl: float, timeout: float, mode: str | None, memory: str | None) -> None:
     """Mount the store directory URL read-only at MOUNTPOINT, reads striped in parallel."""
+    cfg = app.loaded.config.checkpoint
+    file_mode = cfg.mount_mode if mode is None else coerce(FileMode, mode, "mode", "flag --mode")
+    memory_cap = cfg.mount_memory if memory is None else \
+        coerce(ByteSize, memory, "memory", "flag --memory")
     check_mountpoint(mountpoint)
     if foreground:
+        from stripedfs.config import StripeConfig
         from stripedfs.fuse import mount as serve
 
-        serve(open_store(url), mountpoint, direct_io=direct_io, metadata_ttl=metadata_ttl)
+        serve(open_store(url), mountpoint, direct_io=direct_io, metadata_ttl=metadata_ttl,
+              config=StripeConfig(max_memory=memory_cap), mode=file_mode)
         return
     args = [sys.executable, "-m", "bootseer", "ckpt", "mount", "--foreground", url,
             str(mountpoint), "--metadata-ttl", str(metadata_ttl),
-            "--direct-io" if direct_io else "--page-cache"]
-    pid = spawn_mount(args, mountpoint, url, timeout)
+            "--direct-io" if direct_io else "--page-cache", "--mode", f"{file_mode:o}",
+            "--memory", str(memory_cap)]
+    log_path = server_log(app.loaded.config.cache_dir / "logs", "ckpt-mount")
+    pid = spawn_mount(args, mountpoint, url, timeout, log_path)
     console.print(f"mounted {url} at {mountpoint} (pid {pid})")
 
 

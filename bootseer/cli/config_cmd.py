@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bootseer.cli import AppContext, pass_app
+from bootseer.config import FileMode
 
 
 @click.group()
@@ -31,9 +32,15 @@ def show(app: AppContext, as_json: bool) -> None:
     table.add_column("value")
     table.add_column("source", style="dim")
     for s in settings:
-        table.add_row(s.key, "" if s.value is None else str(s.value), s.source)
+        value = _jsonable(s.value)
+        table.add_row(s.key, ", ".join(value) if isinstance(value, list)
+                      else "" if value is None else str(value), s.source)
     Console(highlight=False).print(table)
 
 
 def _jsonable(value: object) -> object:
+    if isinstance(value, FileMode):
+        return f"{value:04o}"
+    if isinstance(value, tuple):
+        return list(value)
     return value if value is None or isinstance(value, (bool, int, str)) else str(value)

@@ -20,7 +20,14 @@ import click
 
 from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
-from bootseer.mounts import check_mountpoint, is_mounted, spawn_mount, unmount, wait_for_file
+from bootseer.mounts import (
+    check_mountpoint,
+    is_mounted,
+    server_log,
+    spawn_mount,
+    unmount,
+    wait_for_file,
+)
 from bootseer.progress import byte_progress, console
 from bootseer.ready import READY_FILE_ENV
 from bootseer.units import format_size
@@ -162,7 +169,8 @@ def mount(app: AppContext, name: str, mountpoint: Path, workload: str, prefetch:
               mountpoint, options)
         return
     pid = spawn_mount(_mount_argv(app, name, mountpoint, options), mountpoint,
-                      f"image {name}", timeout)
+                      f"image {name}", timeout,
+                      server_log(app.loaded.config.cache_dir / "logs", "image-mount"))
     console.print(f"mounted image {name} at {mountpoint} (pid {pid})")
 
 
@@ -252,7 +260,8 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
         marker = root / str(ready_marker).lstrip("/") if ready_marker else None
         options = _options(app, workload, prefetch, record, signal / "ready", marker,
                            record_timeout, work / "report.json", work / "info.json")
-        pid = spawn_mount(_mount_argv(app, name, lower, options), lower, f"image {name}", 60.0)
+        pid = spawn_mount(_mount_argv(app, name, lower, options), lower, f"image {name}", 60.0,
+                          work / "server.log")
         try:
             mounted = time.monotonic() - started
             phases["image_ready"] = time.time()

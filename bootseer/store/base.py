@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from bootseer.errors import InvalidRangeError
+from bootseer.limits import check_size
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,69 @@ class ObjectInfo:
     key: str
     size: int
     mtime: float
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may read an object, as far as its store can tell (POSIX-style permissions).
+
+    ``uid``/``gid`` are local ids (None where the store's owner or group has no account on
+    this node); ``mode`` holds only read bits, and a class of users keeps its bit only if
+    every one of them can read the object, directories above it included
+    (:func:`readable_bits`). Root can always read. Copies and mounts of the object give
+    exactly these, so nobody reads through Bootseer what they could not read at the source.
+    """
+
+    uid: int | None
+    gid: int | None
+    mode: int
+
+
+@dataclass(frozen=True)
+class Perm:
+    """One path's owner, group (ids or names, as long as both sides use the same) and
+    permission bits."""
+
+    owner: int | str
+    group: int | str
+    mode: int
+
+
+def readable_bits(target: Perm, parents: list[Perm]) -> int:
+    """The read bits (``0o444`` at most) that hold for *every* user of each class of
+    ``target`` (its owner; the other members of its group; everyone else), given that
+    reading also needs search (x) permission on each of ``parents``.
+
+    A user is judged by exactly one class at each directory (owner, else group, else
+    other), and group membership beyond ``target``'s group is not known here, so a class
+    keeps its bit only where every class its members might fall into grants search.
+    """
+    def search(p: Perm, *, owner_may_be_us: bool, group_may_be_us: bool,
+               may_be_other: bool) -> bool:
+        return ((not owner_may_be_us or bool(p.mode & 0o100))
+                and (not group_may_be_us or bool(p.mode & 0o010))
+                and (not may_be_other or bool(p.mode & 0o001)))
+
+    bits = 0
+    # The owner: the directory's owner if it is theirs, else maybe in its group, else not.
+    if target.mode & 0o400 and all(
+            search(p, owner_may_be_us=p.owner == target.owner,
+                   group_may_be_us=p.owner != target.owner,
+                   may_be_other=p.owner != target.owner) for p in parents):
+        bits |= 0o400
+    # Group members other than the owner: any of a directory's classes but its owner's
+    # when that is the target's owner; surely its group when that is the target's group.
+    if target.mode & 0o040 and all(
+            search(p, owner_may_be_us=p.owner != target.owner, group_may_be_us=True,
+                   may_be_other=p.group != target.group) for p in parents):
+        bits |= 0o040
+    # Everyone else: any class of a directory but an owner or group they are not in.
+    if target.mode & 0o004 and all(
+            search(p, owner_may_be_us=p.owner != target.owner,
+                   group_may_be_us=p.group != target.group, may_be_other=True)
+            for p in parents):
+        bits |= 0o004
+    return bits
 
 
 def check_key(key: str) -> str:
@@ -145,6 +209,11 @@ class Store(ABC):
     def sweep_temporaries(self, older_than: float = 3600.0) -> int:
         """Remove temporaries of writers that died more than ``older_than`` seconds ago."""
 
+    def access(self, key: str) -> Access | None:
+        """Who may read ``key`` (:class:`Access`), or None where the store cannot say:
+        then only root may read what Bootseer copies or mounts from it."""
+        return None
+
     def block_size(self, key: str) -> int | None:
         """The backend's block size for ``key`` (HDFS), or None where there are no blocks.
 
@@ -193,9 +262,15 @@ class Store(ABC):
             return False
         return True
 
-    def get(self, key: str) -> bytes:
-        """The whole object; meant for small objects (refs, indexes, manifests)."""
-        return b"".join(self.iter_chunks(key))
+    def get(self, key: str, max_size: int | None = None) -> bytes:
+        """The whole object; meant for small objects (refs, indexes, manifests). With
+        ``max_size``, a larger object is refused (:class:`SizeLimitError`) before any of it
+        is read."""
+        if max_size is None:
+            return b"".join(self.iter_chunks(key))
+        size = self.stat(key).size
+        check_size(size, max_size, f"{self.url}: {key}")
+        return b"".join(self.iter_chunks(key, end=size))
 
     def iter_chunks(
         self, key: str, chunk_size: int = IO_CHUNK, start: int = 0, end: int | None = None

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from bootseer.errors import IntegrityError, InvalidRangeError
+from bootseer.limits import check_size
 from bootseer.store.base import Store, check_key, chunks_of, open_ranged
 from bootseer.zeros import is_zero
 
@@ -43,6 +44,10 @@ _READ_CHUNKS = 8  # chunks fetched per backend call when streaming a whole blob
 _TABLE_MAGIC = b"BSCT"
 _TABLE_VERSION = 1
 _TABLE_HEADER = struct.Struct(">4sBIQ32s")  # magic, version, chunk size, blob size, digest
+#: A ref is a digest, a size and a little metadata: anything larger is not one.
+MAX_REF_BYTES = 64 << 10
+#: The smallest chunk a table may use: it bounds a table's size by its blob's (0.05%).
+MIN_CHUNK_SIZE = 64 << 10
 
 
 def is_digest(text: str) -> bool:
@@ -109,6 +114,9 @@ class ChunkTable:
         magic, version, chunk_size, size, raw = _TABLE_HEADER.unpack_from(body)
         if magic != _TABLE_MAGIC or version != _TABLE_VERSION:
             raise IntegrityError(f"chunk table of blob {digest}: unknown format {version}")
+        if chunk_size < MIN_CHUNK_SIZE:
+            raise IntegrityError(f"chunk table of blob {digest}: chunks of {chunk_size} "
+                                 f"bytes are below the format's {MIN_CHUNK_SIZE}")
         if "sha256:" + raw.hex() != digest:
             raise IntegrityError(f"chunk table of blob {digest} belongs to another blob")
         rest = body[_TABLE_HEADER.size :]
@@ -263,7 +271,11 @@ class BlobStore:
             raise IntegrityError(f"blob {digest} does not match its digest: the stored "
                                  f"object is corrupt")
 
-    def get(self, digest: str) -> bytes:
+    def get(self, digest: str, max_size: int | None = None) -> bytes:
+        """The whole blob, verified; with ``max_size``, a larger blob is refused
+        (:class:`SizeLimitError`) before any of it is read."""
+        if max_size is not None:
+            check_size(self.chunk_table(digest).size, max_size, f"blob {digest}")
         return b"".join(self.iter_chunks(digest))
 
     def open(self, digest: str) -> BinaryIO:
@@ -298,11 +310,12 @@ class BlobStore:
             if table is not None:
                 self._tables.move_to_end(digest)
                 return table
+        size = self.stat(digest).size
+        limit = _TABLE_HEADER.size + 32 * -(-size // MIN_CHUNK_SIZE) + 32
         try:
-            table = ChunkTable.decode(digest, self.store.get(self.table_key(digest)))
+            table = ChunkTable.decode(digest, self.store.get(self.table_key(digest), limit))
         except FileNotFoundError:
             table = self._rebuild_table(digest)
-        size = self.stat(digest).size
         if size != table.size:
             raise IntegrityError(f"blob {digest} is {size} bytes, its chunk table says "
                                  f"{table.size}: the stored object is corrupt")
@@ -361,7 +374,7 @@ class BlobStore:
 
     def get_ref(self, name: str) -> Ref:
         try:
-            return Ref.decode(name, self.store.get(self.ref_key(name)))
+            return Ref.decode(name, self.store.get(self.ref_key(name), MAX_REF_BYTES))
         except FileNotFoundError:
             raise FileNotFoundError(f"no reference {name!r} in {self.store.url}") from None
 

@@ -29,11 +29,14 @@ from urllib.parse import urlsplit
 
 from bootseer.store.base import (
     TEMP_PREFIX,
+    Access,
     ObjectInfo,
     ObjectWriter,
+    Perm,
     Store,
     check_key,
     check_prefix,
+    readable_bits,
 )
 
 log = logging.getLogger(__name__)
@@ -78,6 +81,10 @@ class HadoopStyleStore(Store):
         """Status of ``path``, or None if it does not exist."""
 
     @abstractmethod
+    def _fs_perm(self, path: str) -> Perm | None:
+        """Owner and group names and permission bits of ``path``, None if it is absent."""
+
+    @abstractmethod
     def _fs_read(self, path: str, offset: int, length: int) -> bytes:
         """A positional read; fewer bytes only at the end of the file."""
 
@@ -111,6 +118,29 @@ class HadoopStyleStore(Store):
         if info is None or info.is_dir:
             raise FileNotFoundError(f"no object {key!r} in the store {self.url}")
         return ObjectInfo(key, info.size, info.mtime)
+
+    def access(self, key: str) -> Access:
+        """HDFS's own permissions (owner, group, mode, and search permission on every
+        directory above), its user and group names mapped to this node's accounts by name,
+        as HDFS's simple authentication maps them; a name with no account here gets no
+        bits."""
+        path = self._path(key)
+        target = self._fs_perm(path)
+        if target is None:
+            raise FileNotFoundError(f"no object {key!r} in the store {self.url}")
+        parents = []
+        for parent in _parents(path):
+            perm = self._fs_perm(parent)
+            if perm is None:
+                raise FileNotFoundError(f"no object {key!r} in the store {self.url}")
+            parents.append(perm)
+        mode = readable_bits(target, parents)
+        uid, gid = _local_uid(str(target.owner)), _local_gid(str(target.group))
+        if uid is None:
+            mode &= ~0o400
+        if gid is None:
+            mode &= ~0o040
+        return Access(uid, gid, mode)
 
     def _read_range(self, key: str, offset: int, length: int) -> bytes:
         return self._fs_read(self._path(key), offset, length)
@@ -209,3 +239,31 @@ class _PublishingWriter(ObjectWriter):
             self._store._fs_delete(self._tmp)
         except Exception:  # best effort: sweep_temporaries removes what is left
             log.warning("could not remove temporary %s", self._tmp, exc_info=True)
+
+
+def _parents(path: str) -> list[str]:
+    """``/a/b/c`` -> ``["/", "/a", "/a/b"]``."""
+    out, parent = [], posixpath.dirname(path)
+    while True:
+        out.append(parent)
+        if parent == "/":
+            return out[::-1]
+        parent = posixpath.dirname(parent)
+
+
+def _local_uid(name: str) -> int | None:
+    import pwd
+
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return None
+
+
+def _local_gid(name: str) -> int | None:
+    import grp
+
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bootseer.errors import BackendUnavailableError, InvalidRangeError
+from bootseer.store.base import Perm
 from bootseer.store.hadoop import HadoopStyleStore, OutputFile, PathInfo
 
 try:
@@ -77,6 +78,9 @@ class HdfsStore(HadoopStyleStore):
 
     def block_size(self, key: str) -> int | None:
         return self._libhdfs.block_size(self._path(key))
+
+    def _fs_perm(self, path: str) -> Perm | None:
+        return self._libhdfs.perm(path)
 
     def _fs_read(self, path: str, offset: int, length: int) -> bytes:
         with self.fs.open_input_file(path) as f:
@@ -143,7 +147,8 @@ class _FileInfo(ctypes.Structure):
 
 class _Libhdfs:
     """The two libhdfs calls pyarrow does not expose: a non-clobbering ``hdfsRename`` and
-    ``hdfsGetPathInfo`` (for the block size), on the libhdfs and JVM pyarrow loaded."""
+    ``hdfsGetPathInfo`` (for the block size and permissions), on the libhdfs and JVM
+    pyarrow loaded."""
 
     _lib: ctypes.CDLL | None = None
     _lock = threading.Lock()
@@ -182,6 +187,17 @@ class _Libhdfs:
             raise FileNotFoundError(f"{path}: not found")
         try:
             return info.contents.block_size or None
+        finally:
+            self._lib_handle.hdfsFreeFileInfo(info, 1)
+
+    def perm(self, path: str) -> Perm | None:
+        info = self._lib_handle.hdfsGetPathInfo(self._fs, path.encode())
+        if not info:
+            return None
+        try:
+            c = info.contents
+            return Perm((c.owner or b"").decode(), (c.group or b"").decode(),
+                        c.permissions & 0o777)
         finally:
             self._lib_handle.hdfsFreeFileInfo(info, 1)
 

@@ -1,6 +1,10 @@
 """``file://`` — the embedded store: a directory on local disk.
 
 Objects are plain files under the root, so operators can inspect them with ordinary tools.
+Below the root, reads never follow a symlink: every path component is opened with
+``O_NOFOLLOW`` from the one above it. A checkpoint directory is often writable by the jobs
+that save into it, and the agent reads it as root: a symlink planted there must not lead
+it to ``/etc/shadow``.
 A write goes to ``<root>/.tmp/<random>.<pid>`` on the same file system, is fsync'ed, and is
 published with one ``rename`` (or ``link`` for create-only), which POSIX makes atomic.
 All-zero chunks become holes, so a multi-GB sparse file stays sparse in the store.
@@ -21,11 +25,14 @@ from urllib.parse import unquote, urlsplit
 from bootseer.errors import InvalidRangeError
 from bootseer.store.base import (
     TEMP_PREFIX,
+    Access,
     ObjectInfo,
     ObjectWriter,
+    Perm,
     Store,
     check_key,
     check_prefix,
+    readable_bits,
 )
 from bootseer.zeros import is_zero
 
@@ -58,15 +65,47 @@ class LocalStore(Store):
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
 
+    def _open(self, key: str) -> int:
+        """A descriptor of the object ``key``, reached without following any symlink
+        below the root (``ELOOP`` or ``ENOENT`` otherwise)."""
+        *dirs, name = check_key(key).split("/")
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in dirs:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW |
+                                os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            target = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                             dir_fd=fd)
+        finally:
+            os.close(fd)
+        if not S_ISREG(os.fstat(target).st_mode):  # a FIFO, a device: not an object
+            os.close(target)
+            raise FileNotFoundError(errno.ENOENT, "not an object", str(self.root / key))
+        return target
+
     def stat(self, key: str) -> ObjectInfo:
-        path = self._path(key)
-        st = os.stat(path)
-        if not S_ISREG(st.st_mode):
-            raise FileNotFoundError(errno.ENOENT, "not an object", str(path))
+        fd = self._open(key)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
+    def access(self, key: str) -> Access:
+        fd = self._open(key)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        real = Path(os.path.realpath(self.root)) / key
+        parents = [Perm(p.st_uid, p.st_gid, p.st_mode) for p in map(os.stat, real.parents)]
+        return Access(st.st_uid, st.st_gid,
+                      readable_bits(Perm(st.st_uid, st.st_gid, st.st_mode), parents))
+
     def _read_range(self, key: str, offset: int, length: int) -> bytes:
-        fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
+        fd = self._open(key)
         try:
             parts = []
             while length:
@@ -81,7 +120,7 @@ class LocalStore(Store):
             os.close(fd)
 
     def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
-        fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
+        fd = self._open(key)
         try:
             done = 0
             while done < len(buffer):
@@ -103,23 +142,45 @@ class LocalStore(Store):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         check_prefix(prefix)
         directory, _, stem = prefix.rpartition("/")
-        start = self.root / directory if directory else self.root
-        yield from self._walk(start, directory, stem)
-
-    def _walk(self, path: Path, key_dir: str, stem: str) -> Iterator[ObjectInfo]:
         try:
-            entries = sorted(os.scandir(path), key=lambda e: e.name)
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        for entry in entries:
-            if not entry.name.startswith(stem) or (not key_dir and entry.name == TEMP_PREFIX):
-                continue
-            key = f"{key_dir}/{entry.name}" if key_dir else entry.name
-            if entry.is_dir(follow_symlinks=False):
-                yield from self._walk(Path(entry.path), key, "")
-            elif entry.is_file(follow_symlinks=False):
-                st = entry.stat(follow_symlinks=False)
-                yield ObjectInfo(key, st.st_size, st.st_mtime)
+            fd = self._open_dir(directory)
+        except (FileNotFoundError, NotADirectoryError, OSError):
+            return  # absent, not a directory, or a symlink: nothing listed below it
+        yield from self._walk(fd, directory, stem)
+
+    def _open_dir(self, directory: str) -> int:
+        """A descriptor of the directory ``directory`` ("" for the root), no symlinks."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        for part in directory.split("/") if directory else ():
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW |
+                                os.O_CLOEXEC, dir_fd=fd)
+            finally:
+                os.close(fd)
+            fd = child
+        return fd
+
+    def _walk(self, fd: int, key_dir: str, stem: str) -> Iterator[ObjectInfo]:
+        """Objects below the directory open as ``fd`` (closed here), descending by
+        descriptor: a directory swapped for a symlink meanwhile is not followed."""
+        try:
+            entries = sorted(os.scandir(fd), key=lambda e: e.name)
+            for entry in entries:
+                if not entry.name.startswith(stem) or (not key_dir and entry.name == TEMP_PREFIX):
+                    continue
+                key = f"{key_dir}/{entry.name}" if key_dir else entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    try:
+                        child = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY |
+                                        os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    except OSError:
+                        continue  # gone, or replaced by a symlink, since it was listed
+                    yield from self._walk(child, key, "")
+                elif entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    yield ObjectInfo(key, st.st_size, st.st_mtime)
+        finally:
+            os.close(fd)
 
     def sweep_temporaries(self, older_than: float = 3600.0) -> int:
         removed = 0

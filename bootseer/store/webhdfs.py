@@ -26,6 +26,7 @@ from tenacity import (
 )
 
 from bootseer.errors import BackendUnavailableError
+from bootseer.store.base import Perm
 from bootseer.store.hadoop import HadoopStyleStore, OutputFile, PathInfo
 
 try:
@@ -69,6 +70,12 @@ class WebHdfsStore(HadoopStyleStore):
     def _fs_info(self, path: str) -> PathInfo | None:
         status = self.client.status(path, strict=False)
         return None if status is None else _path_info(path, status)
+
+    def _fs_perm(self, path: str) -> Perm | None:
+        status = self.client.status(path, strict=False)
+        if status is None:
+            return None
+        return Perm(status["owner"], status["group"], int(status["permission"], 8) & 0o777)
 
     @retry(
         retry=retry_if_exception_type(requests.ConnectionError),
