@@ -130,7 +130,8 @@ class CheckpointPolicy:
         try:
             location = normalise(url)
         except ValueError as exc:
-            raise PolicyError(f"checkpoint {exc}") from None
+            raise PolicyError(f"checkpoint {exc}; {self.KEY} allows only plain URLs under "
+                              f"its prefixes") from None
         if not any(location.within(prefix) for prefix in self.prefixes):
             listed = ", ".join(p.url for p in self.prefixes) or "none"
             raise PolicyError(

@@ -121,17 +121,19 @@ def agent_socket() -> Path:
 def request_mount(socket: Path, labels: Labels, container_id: str,
                   runtime: str, namespace: str = "") -> ContainerMount:
     """Ask the node agent for the container's lazy root (httpx is imported only here)."""
-    from agents.client import AgentClient
+    from agents.client import AgentClient, AgentUnavailable
     from bootseer.errors import BootseerError
 
     try:
         with AgentClient(socket) as client:
             return client.mount(labels.mount_request(container_id, runtime, namespace))
+    except AgentUnavailable as exc:
+        raise ShimError(f"container {container_id} asked for the lazy image "
+                        f"{labels.image!r}, but {exc}. Is the node agent running "
+                        f"(`bootseer agent`, socket {socket})?") from exc
     except (BootseerError, ValueError) as exc:
-        raise ShimError(f"the node agent could not give container {container_id} the lazy "
-                        f"image {labels.image!r}: {exc}. Is it running (`bootseer agent`, "
-                        f"socket {socket})? Does the image exist (`bootseer image ls`)?"
-                        ) from exc
+        raise ShimError(f"the node agent refused container {container_id} the lazy image "
+                        f"{labels.image!r}: {exc}") from exc
 
 
 def release_mount(socket: Path, mount_id: str, exit_code: int | None = None,

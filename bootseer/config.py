@@ -293,7 +293,11 @@ def load_config(
     sources = {key: "default" for key in kinds}
 
     for path in files if files is not None else config_files(explicit_file):
-        if not path.is_file():
+        try:
+            present = path.is_file()
+        except OSError as exc:  # a directory on the way this user may not enter
+            raise ConfigError(f"{path}: cannot be read: {exc.strerror}") from exc
+        if not present:
             if path == explicit_file:
                 raise ConfigError(f"config file {path} does not exist")
             continue

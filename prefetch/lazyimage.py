@@ -20,6 +20,7 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict
+from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -257,6 +258,19 @@ class LazyImage:
                          table):
             pieces = [(i, table[i].offset, table[i].length) for i in run]
             self.fetch_pieces(self.manifest.packs[table[run[0]].pack], pieces, self.stats)
+
+    def wait_for(self, digests: list[str], timeout: float = 300.0) -> None:
+        """Wait until no fetch of these blocks is in flight (another reader's or
+        prefetcher's): a warm sharing this image is done only when its blocks are."""
+        with self._lock:
+            pending = [self._inflight[d] for d in digests if d in self._inflight]
+        for future in pending:
+            try:
+                future.exception(timeout=timeout)
+            except futures.TimeoutError:
+                log.warning("a fetch of image %s did not end within %.0f s", self.image_id,
+                            timeout)
+                return
 
     # -- what the prefetcher uses -------------------------------------------------------------
 

@@ -73,6 +73,7 @@ def warm_image(blobs: BlobStore, cache: BlockCache, image: str, workload: str, *
         on_plan(prefetcher.stats.hot_bytes)
     if prefetcher.requests:
         prefetcher.start().wait()
+    lazy.wait_for(prefetcher.digests)  # blocks a concurrent warm of the image was fetching
     stats = prefetcher.stats
     return WarmResult(
         image=image, image_id=lazy.image_id, workload=workload, hot_list=hot is not None,

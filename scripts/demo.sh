@@ -163,8 +163,11 @@ trap 'kill "${agents[@]}" 2>/dev/null || true' EXIT
 start_agent() {  # NODE: a node = its own cache directory and agent
   local dir="$PWD/$work/$1"
   mkdir -p "$dir"
-  BOOTSEER_CACHE_DIR="$dir/cache" $BIN/bootseer agent --socket "$dir/agent.sock" \
-    >"$dir/agent.log" 2>&1 &
+  # The operator's policy (docs/SECURITY.md): the job's image may record its hot list,
+  # and checkpoints may be staged from the job's checkpoint directory; nothing else.
+  BOOTSEER_CACHE_DIR="$dir/cache" BOOTSEER_IMAGE_RECORD_IMAGES=demo-python \
+    BOOTSEER_CHECKPOINT_ALLOWED="$ckpt_url/" \
+    $BIN/bootseer agent --socket "$dir/agent.sock" >"$dir/agent.log" 2>&1 &
   agents+=($!)
   until BOOTSEER_AGENT_SOCKET="$dir/agent.sock" $BIN/python -c \
       'import os, sys; from agents.client import AgentClient; from pathlib import Path
@@ -189,6 +192,8 @@ step "restart on node B, staged first with bootseer warm (image hot blocks, env,
 start_agent node-b
 on_node node-b warm --image demo-python --workload train --env "$(cat "$job/env-key")" \
   --checkpoint "$ckpt_url/model.pt"
+echo "(a checkpoint outside the operator's checkpoint.allowed is refused by the root agent:)"
+if on_node node-b warm --checkpoint file:///etc/shadow; then echo "NOT refused"; exit 1; fi
 run_job node-b train-warm
 
 step "bootseer report: where each start's time went (cold on A, warm on B)"

@@ -31,12 +31,17 @@ def dirs(tmp_path: Path) -> dict[str, Path]:
 def start_agent(sock: Path, env: dict[str, str]) -> subprocess.Popen:
     """``bootseer agent`` on ``sock`` with ``env`` added, once it answers there (a socket
     a killed agent left behind does not count)."""
-    proc = subprocess.Popen([sys.executable, "-m", "bootseer", "agent", "--socket", str(sock)],
-                            env={**os.environ, **env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    sock.parent.mkdir(parents=True, exist_ok=True)
+    # A file, not a pipe nobody reads: an agent that logs a lot must not block on it.
+    log = sock.parent / f"agent-{time.monotonic_ns()}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "bootseer", "agent", "--socket",
+                                 str(sock)], env={**os.environ, **env}, stdout=out,
+                                stderr=subprocess.STDOUT)
+    proc.log = log  # type: ignore[attr-defined]
     deadline = time.monotonic() + 30
     while True:
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, log.read_text()
         assert time.monotonic() < deadline, "the agent did not answer on its socket"
         if sock.exists():
             try:
