@@ -191,7 +191,7 @@ class Agent:
         return after
 
     async def record_start(self, request: web.Request) -> web.Response:
-        start = await _parse(request, StartRecord.from_json, "start record")
+        start = await _parse(request, StartRecord.from_request, "start record")
         after = await self._run("query", self.record, start)
         return web.json_response(after.to_json())
 

@@ -37,11 +37,13 @@ Checkpoint URLs arrive here already allowed and normalised by the agent's policy
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -170,7 +172,7 @@ class MountManager:
             except BaseException:  # nothing of a refused mount stays behind
                 self._mounts.pop(key, None)
                 self._fds.pop(key, None)
-                self._teardown(self.root / key, mounted, fd)
+                self._teardown(self.root / key, mounted.pid, fd)
                 raise
             claims = self._claims[key] = _Claims(self.gate)
             claims.set(Priority.STARTING, True)  # until the watcher sees the prefetch end
@@ -375,7 +377,7 @@ class MountManager:
                                                       "signal")}
         for path in parts.values():
             path.mkdir()
-        fd = None
+        fd = pid = None
         try:
             fd = mount_fd(parts["lower"])
             pid = self._start_server(request, directory, fd, takeover=False)
@@ -394,21 +396,23 @@ class MountManager:
                 checkpoints_dir=str(directory / "checkpoints") if request.checkpoints
                 else None)
         except BaseException:
-            self._teardown(directory, None, fd)
+            self._teardown(directory, pid, fd)
             raise
         return _Mounted(request, mount, pid, fd, created,
                         checkpoint_pids=checkpoint_pids), fd
 
-    def _teardown(self, directory: Path, mounted: _Mounted | None, fd: int | None) -> None:
+    def _teardown(self, directory: Path, pid: int | None, fd: int | None) -> None:
         """Remove every mount and file of a container that must not stay (a refused or
-        failed mount); the server, if any, exits when it sees its mount go."""
+        failed mount). The server exits when it sees its mount go; it is waited for
+        (killed after :data:`TEARDOWN_WAIT`), because it writes its report into the
+        directory on the way out."""
         if fd is not None:  # first: with no server left, this ends the connection, and
             os.close(fd)  # the unmount cannot wait for a server that never comes
         unmount(directory / "rootfs")
-        self._unmount_checkpoints(directory, mounted)
+        self._unmount_checkpoints(directory, None)
         unmount(directory / "lower")
-        if mounted is not None:
-            _reap(mounted.pid)
+        if pid is not None:
+            _wait_or_kill(pid, TEARDOWN_WAIT)
         shutil.rmtree(directory, ignore_errors=True)
 
     def _mount_checkpoints(self, request: MountRequest, directory: Path) -> dict[str, int]:
@@ -510,6 +514,27 @@ class MountManager:
     def _lock_for(self, container_id: str) -> threading.Lock:
         with self._lock:
             return self._locks.setdefault(container_id, threading.Lock())
+
+
+#: Seconds a torn-down mount's server may take to exit before it is killed.
+TEARDOWN_WAIT = 30.0
+
+
+def _wait_or_kill(pid: int, timeout: float) -> None:
+    """Wait for the server ``pid`` to exit; SIGKILL it after ``timeout`` seconds."""
+    deadline, killed = time.monotonic() + timeout, False
+    while _alive(pid):
+        _reap(pid)
+        if time.monotonic() > deadline:
+            if killed:  # not even SIGKILL ended it: stop waiting, say so
+                log.error("server %d did not die after SIGKILL", pid)
+                return
+            log.warning("server %d did not exit within %.0f s; killing it", pid, timeout)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            deadline, killed = time.monotonic() + 5.0, True
+        time.sleep(0.02)
+    _reap(pid)
 
 
 def _alive(pid: int) -> bool:

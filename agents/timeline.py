@@ -101,10 +101,18 @@ class StartRecord:
                 "startup_seconds": self.startup_seconds, "detail": dict(self.detail)}
 
     @classmethod
-    def from_json(cls, data: Any) -> StartRecord:
-        """A record from JSON, every field checked (:mod:`agents.fields`); the derived
-        fields of :meth:`to_json` (``breakdown``, ``startup_seconds``) are accepted and
-        ignored."""
+    def from_json(cls, data: dict[str, Any]) -> StartRecord:
+        """A record as this node's timeline or agent gave it back."""
+        return cls(id=data["id"], job=data.get("job"), image=data.get("image"),
+                   workload=data.get("workload"), runtime=data.get("runtime"),
+                   phases={k: float(v) for k, v in (data.get("phases") or {}).items()},
+                   detail=dict(data.get("detail") or {}))
+
+    @classmethod
+    def from_request(cls, data: Any) -> StartRecord:
+        """A record from an API body, every field checked (:mod:`agents.fields`); the
+        derived fields of :meth:`to_json` (``breakdown``, ``startup_seconds``) are
+        accepted and ignored."""
         data = fields.only(data, {"id", "job", "image", "workload", "runtime", "phases",
                                   "detail", "breakdown", "startup_seconds"}, "start record")
         phases = data.get("phases") or {}

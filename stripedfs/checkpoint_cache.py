@@ -32,7 +32,6 @@ lock file, so a standalone ``warm`` and the agent may share the cache; reads tak
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -44,12 +43,16 @@ from pathlib import Path
 
 from bootseer.config import load_config
 from bootseer.errors import BootseerError, ConfigError
+from bootseer.filelock import file_lock
 from bootseer.ready import mark_phase
 from bootseer.store import Store
 from bootseer.store.base import Access, ObjectInfo
 from bootseer.store.local import pid_alive
 
 log = logging.getLogger(__name__)
+
+#: Longest a staging waits for another's commit or eviction (they take milliseconds).
+LOCK_TIMEOUT = 120.0
 
 
 def object_url(store: Store, key: str) -> str:
@@ -237,9 +240,7 @@ class CheckpointCache:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.directory / "lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with file_lock(self.directory / "lock", timeout=LOCK_TIMEOUT):
             yield
 
 

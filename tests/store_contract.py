@@ -320,3 +320,20 @@ class StoreContract:
         assert list(blobs.store.list()) == []
         with pytest.raises(FileNotFoundError):
             blobs.delete(info.digest)
+
+    def test_access_never_grants_more_than_reading(self, store: Store) -> None:
+        """Who may read an object (for staged copies and mounts): read bits only, and an
+        owner or group only where this node has an account of that name."""
+        import pwd
+
+        store.put("acl/object", b"x")
+        access = store.access("acl/object")
+        if access is None:  # the backend cannot say: only root will read its copies
+            return
+        assert access.mode & ~0o444 == 0
+        if access.uid is not None:
+            pwd.getpwuid(access.uid)  # a real local account
+        elif access.mode & 0o400:
+            raise AssertionError("an owner bit for an owner with no account here")
+        with pytest.raises(FileNotFoundError):
+            store.access("acl/missing")

@@ -74,3 +74,25 @@ def test_optional_values_can_be_reset_from_the_environment(tmp_path: Path) -> No
     path = write(tmp_path / "c.toml", "[hdfs]\nuser = 'alice'\n")
     loaded = load_config(files=[path], environ={"BOOTSEER_HDFS_USER": ""})
     assert loaded.config.hdfs.user is None
+
+
+def test_lists_and_modes(tmp_path: Path) -> None:
+    f = write(tmp_path / "c.toml", '[checkpoint]\nallowed = ["hdfs://nn/ckpt/", "file:///d"]\n'
+                                   'mount_mode = "0440"\n[image]\nrecord_images = ["*"]\n')
+    c = load_config(files=[f], environ={}).config
+    assert c.checkpoint.allowed == ("hdfs://nn/ckpt/", "file:///d")
+    assert c.checkpoint.mount_mode == 0o440 and c.image.record_images == ("*",)
+    env = load_config(files=[], environ={"BOOTSEER_CHECKPOINT_ALLOWED": "a/, b/",
+                                         "BOOTSEER_CHECKPOINT_MOUNT_MODE": "0o400"}).config
+    assert env.checkpoint.allowed == ("a/", "b/") and env.checkpoint.mount_mode == 0o400
+    assert load_config(files=[], environ={}).config.checkpoint.allowed == ()
+    for text, message in (('[checkpoint]\nallowed = "x"\n', None),
+                          ("[checkpoint]\nallowed = [1]\n", "expected a list of strings"),
+                          ('[checkpoint]\nmount_mode = "0999"\n', "octal permission bits"),
+                          ("[checkpoint]\nmount_mode = 0o1777\n", "octal permission bits")):
+        path = write(tmp_path / "bad.toml", text)
+        if message is None:  # one string is a list of one
+            assert load_config(files=[path], environ={}).config.checkpoint.allowed == ("x",)
+            continue
+        with pytest.raises(ConfigError, match=message):
+            load_config(files=[path], environ={})

@@ -632,3 +632,22 @@ def test_server_logs_are_the_agents_and_no_log_goes_to_tmp(node) -> None:
     assert (directory / "checkpoint-a.log").stat().st_mode & 0o777 == 0o600
     assert {p.name for p in Path("/tmp").glob("bootseer-mount-*")} == before
     node.client.release("l1")
+
+
+def test_a_mount_that_fails_after_mounting_leaves_nothing(lazy, tmp_path) -> None:  # noqa: F811
+    """The last step of a mount (recording its start) fails: the live FUSE mount, the
+    overlay and the directory all go, and the error reaches the caller."""
+    from agents.mounts import MountManager
+    from bootseer.config import Config
+
+    def broken_timeline(start):
+        raise OSError("the timeline's disk is full")
+
+    config = Config(store=f"file://{lazy['store']}", cache_dir=tmp_path / "node")
+    manager = MountManager(config, broken_timeline)
+    with pytest.raises(OSError, match="disk is full"):
+        manager.mount(MountRequest("doomed", "py"))
+    assert manager.list() == []
+    assert list((tmp_path / "node" / "containers").iterdir()) == []
+    with open("/proc/mounts") as mounts:
+        assert str(tmp_path / "node") not in mounts.read()

@@ -111,3 +111,19 @@ def test_garbage_is_refused() -> None:
 def test_numbers_in_octal_and_base_256() -> None:
     assert _number(b"00000001750\0") == 0o1750
     assert _number(b"\x80" + (9 << 30).to_bytes(11, "big")) == 9 << 30
+
+
+def test_a_pax_header_over_the_shard_limit_is_refused_before_it_is_read() -> None:
+    """A header claiming 400 MB of PAX records: refused from the header field alone (the
+    reader would otherwise buffer all of it)."""
+    from snapshot.tarstream import MAX_PAX_BYTES
+
+    header = bytearray(512)
+    header[0:9] = b"PaxHeader"
+    header[124:136] = b"%011o\0" % (400 << 20)
+    header[156:157] = b"x"
+    stream = TarStream(io.BytesIO(bytes(header) + bytes(1024)), buffer_size=1024)
+    with pytest.raises(MalformedStream, match=f"at most {MAX_PAX_BYTES}"):
+        list(stream)
+    long_name = [_file("0/" + "n" * 4000, b"fits")]  # PATH_MAX-sized: well within
+    assert [m.name for m, _ in _read_all(_tar(long_name))] == ["0/" + "n" * 4000]

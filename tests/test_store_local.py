@@ -70,3 +70,39 @@ def test_store_urls(tmp_path: Path) -> None:
         open_store("s3://bucket/x")
     with pytest.raises(ValueError, match="host"):
         open_store("file://otherhost/x")
+
+
+def test_reads_never_follow_a_symlink_below_the_root(tmp_path: Path) -> None:
+    """A checkpoint directory is written by jobs and read by the root agent: a link
+    planted there is not an object, whatever it points to."""
+    root = tmp_path / "store"
+    store = LocalStore(str(root))
+    store.put("real/file", b"data")
+    (root / "link").symlink_to("/etc/passwd")
+    (root / "dir-link").symlink_to("/etc")
+    os.mkfifo(root / "fifo")  # opening it must not block either
+    for key in ("link", "dir-link/passwd", "fifo"):
+        with pytest.raises(OSError):
+            store.stat(key)
+        with pytest.raises(OSError):
+            store.read_range(key, 0, 1)
+    assert [i.key for i in store.list()] == ["real/file"]
+    assert [i.key for i in store.list("dir-link/")] == []
+    assert store.read_range("real/file", 0, 4) == b"data"
+    root_link = tmp_path / "alias"
+    root_link.symlink_to(root)  # the root itself is the operator's: followed
+    assert LocalStore(str(root_link)).read_range("real/file", 0, 4) == b"data"
+
+
+def test_small_objects_are_refused_over_their_limit_before_they_are_read(tmp_path) -> None:
+    from bootseer.errors import SizeLimitError
+
+    store = LocalStore(str(tmp_path))
+    store.put("refs/big", b"x" * 100)
+    with pytest.raises(SizeLimitError, match="over the 64 bytes"):
+        store.get("refs/big", max_size=64)
+    blobs = BlobStore(store)
+    digest = blobs.put(b"y" * 100).digest
+    with pytest.raises(SizeLimitError):
+        blobs.get(digest, max_size=64)
+    assert blobs.get(digest, max_size=100) == b"y" * 100

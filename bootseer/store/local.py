@@ -85,20 +85,19 @@ class LocalStore(Store):
             raise FileNotFoundError(errno.ENOENT, "not an object", str(self.root / key))
         return target
 
-    def stat(self, key: str) -> ObjectInfo:
+    def _fstat(self, key: str) -> os.stat_result:
         fd = self._open(key)
         try:
-            st = os.fstat(fd)
+            return os.fstat(fd)
         finally:
             os.close(fd)
+
+    def stat(self, key: str) -> ObjectInfo:
+        st = self._fstat(key)
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
     def access(self, key: str) -> Access:
-        fd = self._open(key)
-        try:
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
+        st = self._fstat(key)
         real = Path(os.path.realpath(self.root)) / key
         parents = [Perm(p.st_uid, p.st_gid, p.st_mode) for p in map(os.stat, real.parents)]
         return Access(st.st_uid, st.st_gid,
