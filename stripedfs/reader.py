@@ -219,21 +219,8 @@ class StripedReader:
             self.stats.seeks = self.window.seeks
             self._drop_outside(offset, end + ahead)
             missing = sum(1 for stripe in demand if self._present(stripe) is None)
-        # Memory for every missing stripe at once, or none: taken without holding the
-        # lock, so shedding (which only try-locks) can reach this reader too.
-        buffers = self.memory.take(missing) if missing else []
+        pending = self._claim(demand, missing)
         with self._lock:
-            pending = []
-            for stripe in demand:
-                item = self._present(stripe)
-                if item is not None:
-                    self.stats.stripe_hits += 1
-                else:
-                    item = self._start(stripe, buffers.pop())
-                item.users += 1
-                pending.append(item)
-            for unused in buffers:  # another read started some of them meanwhile
-                self.memory.give(unused)
             self._schedule_read_ahead(end, ahead)
         try:
             for item in pending:
@@ -262,6 +249,33 @@ class StripedReader:
         if first:  # once per reader, not on every read of the hot path
             mark_phase("checkpoint_first_byte")
         return end - offset
+
+    def _claim(self, demand: list[Stripe], missing: int) -> list[_Pending]:
+        """The demand stripes of a read, each started if it is not there yet, and marked
+        in use. Memory for the missing ones is taken all at once, or none, and without
+        holding the lock, so shedding (which only try-locks) can reach this reader too;
+        if a concurrent read dropped some meanwhile, it is given back and taken again
+        for the new count (never holding some while waiting for more)."""
+        while True:
+            buffers = self.memory.take(missing) if missing else []
+            with self._lock:
+                missing = sum(1 for stripe in demand if self._present(stripe) is None)
+                if missing <= len(buffers):
+                    pending = []
+                    for stripe in demand:
+                        item = self._present(stripe)
+                        if item is not None:
+                            self.stats.stripe_hits += 1
+                        else:
+                            item = self._start(stripe, buffers.pop())
+                        item.users += 1
+                        pending.append(item)
+                    break
+            for buffer in buffers:
+                self.memory.give(buffer)
+        for unused in buffers:  # another read started some of them meanwhile
+            self.memory.give(unused)
+        return pending
 
     def submit_range(self, offset: int, length: int) -> PendingRange:
         """Start fetching exactly ``[offset, offset+length)``, every stripe in parallel.
