@@ -30,6 +30,7 @@ test: system-deps venv lint
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-logo --no-cache
 
 # Benchmarks: real HDFS clusters with capped links; results in bench-results/<name>.json.
 bench-hdfs: system-deps venv

@@ -71,8 +71,7 @@ from bootseer import __version__
 from bootseer.config import Config
 from bootseer.errors import BootseerError
 from bootseer.store import BlobStore, open_configured_store
-from prefetch.blockcache import BlockCache
-from prefetch.lazyimage import LazyImage, resolve_image
+from prefetch.lazyimage import LazyImage, block_cache, resolve_image
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +100,7 @@ class Agent:
         self.config = config
         self.checkpoints = CheckpointPolicy.from_config(config)  # a bad list fails here
         self.blobs = BlobStore(open_configured_store(config))
-        self.cache = BlockCache(config.cache_dir / "blocks", config.image.cache_size)
+        self.cache = block_cache(config)
         #: Images warms are using now, by id, with how many use each: one in-flight table
         #: per image while warms of it run, none kept after (their memory goes with it).
         self._images: dict[str, tuple[LazyImage, int]] = {}

@@ -18,8 +18,8 @@ from typing import Any
 
 from agents import fields
 from bootseer.config import Config
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
-from prefetch.blockcache import BlockCache
 from prefetch.lazyimage import LazyImage
 from prefetch.warm import WarmResult, warm_image
 from snapshot.stage import StageResult, shard_cache, stage_snapshot
@@ -84,7 +84,7 @@ class WarmSummary:
 
 
 def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
-         image_cache: BlockCache, lazy: LazyImage | None = None,
+         image_cache: NodeCache, lazy: LazyImage | None = None,
          on_plan: Callable[[int], None] | None = None,
          on_progress: Callable[[int], None] | None = None,
          before_fetch: Callable[[], None] | None = None) -> WarmSummary:

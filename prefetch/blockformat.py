@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,7 @@ DEFAULT_PACK_TARGET = 64 << 20
 #: has a manifest of 20-40 MB; 1 GiB leaves room for millions of files.
 MAX_BLOCK_SIZE = 64 << 20
 MAX_MANIFEST_BYTES = 1 << 30
+_HEX = re.compile(r"[0-9a-f]{64}")
 PACK_PREFIX = "packs/"
 IMAGE_REF_PREFIX = "images/"
 
@@ -146,7 +148,7 @@ class Manifest:
             packs = body["packs"]
             for b in blocks:  # a block's size bounds what decompressing it may allocate
                 if not (0 <= b.size <= block_size and 0 <= b.pack < len(packs)
-                        and b.offset >= 0 and b.length >= 0):
+                        and b.offset >= 0 and b.length >= 0 and _HEX.fullmatch(b.digest)):
                     raise ValueError(f"block {b.digest} has an impossible location or size")
             kinds = {k.value: k for k in Kind}  # a dict lookup: Kind(k) is slow x 100,000
             no_xattrs: dict[str, bytes] = {}  # shared: entries are never modified

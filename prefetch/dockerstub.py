@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bootseer.errors import BootseerError
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
-from prefetch.blockcache import BlockCache
 from prefetch.lazyimage import load_manifest, resolve_image
 
 #: The variable that names the lazy image to ``bootseer-runtime`` (see agents/oci.py).
@@ -85,7 +85,7 @@ def build_stub(name: str, tag: str, image_config: dict[str, Any]) -> Stub:
     return Stub(tag, "sha256:" + config_hex, out.getvalue())
 
 
-def lazy_stub(blobs: BlobStore, cache: BlockCache, name: str, tag: str) -> Stub:
+def lazy_stub(blobs: BlobStore, cache: NodeCache, name: str, tag: str) -> Stub:
     """The stub of the stored lazy image ``name`` (a name or an image id)."""
     try:
         image_id = resolve_image(blobs, name)

@@ -2,7 +2,7 @@
 
 This is the data layer of the lazy mount (the FUSE part, :mod:`prefetch.fuse`, only
 translates). A read needs the blocks it overlaps; each comes from the local
-:class:`BlockCache` or, if absent, from the store: missing blocks that sit next to each
+:class:`NodeCache` or, if absent, from the store: missing blocks that sit next to each
 other in a pack are fetched with one ranged read, then decompressed and checked against
 their digest before anyone sees them. A block that fails the check is fetched once more;
 if it fails again the read fails with :class:`BlockIntegrityError` (EIO through FUSE).
@@ -26,10 +26,11 @@ from dataclasses import dataclass
 
 import zstandard
 
+from bootseer.config import Config
 from bootseer.errors import BootseerError, IntegrityError
+from bootseer.nodecache import CacheBusy, NodeCache
 from bootseer.store import BlobStore
 from bootseer.store.blobs import is_digest
-from prefetch.blockcache import BlockCache
 from prefetch.blockformat import (
     IMAGE_REF_PREFIX,
     MAX_MANIFEST_BYTES,
@@ -71,12 +72,18 @@ class LazyStats(FetchCounts):
 Piece = tuple[int, int, int]
 
 
+def block_cache(config: Config) -> NodeCache:
+    """The node's image blocks (``<cache_dir>/blocks``, ``image.cache_size``): root's
+    alone, since they are the content of every tenant's images."""
+    return NodeCache(config.cache_dir / "blocks", config.image.cache_size, mode=0o600)
+
+
 def resolve_image(blobs: BlobStore, image: str) -> str:
     """An image id (``sha256:...``) as is, or the id the ref ``images/<image>`` names."""
     return image if is_digest(image) else blobs.get_ref(IMAGE_REF_PREFIX + image).digest
 
 
-def load_manifest(blobs: BlobStore, image_id: str, cache: BlockCache) -> Manifest:
+def load_manifest(blobs: BlobStore, image_id: str, cache: NodeCache) -> Manifest:
     """The image's manifest, from the node's cache when it is there (it is content-addressed
     like a block, so the cache verifies it the same way), else from the store."""
     digest = image_id.removeprefix("sha256:")
@@ -85,13 +92,13 @@ def load_manifest(blobs: BlobStore, image_id: str, cache: BlockCache) -> Manifes
         data = blobs.get(image_id, MAX_MANIFEST_BYTES)  # verified against its digest
         try:
             cache.put(digest, data)
-        except OSError as exc:
+        except (OSError, CacheBusy) as exc:
             log.warning("could not cache the manifest of %s: %s", image_id, exc)
     return Manifest.decode(data)
 
 
 class LazyImage:
-    def __init__(self, blobs: BlobStore, image: str, cache: BlockCache, *,
+    def __init__(self, blobs: BlobStore, image: str, cache: NodeCache, *,
                  readahead_blocks: int = 3, recent_blocks: int = 32,
                  prefetch_memory: int = 512 << 20) -> None:
         self.blobs, self.cache = blobs, cache
@@ -341,7 +348,7 @@ class LazyImage:
                 continue
             try:
                 self.cache.put(location.digest, data)
-            except OSError as exc:  # a full disk: serve the block anyway, uncached
+            except (OSError, CacheBusy) as exc:  # a full disk: serve the block, uncached
                 log.warning("could not cache block %s: %s", location.digest, exc)
             if not prefetch:  # prefetched blocks must not push out the ones being read
                 self._recent_put(location.digest, data)

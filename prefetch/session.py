@@ -17,9 +17,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
 from prefetch import hotlist
-from prefetch.blockcache import BlockCache
 from prefetch.hotlist import DEFAULT_WORKLOAD, HotList
 from prefetch.lazyimage import LazyImage
 from prefetch.prefetcher import Prefetcher
@@ -77,7 +77,7 @@ def mount_stats(image: LazyImage, prefetcher: Prefetcher | None = None,
     return stats
 
 
-def serve(blobs: BlobStore, image_name: str, cache: BlockCache, mountpoint: Path,
+def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
           options: SessionOptions) -> None:
     image = LazyImage(blobs, image_name, cache)
     hot = None

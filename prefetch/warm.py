@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
 from prefetch import hotlist
-from prefetch.blockcache import BlockCache
 from prefetch.hotlist import HotBlock, HotList
 from prefetch.lazyimage import LazyImage
 from prefetch.prefetcher import Prefetcher
@@ -42,7 +42,7 @@ class WarmResult:
         return self.missing == 0
 
 
-def warm_image(blobs: BlobStore, cache: BlockCache, image: str, workload: str, *,
+def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
                all_blocks: bool = False, concurrency: int = 4, request_size: int = 8 << 20,
                lazy: LazyImage | None = None, on_plan: Callable[[int], None] | None = None,
                on_progress: Callable[[int], None] | None = None,

@@ -53,8 +53,8 @@ import zstandard
 
 from bootseer.errors import BootseerError, IntegrityError, InvalidRangeError
 from bootseer.filelock import file_lock
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
-from prefetch.blockcache import BlockCache
 from snapshot.manifest import (
     MAX_MANIFEST_BYTES,
     REF_PREFIX,
@@ -259,7 +259,7 @@ def _set_meta(path: str, entry: SnapEntry) -> None:
     os.utime(path, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
 
 
-def _open_shard(blobs: BlobStore, cache: BlockCache | None, digest: str) -> BinaryIO:
+def _open_shard(blobs: BlobStore, cache: NodeCache | None, digest: str) -> BinaryIO:
     """The shard, streamed (never whole in memory) from the node's snapshot cache
     (``bootseer warm --env``; checked against its digest at its end), else from the store
     (verified chunk by chunk)."""
@@ -271,7 +271,7 @@ def _extract_shard(blobs: BlobStore, manifest: Manifest, number: int,
                    expected: dict[str, SnapEntry], stages: list[_Stage],
                    on_progress: Callable[[int], None] | None,
                    relocation: Relocation | None = None,
-                   cache: BlockCache | None = None) -> None:
+                   cache: NodeCache | None = None) -> None:
     shard = manifest.shards[number]
     seen: set[str] = set()
     try:
@@ -355,7 +355,7 @@ def _locked(targets: tuple[str, ...]) -> Iterator[None]:
 def restore(blobs: BlobStore, manifest: Manifest, *, targets: tuple[str, ...] | None = None,
             relocate: bool = False, concurrency: int = 4,
             on_progress: Callable[[int], None] | None = None,
-            cache: BlockCache | None = None) -> RestoreResult:
+            cache: NodeCache | None = None) -> RestoreResult:
     """Restore ``manifest`` where it was captured, or with ``relocate`` under ``targets``
     (see the module doc for the guarantee); shards staged in ``cache`` are read from it."""
     targets, relocation = _relocation(manifest, targets, relocate)
@@ -413,7 +413,7 @@ def _relocation(manifest: Manifest, targets: tuple[str, ...] | None, relocate: b
 def _stage_all(blobs: BlobStore, manifest: Manifest, stages: list[_Stage], concurrency: int,
                on_progress: Callable[[int], None] | None,
                relocation: Relocation | None = None,
-               cache: BlockCache | None = None) -> None:
+               cache: NodeCache | None = None) -> None:
     for stage in stages:
         os.makedirs(os.path.dirname(stage.root), exist_ok=True)
         if os.path.lexists(stage.target):

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from bootseer.errors import BootseerError
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
-from prefetch.blockcache import BlockCache
 from snapshot.bytecode import compile_sources
 from snapshot.key import KeyInputs, key_material, snapshot_key
 from snapshot.manifest import Manifest
@@ -86,7 +86,7 @@ def capture_command(blobs: BlobStore, key: str, argv: list[str], paths: list[Pat
 
 def env_run(blobs: BlobStore, inputs: KeyInputs, *, environ: Mapping[str, str],
             tuning: Tuning, on_progress: Callable[[int], None] | None = None,
-            cache: BlockCache | None = None) -> RunOutcome:
+            cache: NodeCache | None = None) -> RunOutcome:
     material = key_material(inputs, environ)
     key = snapshot_key(material)
     try:

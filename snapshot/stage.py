@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bootseer.errors import BootseerError
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
-from prefetch.blockcache import BlockCache
 from snapshot.restore import load_manifest
 
 log = logging.getLogger(__name__)
 
 
-def shard_cache(cache_dir: Path, max_bytes: int) -> BlockCache:
-    return BlockCache(cache_dir / "snapshots", max_bytes)
+def shard_cache(cache_dir: Path, max_bytes: int) -> NodeCache:
+    return NodeCache(cache_dir / "snapshots", max_bytes)
 
 
 @dataclass
@@ -45,7 +45,7 @@ class StageResult:
         return self.missing == 0
 
 
-def stage_snapshot(blobs: BlobStore, cache: BlockCache, key: str, *, concurrency: int = 4,
+def stage_snapshot(blobs: BlobStore, cache: NodeCache, key: str, *, concurrency: int = 4,
                    on_plan: Callable[[int], None] | None = None,
                    on_progress: Callable[[int], None] | None = None,
                    before_fetch: Callable[[], None] | None = None) -> StageResult:

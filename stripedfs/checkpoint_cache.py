@@ -9,7 +9,10 @@ Layout under ``<cache_dir>/checkpoints``::
     entries/ab/<h>.json          the record: what the copy is a copy of (URL; size and
                                  mtime of the store object) and its content's sha256
     data/ab/<h>.<sha256[:16]>    the copy, read-only          (h = sha256 of the URL)
-    tmp/<h>.<pid>.<random>       a copy being written
+    tmp/<h>.<pid>.<random>       a copy being written (0600, in a 0700 directory)
+
+A copy and its record carry the owner, group and read bits of their source
+(:meth:`bootseer.store.Store.access`): a user who could not read the source finds neither.
 
 Crash safety: a copy is written to ``tmp/``, fsync'ed, renamed into ``data/``, and only
 then is its record renamed into ``entries/``; the record is the commit. A copy no record
@@ -182,6 +185,7 @@ class CheckpointCache:
             path.parent.mkdir(parents=True, exist_ok=True)
             pending = self.tmp / f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
             pending.write_text(json.dumps(asdict(record)))
+            _limit_readers(pending, access)  # the record names the content's digest too
             os.replace(pending, path)  # the commit
             if old is not None and old.data != record.data:
                 self._data_path(old).unlink(missing_ok=True)

@@ -164,7 +164,7 @@ def test_a_killed_agent_leaves_the_container_served_and_the_next_one_adopts_it(
     procs[0].wait()
     _go1(mount)  # the container reads on while no agent runs
     restart()
-    blocks_before = sorted((dirs["agent-cache"] / "blocks" / "blocks").rglob("*"))
+    blocks_before = sorted((dirs["agent-cache"] / "blocks" / "entries").rglob("*"))
     with AgentClient(sock) as client:
         (listed,) = client.mounts()
         assert (listed["id"], listed["serving"], listed["failed"]) == ("c4", True, False)
@@ -177,7 +177,7 @@ def test_a_killed_agent_leaves_the_container_served_and_the_next_one_adopts_it(
             results
         start = client.release("c4", exit_code=0)
     assert "exited" in start.phases and start.detail["server_deaths"] == 1
-    blocks_after = sorted((dirs["agent-cache"] / "blocks" / "blocks").rglob("*"))
+    blocks_after = sorted((dirs["agent-cache"] / "blocks" / "entries").rglob("*"))
     assert set(blocks_before) <= set(blocks_after)  # the cache survived the kill
     assert not list((dirs["agent-cache"] / "blocks" / "tmp").iterdir())
 

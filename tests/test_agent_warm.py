@@ -76,7 +76,7 @@ def test_warm_goes_through_a_running_agent(dirs, agent) -> None:
     assert first["via"] == "agent" and first["complete"]
     assert first["image"]["fetched_blocks"] == 3
     # The agent used its own cache (the node's), not the caller's.
-    assert (dirs["agent-cache"] / "blocks" / "blocks").is_dir()
+    assert (dirs["agent-cache"] / "blocks" / "entries").is_dir()
     assert not (dirs["cache"] / "blocks").exists()
     again = json.loads(bootseer("warm", "--image", "big", "--workload", "train", "--json",
                                 store=dirs["store"], cache=dirs["cache"], env=env).stdout)
@@ -87,7 +87,7 @@ def test_warm_goes_through_a_running_agent(dirs, agent) -> None:
                                env=env).stdout)
     assert both["via"] == "agent" and both["complete"]
     assert both["envs"][0]["fetched_shards"] == both["envs"][0]["shards"] >= 1
-    assert (dirs["agent-cache"] / "snapshots" / "blocks").is_dir()
+    assert (dirs["agent-cache"] / "snapshots" / "entries").is_dir()
     bad = bootseer("warm", "--image", "nope", store=dirs["store"], cache=dirs["cache"],
                    env=env, check=False)
     assert bad.returncode == 1 and "error:" in bad.stderr and "nope" in bad.stderr

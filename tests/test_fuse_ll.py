@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from bootseer.mounts import is_mounted, unmount
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore, open_store
 from bootseer.store.local import LocalStore
-from prefetch.blockcache import BlockCache
 from prefetch.lazyimage import LazyImage
 
 MIB = 1 << 20
@@ -58,7 +58,7 @@ def serve_main(store: str, cache: str, image: str, fd: str, state: str, slow: st
 
     logging.basicConfig(level=logging.INFO, format="server %(process)d: %(message)s")
     blob_store = SlowStore(store, Path(slow)) if slow else open_store(store)
-    lazy = LazyImage(BlobStore(blob_store), image, BlockCache(Path(cache), 1 << 30))
+    lazy = LazyImage(BlobStore(blob_store), image, NodeCache(Path(cache), 1 << 30))
     serve(lazy, int(fd), takeover_state=Path(state))
 
 

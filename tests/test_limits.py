@@ -10,7 +10,7 @@ import zstandard
 
 from bootseer.errors import IntegrityError, SizeLimitError
 from bootseer.limits import decompress
-from prefetch.blockcache import BlockCache
+from bootseer.nodecache import NodeCache
 
 
 def frame_declaring(size: int) -> bytes:
@@ -45,7 +45,7 @@ def test_a_frame_holding_other_than_it_declares_is_refused() -> None:
 def test_streamed_cache_entries_are_verified_at_their_end(tmp_path: Path) -> None:
     import hashlib
 
-    cache = BlockCache(tmp_path, 1 << 30)
+    cache = NodeCache(tmp_path, 1 << 30)
     data = b"shard" * 100_000
     digest = hashlib.sha256(data).hexdigest()
     with pytest.raises(IntegrityError):
@@ -54,7 +54,7 @@ def test_streamed_cache_entries_are_verified_at_their_end(tmp_path: Path) -> Non
     cache.put_stream(digest, [data[:1000], data[1000:]])
     with cache.open(digest) as stream:
         assert stream.read() == data
-    path = tmp_path / "blocks" / digest[:2] / digest
+    path = tmp_path / "entries" / digest[:2] / digest
     path.write_bytes(data[:-1] + b"!")  # damaged on disk after it was cached
     with pytest.raises(IntegrityError, match="damaged"), cache.open(digest) as stream:
         stream.read()

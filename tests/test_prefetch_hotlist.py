@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from test_prefetch_lazy import MIB, big_image
 
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore, open_store
 from prefetch import hotlist
-from prefetch.blockcache import BlockCache
 from prefetch.convert import convert
 from prefetch.hotlist import HotBlock, HotList, Recorder, merge
 from prefetch.image_source import open_image
@@ -22,7 +22,7 @@ from prefetch.lazyimage import LazyImage
 def image(tmp_path: Path) -> LazyImage:
     blobs = BlobStore(open_store(str(tmp_path / "store")))
     convert(open_image(big_image(tmp_path / "image")), blobs, name="big", block_size=MIB)
-    return LazyImage(blobs, "big", BlockCache(tmp_path / "cache", 1 << 30))
+    return LazyImage(blobs, "big", NodeCache(tmp_path / "cache", 1 << 30))
 
 
 def test_recording_notes_first_accesses_in_order(image: LazyImage) -> None:

@@ -26,9 +26,9 @@ from test_prefetch_rootfs import (
 )
 
 from bootseer.mounts import is_mounted
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore, open_store
 from bootseer.store.local import LocalStore
-from prefetch.blockcache import BlockCache
 from prefetch.blockformat import Manifest
 from prefetch.convert import convert
 from prefetch.image_source import open_image
@@ -140,7 +140,7 @@ def test_concurrent_readers_of_a_block_fetch_it_once(dirs) -> None:
     store = CountingStore(str(dirs["store"]))
     blobs = BlobStore(store)
     convert(open_image(big_image(dirs["image"])), blobs, name="big", block_size=MIB)
-    image = LazyImage(BlobStore(store), "big", BlockCache(dirs["cache"], 1 << 30))
+    image = LazyImage(BlobStore(store), "big", NodeCache(dirs["cache"], 1 << 30))
     entry = image.lookup("/data/big.bin")
     store.reads = 0
     results: list[bytes] = []
@@ -163,10 +163,10 @@ def test_a_corrupt_block_is_refetched_once_then_fails(dirs, caplog) -> None:
     data = bytearray(pack.read_bytes())
     data[block.offset + 100] ^= 0xFF
     pack.write_bytes(bytes(data))
-    image = LazyImage(blobs, "big", BlockCache(dirs["cache"], 1 << 30))
+    image = LazyImage(blobs, "big", NodeCache(dirs["cache"], 1 << 30))
     entry = image.lookup("/data/big.bin")
     assert image.read(entry, MIB, 10) == BIG[MIB : MIB + 10]  # read-ahead met the bad block
-    image = LazyImage(blobs, "big", BlockCache(dirs["cache"], 1 << 30), readahead_blocks=0)
+    image = LazyImage(blobs, "big", NodeCache(dirs["cache"], 1 << 30), readahead_blocks=0)
     with pytest.raises(BlockIntegrityError, match=block.digest):
         image.read(entry, 2 * MIB, 10)
     assert image.stats.refetches == 1
@@ -191,7 +191,7 @@ def test_cache_survives_a_killed_mount(mounted) -> None:
     os.kill(pid, signal.SIGKILL)
     reader.wait(timeout=30)
     subprocess.run(["umount", str(d["mnt"])], check=True)
-    cached = list((d["cache"] / "blocks" / "blocks").glob("*/*"))
+    cached = list((d["cache"] / "blocks" / "entries").glob("*/*"))
     if cached:  # damage one cached block the way a crash after rename could
         cached[0].write_bytes(cached[0].read_bytes()[:1000])
     bootseer("image", "mount", "big", str(d["mnt"]), store=d["store"], cache=d["cache"])

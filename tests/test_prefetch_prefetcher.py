@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from test_prefetch_lazy import BIG, MIB, big_image
 
+from bootseer.nodecache import NodeCache
 from bootseer.ready import READY_FILE_ENV, mark_ready
 from bootseer.store import BlobStore
 from bootseer.store.local import LocalStore
 from prefetch import hotlist
-from prefetch.blockcache import BlockCache
 from prefetch.convert import convert
 from prefetch.hotlist import HotBlock, HotList
 from prefetch.image_source import open_image
@@ -56,7 +56,7 @@ def setup(tmp_path: Path):
     convert(open_image(big_image(tmp_path / "image")), blobs, name="big", block_size=MIB)
 
     def fresh_image(**kwargs) -> LazyImage:
-        cache = BlockCache(tmp_path / f"cache-{uuid.uuid4().hex[:6]}", 1 << 30)
+        cache = NodeCache(tmp_path / f"cache-{uuid.uuid4().hex[:6]}", 1 << 30)
         return LazyImage(blobs, "big", cache, **kwargs)
 
     return store, blobs, fresh_image

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from test_prefetch_lazy import BIG, big_image
 
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore, open_store
-from prefetch.blockcache import BlockCache
 from prefetch.lazyimage import LazyImage
 
 
@@ -86,7 +86,7 @@ def _convert(store: Path, *args: str, env: dict[str, str] | None = None) -> str:
 
 
 def _assert_serves_big(store: Path, name: str, cache: Path) -> None:
-    image = LazyImage(BlobStore(open_store(str(store))), name, BlockCache(cache, 1 << 30))
+    image = LazyImage(BlobStore(open_store(str(store))), name, NodeCache(cache, 1 << 30))
     entry = image.lookup("/data/big.bin")
     assert image.read(entry, 0, entry.size) == BIG
     assert image.manifest.source["location"].startswith(("docker://", "docker-daemon:"))

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from test_prefetch_lazy import BIG, MIB, MIB_BLOCKS, big_image, bootseer
 
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore, open_store
 from prefetch import hotlist
-from prefetch.blockcache import BlockCache
 from prefetch.convert import convert
 from prefetch.image_source import open_image
 from prefetch.lazyimage import LazyImage
@@ -32,7 +32,7 @@ def recorded_big_image(d: dict[str, Path]) -> str:
     bootseer("image", "convert", str(big_image(d["image"])), "--name", "big", *MIB_BLOCKS,
              store=d["store"], cache=d["cache"])
     blobs = BlobStore(open_store(str(d["store"])))
-    image = LazyImage(blobs, "big", BlockCache(d["image"] / "record-cache", 1 << 30),
+    image = LazyImage(blobs, "big", NodeCache(d["image"] / "record-cache", 1 << 30),
                       readahead_blocks=0)
     image.recorder = hotlist.Recorder(image.image_id, "train")
     for n in (3, 1, 4):
@@ -54,7 +54,7 @@ def test_warm_stages_the_hot_blocks_then_a_mount_reads_nothing_from_the_store(di
     # Everything the start needs is local: the manifest and the hot blocks. Remove the
     # image's packs and hot pack from the store: the warmed blocks still read.
     blobs = BlobStore(open_store(str(dirs["store"])))
-    image = LazyImage(blobs, summary["image_id"], BlockCache(dirs["cache"] / "blocks", 1 << 30),
+    image = LazyImage(blobs, summary["image_id"], NodeCache(dirs["cache"] / "blocks", 1 << 30),
                       readahead_blocks=0)
     for pack in (dirs["store"] / "packs").iterdir():
         pack.unlink()
@@ -150,13 +150,13 @@ def test_record_prefetch_and_warm_on_hdfs(hdfs_cluster, tmp_path: Path) -> None:
     blobs = BlobStore(open_store(f"{hdfs_cluster.namenode_rpc_url}{root}"))
     result = convert(open_image(big_image(tmp_path / "image")), blobs, name="big",
                      block_size=MIB)
-    image = LazyImage(blobs, "big", BlockCache(tmp_path / "c1", 1 << 30), readahead_blocks=0)
+    image = LazyImage(blobs, "big", NodeCache(tmp_path / "c1", 1 << 30), readahead_blocks=0)
     image.recorder = hotlist.Recorder(image.image_id, "h")
     for n in (5, 0, 2):
         image.read(image.lookup("/data/big.bin"), n * MIB, 10)
     hot = hotlist.save(blobs, image.recorder.stop(), image.manifest)
     assert blobs.store.stat(hot.layout.pack).size == hot.layout.size
-    cache = BlockCache(tmp_path / "c2", 1 << 30)
+    cache = NodeCache(tmp_path / "c2", 1 << 30)
     warmed = warm_image(blobs, cache, "big", "h")
     assert warmed.complete and warmed.fetched_blocks == 3 and warmed.fetch_requests <= 3
     assert warmed.image_id == result.image_id

@@ -12,9 +12,9 @@ from test_prefetch_warm import recorded_big_image
 from agents.priority import Priority, PriorityGate
 from agents.warm import WarmRequest, warm
 from bootseer.config import Config
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
 from bootseer.store.local import LocalStore
-from prefetch.blockcache import BlockCache
 
 
 def _waiter(gate: PriorityGate, priority: Priority) -> tuple[threading.Thread, threading.Event]:
@@ -110,7 +110,7 @@ def test_warm_fetches_nothing_while_a_container_starts(dirs) -> None:
     with gate.hold(Priority.STARTING):
         thread = threading.Thread(target=lambda: done.append(warm(
             BlobStore(store), config, request,
-            image_cache=BlockCache(dirs["cache"] / "blocks", 1 << 30),
+            image_cache=NodeCache(dirs["cache"] / "blocks", 1 << 30),
             before_fetch=lambda: gate.wait_turn(Priority.WARM))), daemon=True)
         thread.start()
         time.sleep(0.5)

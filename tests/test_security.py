@@ -581,12 +581,12 @@ def test_the_agent_keeps_no_warmed_blocks_in_memory(node, tmp_path) -> None:
     """A warm of every block of the image: once it ends, the agent holds none of them (it
     used to keep up to 512 MiB of warmed blocks per image, for good)."""
     from agents.warm import WarmRequest
+    from bootseer.nodecache import NodeCache
     from bootseer.store import BlobStore, open_store
-    from prefetch.blockcache import BlockCache
     from prefetch.lazyimage import load_manifest, resolve_image
 
     blobs = BlobStore(open_store(f"file://{node.lazy['store']}"))
-    manifest = load_manifest(blobs, resolve_image(blobs, "py"), BlockCache(tmp_path, 1 << 30))
+    manifest = load_manifest(blobs, resolve_image(blobs, "py"), NodeCache(tmp_path, 1 << 30))
     block_bytes = sum(b.size for b in manifest.blocks)  # what warming decompresses
     pid = node.proc.pid
     before = _vm(pid, "VmRSS")

@@ -20,10 +20,10 @@ import click
 
 from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
+from bootseer.nodecache import NodeCache
 from bootseer.progress import byte_progress, console
 from bootseer.ready import mark_phase
 from bootseer.units import format_size
-from prefetch.blockcache import BlockCache
 from snapshot.key import KeyInputs, key_material, snapshot_key
 from snapshot.manifest import REF_PREFIX
 from snapshot.run import CaptureOutcome, Tuning, capture_command, env_run
@@ -42,7 +42,7 @@ def _tuning(app: AppContext, bytecode: bool | None) -> Tuning:
                   cfg.bytecode if bytecode is None else bytecode)
 
 
-def _shard_cache(app: AppContext) -> BlockCache:
+def _shard_cache(app: AppContext) -> NodeCache:
     """Shards `bootseer warm --env` staged on this node; restores read them from here."""
     from snapshot.stage import shard_cache
 

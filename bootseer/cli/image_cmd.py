@@ -31,7 +31,6 @@ from bootseer.mounts import (
 from bootseer.progress import byte_progress, console
 from bootseer.ready import READY_FILE_ENV
 from bootseer.units import format_size
-from prefetch.blockcache import BlockCache
 from prefetch.blockformat import DEFAULT_BLOCK_SIZE, IMAGE_REF_PREFIX
 from prefetch.hotlist import DEFAULT_WORKLOAD
 from prefetch.image_source import open_image
@@ -161,12 +160,12 @@ def mount(app: AppContext, name: str, mountpoint: Path, workload: str, prefetch:
                        ready_marker, record_timeout, report, info)
     options = dataclasses.replace(options, fuse_fd=fuse_fd, takeover_state=takeover_state)
     if foreground:
+        from prefetch.lazyimage import block_cache
         from prefetch.session import serve, stats_path
 
         cfg = app.loaded.config
         options = dataclasses.replace(options, stats=stats_path(cfg.cache_dir, mountpoint))
-        serve(app.blobs, name, BlockCache(cfg.cache_dir / "blocks", cfg.image.cache_size),
-              mountpoint, options)
+        serve(app.blobs, name, block_cache(cfg), mountpoint, options)
         return
     pid = spawn_mount(_mount_argv(app, name, mountpoint, options), mountpoint,
                       f"image {name}", timeout,
@@ -350,10 +349,10 @@ def docker_stub(app: AppContext, name: str, tag: str | None, docker_host: str | 
     pulling it. Prints the engine's image id (or the archive's path).
     """
     from prefetch.dockerstub import lazy_stub, load_into_docker
+    from prefetch.lazyimage import block_cache
 
-    cfg = app.loaded.config
-    stub = lazy_stub(app.blobs, BlockCache(cfg.cache_dir / "blocks", cfg.image.cache_size),
-                     name, tag or f"bootseer/{name}:latest")
+    stub = lazy_stub(app.blobs, block_cache(app.loaded.config), name,
+                     tag or f"bootseer/{name}:latest")
     if output is not None:
         output.write_bytes(stub.archive)
         click.echo(str(output))

@@ -67,11 +67,9 @@ def warm(app: AppContext, image: str | None, workload: str, all_blocks: bool,
             summary = _warm_via_agent(app, request, advance, required=bool(use_agent))
         if summary is None:
             from agents.warm import warm as warm_here
-            from prefetch.blockcache import BlockCache
+            from prefetch.lazyimage import block_cache
 
-            summary = warm_here(app.blobs, cfg, request,
-                                image_cache=BlockCache(cfg.cache_dir / "blocks",
-                                                       cfg.image.cache_size),
+            summary = warm_here(app.blobs, cfg, request, image_cache=block_cache(cfg),
                                 on_plan=advance.add_total, on_progress=advance)
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=2))

@@ -1,0 +1,307 @@
+"""A node's cache on disk: verified entries named by their sha256, one size limit that holds
+across every process of the node, crash-safe.
+
+Image blocks (``<cache_dir>/blocks``) and snapshot shards (``<cache_dir>/snapshots``) are
+each one :class:`NodeCache`, opened at once by the agent, every mount server, a standalone
+``bootseer warm`` and a restore. So nothing about the cache lives in a process: presence
+is the file, the limit is counted on disk, and what one process adds, every other sees at
+once (a server sees the blocks a warm staged after it started)::
+
+    entries/ab/<hex>          an entry, named by the sha256 of its bytes
+    tmp/<hex>.<pid>.<rand>    an entry being written by process <pid>
+    usage                     the bytes entries hold, as the last add or eviction left it
+    lock                      taken (flock) to add, drop or evict; 0600
+
+* **Verified.** An entry is renamed into place only after its bytes matched its digest,
+  and is checked again when read back (a disk can still damage it later): a damaged entry
+  is dropped and reads as absent. Digests are checked to be 64 hex digits before they
+  become a path: a manifest naming ``../../etc/x`` names nothing.
+* **One limit.** Every add counts its bytes into ``usage`` under the lock; an add that
+  takes it over ``max_bytes`` evicts least recently used entries (an entry's mtime is its
+  last use: reads touch it) down to ``low_water`` of the limit. The count is written
+  before an entry appears and after one goes, so a crash can only leave it too high (an
+  eviction then comes early); eviction scans the entries and so recounts, and a missing
+  or unreadable count is recounted the same way.
+* **Crash-safe.** A killed writer leaves at most a temporary under its own pid; it is
+  removed once that process is dead (never while it lives), by the next process to open
+  the cache or evict.
+* **Readers need no write access.** A process that may only read the cache (a training
+  script restoring from the node's shards) finds entries and never creates anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from bootseer.errors import BootseerError, IntegrityError
+from bootseer.filelock import file_lock
+from bootseer.store.local import pid_alive
+
+log = logging.getLogger(__name__)
+
+_HEX = re.compile(r"[0-9a-f]{64}")
+#: Longest an add or a drop waits for another process's (they take microseconds; an
+#: eviction's scan of a very large cache, under a second). Past it, the entry is simply
+#: not cached (:class:`CacheBusy`): a process stopped while holding the lock must not
+#: stall every reader on the node, and a reader has the bytes in hand either way.
+LOCK_TIMEOUT = 5.0
+#: After the lock stayed taken that long, this process adds nothing for this many seconds
+#: (it does not pay the wait again for every block of a start).
+BUSY_BACKOFF = 30.0
+
+
+class CacheBusy(BootseerError):
+    """The cache's lock stayed taken: the entry was not added (or not dropped)."""
+
+
+class NodeCache:
+    """Verified, content-addressed entries in ``directory``, at most ``max_bytes`` of them
+    across every process that opens it."""
+
+    def __init__(self, directory: Path, max_bytes: int, *, low_water: float = 0.9,
+                 mode: int = 0o644) -> None:
+        self.directory, self.max_bytes = Path(directory), max_bytes
+        self.low_water = low_water
+        self.mode = mode  # of entries: shards are read by unprivileged restores
+        #: Directories are as private as the entries: a 0600 cache lists to nobody either.
+        self._dir_mode = 0o700 if not mode & 0o077 else 0o755
+        self._entries = self.directory / "entries"
+        self._tmp = self.directory / "tmp"
+        self._busy_until = 0.0  # monotonic time before which adds fail at once
+        with contextlib.suppress(OSError):  # a reader without write access sweeps nothing
+            self._sweep_temporaries()
+
+    # -- reading --------------------------------------------------------------------------
+
+    def path(self, digest: str) -> Path:
+        """Where entry ``digest`` lives; ``ValueError`` for anything but 64 hex digits."""
+        if not isinstance(digest, str) or not _HEX.fullmatch(digest):
+            raise ValueError(f"not a sha256 digest: {digest!r}")
+        return self._entries / digest[:2] / digest
+
+    def __contains__(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def get(self, digest: str) -> bytes | None:
+        """The entry's bytes, or None if absent or damaged (a damaged entry is dropped)."""
+        path = self.path(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if hashlib.sha256(data).hexdigest() != digest:
+            log.warning("cached entry %s is damaged; dropping it", digest)
+            self._drop_quietly(digest)
+            return None
+        _touch(path)
+        return data
+
+    def open(self, digest: str) -> BinaryIO | None:
+        """The entry as a stream, or None if absent: for entries too large to hold in
+        memory at once (snapshot shards). It is checked against its digest as it is read;
+        a mismatch at the end raises :class:`IntegrityError` (the entry is dropped), so a
+        reader must not act on the bytes before reaching the end."""
+        path = self.path(digest)
+        try:
+            raw = open(path, "rb", buffering=0)
+        except FileNotFoundError:
+            return None
+        _touch(path)
+        return io.BufferedReader(_Verified(raw, digest, lambda: self._drop_quietly(digest)))
+
+    # -- adding ---------------------------------------------------------------------------
+
+    def put(self, digest: str, data: bytes) -> None:
+        """Add an entry whose digest the caller has verified."""
+        self.put_stream(digest, [data], verified=True)
+
+    def put_stream(self, digest: str, chunks: Iterable[bytes], *,
+                   verified: bool = False) -> None:
+        """Add an entry from a stream of chunks, never holding it whole; unless the caller
+        has ``verified`` it, it is hashed while written and kept only if it matches
+        (:class:`IntegrityError` otherwise)."""
+        final = self.path(digest)
+        if final.is_file():
+            _touch(final)
+            return
+        self._mkdir(self._tmp)
+        tmp = self._tmp / f"{digest}.{os.getpid()}.{secrets.token_hex(4)}"
+        sha = hashlib.sha256()
+        size = 0
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                         os.O_CLOEXEC, self.mode)
+            with open(fd, "wb") as f:
+                for chunk in chunks:
+                    if not verified:
+                        sha.update(chunk)
+                    f.write(chunk)
+                    size += len(chunk)
+            if not verified and sha.hexdigest() != digest:
+                raise IntegrityError(f"{digest}: the bytes do not match the digest; not "
+                                     f"cached")
+            self._commit(tmp, final, size)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def drop(self, digest: str) -> None:
+        """Remove an entry (damaged, or stale) and its bytes from the count."""
+        with self._locked():
+            try:
+                size = self.path(digest).stat().st_size
+                self.path(digest).unlink()
+            except FileNotFoundError:
+                return
+            counted = self._read_usage()
+            if counted is not None:
+                self._write_usage(max(0, counted - size))
+
+    def _drop_quietly(self, digest: str) -> None:
+        with contextlib.suppress(CacheBusy):  # else the next read finds it and drops it
+            self.drop(digest)
+
+    def usage(self) -> int:
+        """The bytes entries hold, as counted on disk."""
+        return self._read_usage() or 0
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _commit(self, tmp: Path, final: Path, size: int) -> None:
+        """Rename a complete temporary into place and count it; evict if that takes the
+        cache over its limit."""
+        with self._locked():
+            if final.is_file():  # another process added it meanwhile
+                _touch(final)
+                return
+            self._mkdir(final.parent)
+            counted = self._read_usage()
+            if counted is None:  # never counted, or lost: count what is there
+                counted = sum(size for _, size, _ in self._scan())
+            usage = counted + size
+            self._write_usage(usage)  # first: a crash leaves the count high, never low
+            os.replace(tmp, final)
+            if usage > self.max_bytes:
+                self._write_usage(self._evict_locked(keep=final))
+
+    def _evict_locked(self, keep: Path) -> int:
+        """Remove least recently used entries (never ``keep``, the one just added) until
+        the cache holds at most ``low_water`` of its limit; return what it holds."""
+        self._sweep_temporaries()
+        found = sorted(self._scan())
+        total = sum(size for _, size, _ in found)
+        target = int(self.max_bytes * self.low_water)
+        for _, size, path in found:
+            if total <= target:
+                break
+            if path == keep:
+                continue
+            path.unlink(missing_ok=True)
+            total -= size
+        return total
+
+    def _scan(self) -> Iterator[tuple[float, int, Path]]:
+        """(last use, size, path) of every entry."""
+        if not self._entries.is_dir():
+            return
+        for shard in os.scandir(self._entries):
+            if not shard.is_dir(follow_symlinks=False):
+                continue
+            for entry in os.scandir(shard.path):
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                yield st.st_mtime, st.st_size, Path(entry.path)
+
+    def _sweep_temporaries(self) -> None:
+        """Remove what writers that died left; a living writer's temporary stays."""
+        for leftover in os.scandir(self._tmp) if self._tmp.is_dir() else ():
+            pid = leftover.name.split(".")[-2] if leftover.name.count(".") >= 2 else ""
+            if not (pid.isdigit() and pid_alive(int(pid))):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover.path)
+
+    def _read_usage(self) -> int | None:
+        try:
+            return int((self.directory / "usage").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _write_usage(self, usage: int) -> None:
+        tmp = self.directory / f".usage.{os.getpid()}"
+        tmp.write_text(str(usage))
+        os.replace(tmp, self.directory / "usage")
+
+    def _mkdir(self, path: Path) -> None:
+        """``path`` and its parents up to the cache's directory, with the cache's mode."""
+        if path.is_dir():
+            return
+        if path != self.directory:
+            self._mkdir(path.parent)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=self._dir_mode)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        if time.monotonic() < self._busy_until:
+            raise CacheBusy(f"{self.directory}: its lock was taken for over {LOCK_TIMEOUT} s "
+                            f"a moment ago; not waiting again yet")
+        self._mkdir(self.directory)
+        try:
+            lock = file_lock(self.directory / "lock", timeout=LOCK_TIMEOUT)
+            lock.__enter__()
+        except BootseerError as exc:
+            self._busy_until = time.monotonic() + BUSY_BACKOFF
+            raise CacheBusy(f"{self.directory}: {exc}") from exc
+        try:
+            yield
+        finally:
+            lock.__exit__(None, None, None)
+
+
+def _touch(path: Path) -> None:
+    """Mark an entry used now (its mtime orders eviction); best effort: a reader may not
+    own it, and it may have just been evicted."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
+class _Verified(io.RawIOBase):
+    """A cache file read through: hashed as it goes, checked against its name at the end."""
+
+    def __init__(self, raw: io.FileIO, digest: str, on_mismatch) -> None:
+        self._raw, self._digest, self._on_mismatch = raw, digest, on_mismatch
+        self._sha = hashlib.sha256()
+        self._checked = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        n = self._raw.readinto(buffer)
+        if n:
+            self._sha.update(memoryview(buffer)[:n])
+        elif not self._checked:
+            self._checked = True
+            if self._sha.hexdigest() != self._digest:
+                log.warning("cached entry %s is damaged; dropping it", self._digest)
+                self._on_mismatch()
+                raise IntegrityError(f"cached entry {self._digest} is damaged (it does not "
+                                     f"match its digest)")
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()

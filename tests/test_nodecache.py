@@ -1,0 +1,159 @@
+"""The node cache shared by processes: one limit for all of them, presence on disk,
+temporaries swept only when their writer is dead, entries verified."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_prefetch_lazy import big_image, bootseer
+
+from bootseer.errors import IntegrityError
+from bootseer.nodecache import NodeCache
+
+KIB = 1024
+
+FILL = """
+import hashlib, os, sys
+from bootseer.nodecache import NodeCache
+cache = NodeCache(sys.argv[1], int(sys.argv[2]))
+for n in range(int(sys.argv[3])):
+    data = os.urandom(64 * 1024)
+    cache.put(hashlib.sha256(data).hexdigest(), data)
+"""
+
+
+def _on_disk(directory: Path) -> int:
+    return sum(p.stat().st_size for p in (directory / "entries").glob("*/*"))
+
+
+def test_two_processes_filling_one_cache_stay_under_its_limit(tmp_path: Path) -> None:
+    limit = 2048 * KIB
+    fillers = [subprocess.Popen([sys.executable, "-c", FILL, str(tmp_path), str(limit), "150"])
+               for _ in range(2)]
+    for filler in fillers:
+        assert filler.wait(120) == 0
+    cache = NodeCache(tmp_path, limit)
+    assert _on_disk(tmp_path) <= limit  # 300 entries of 64 KiB went in: 19 MiB
+    assert cache.usage() == _on_disk(tmp_path)  # the count on disk is the truth
+    assert len(list((tmp_path / "entries").glob("*/*"))) >= int(limit * 0.9) // (64 * KIB) - 1
+
+
+def test_least_recently_used_go_first_and_a_wrong_count_is_mended(tmp_path: Path) -> None:
+    cache = NodeCache(tmp_path, 4 * 64 * KIB)
+    blobs = [os.urandom(64 * KIB) for _ in range(5)]
+    digests = [hashlib.sha256(b).hexdigest() for b in blobs]
+    for n, (digest, data) in enumerate(zip(digests[:4], blobs[:4])):
+        cache.put(digest, data)
+        os.utime(cache.path(digest), (1000 + n, 1000 + n))
+    assert cache.get(digests[0]) == blobs[0]  # used now: the newest
+    assert cache.usage() == _on_disk(tmp_path) == 4 * 64 * KIB
+    cache.put(digests[4], blobs[4])  # over the limit: the oldest go, down to 90%
+    assert [d in cache for d in digests] == [True, False, False, True, True]
+    assert cache.usage() == _on_disk(tmp_path) == 3 * 64 * KIB
+    (tmp_path / "usage").write_text(str(1 << 40))  # as crashes could leave it: too high
+    cache.put(hashlib.sha256(b"x").hexdigest(), b"x")  # evicts, and so recounts
+    assert cache.usage() == _on_disk(tmp_path) <= int(4 * 64 * KIB * 0.9)
+    (tmp_path / "usage").unlink()  # lost: the next add counts what is there
+    cache.put(hashlib.sha256(b"y").hexdigest(), b"y")
+    assert cache.usage() == _on_disk(tmp_path)
+
+
+HOLD = """
+import sys, time
+from bootseer.nodecache import NodeCache
+def chunks():
+    yield b"first part"
+    open(sys.argv[2], "w").close()
+    time.sleep(600)
+NodeCache(sys.argv[1], 1 << 30).put_stream("0" * 64, chunks())
+"""
+
+
+def test_a_living_writers_temporary_stays_a_dead_ones_goes(tmp_path: Path) -> None:
+    cache_dir, started = tmp_path / "cache", tmp_path / "started"
+    writer = subprocess.Popen([sys.executable, "-c", HOLD, str(cache_dir), str(started)])
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists():
+            assert time.monotonic() < deadline and writer.poll() is None
+            time.sleep(0.05)
+        (leftover,) = (cache_dir / "tmp").iterdir()
+        assert leftover.name.startswith("0" * 64 + f".{writer.pid}.")
+        NodeCache(cache_dir, 1 << 30)  # another process opens the cache: it stays
+        assert leftover.exists()
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    NodeCache(cache_dir, 1 << 30)  # the writer is dead: what it left goes
+    assert not leftover.exists() and "0" * 64 not in NodeCache(cache_dir, 1 << 30)
+
+
+def test_entries_are_verified_and_named_only_by_digests(tmp_path: Path) -> None:
+    cache = NodeCache(tmp_path, 1 << 30, mode=0o600)
+    data = b"block" * 1000
+    digest = hashlib.sha256(data).hexdigest()
+    with pytest.raises(IntegrityError):
+        cache.put_stream(digest, [b"other bytes"])
+    cache.put(digest, data)
+    assert cache.path(digest).stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "entries").stat().st_mode & 0o777 == 0o700
+    cache.path(digest).write_bytes(b"damaged")
+    assert cache.get(digest) is None and digest not in cache
+    assert cache.usage() >= _on_disk(tmp_path) == 0  # never counted low
+    for bad in ("../../etc/passwd", "A" * 64, "ab", "sha256:" + digest):
+        with pytest.raises(ValueError):
+            cache.path(bad)
+
+
+def test_a_mount_server_sees_blocks_a_warm_added_after_it_started(tmp_path: Path) -> None:
+    """The server opened the cache, then a standalone warm (another process) staged every
+    block: the server's reads find them all on disk and fetch nothing."""
+    dirs = {name: tmp_path / name for name in ("store", "cache", "image", "mnt")}
+    for path in dirs.values():
+        path.mkdir()
+    bootseer("image", "convert", str(big_image(dirs["image"])), "--name", "big",
+             store=dirs["store"], cache=dirs["cache"])
+    bootseer("image", "mount", "big", str(dirs["mnt"]), "--no-prefetch",
+             store=dirs["store"], cache=dirs["cache"])
+    try:
+        bootseer("warm", "--image", "big", "--all", "--no-agent", store=dirs["store"],
+                 cache=dirs["cache"])
+        assert (dirs["mnt"] / "data" / "big.bin").read_bytes()
+        time.sleep(1)  # the server refreshes its statistics twice a second
+        stats = json.loads(bootseer("image", "stats", str(dirs["mnt"]), store=dirs["store"],
+                                    cache=dirs["cache"]).stdout)
+        assert stats["blocks_fetched"] == 0 and stats["cache_hits"] > 0, stats
+    finally:
+        bootseer("image", "umount", str(dirs["mnt"]), store=dirs["store"], cache=dirs["cache"])
+
+
+def test_a_stalled_lock_holder_costs_caching_never_reads(tmp_path: Path, monkeypatch) -> None:
+    """A process stopped while it holds the cache's lock: adds give up (CacheBusy) after
+    LOCK_TIMEOUT instead of waiting for it, and what is cached still reads."""
+    import bootseer.nodecache as nodecache
+    from bootseer.nodecache import CacheBusy
+
+    monkeypatch.setattr(nodecache, "LOCK_TIMEOUT", 0.5)
+    cache = NodeCache(tmp_path, 1 << 30)
+    data = b"cached before"
+    cache.put(hashlib.sha256(data).hexdigest(), data)
+    holder = subprocess.Popen(["flock", str(tmp_path / "lock"), "sleep", "60"])
+    try:
+        time.sleep(0.3)
+        with pytest.raises(CacheBusy):
+            cache.put(hashlib.sha256(b"new").hexdigest(), b"new")
+        with pytest.raises(CacheBusy, match="not waiting again"):  # no second wait
+            cache.put(hashlib.sha256(b"next").hexdigest(), b"next")
+        assert cache.get(hashlib.sha256(data).hexdigest()) == data
+        assert not list((tmp_path / "tmp").iterdir())  # the refused add left nothing
+    finally:
+        holder.kill()
+        holder.wait()
