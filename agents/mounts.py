@@ -63,6 +63,7 @@ from bootseer.config import Config
 from bootseer.errors import BootseerError
 from bootseer.mounts import is_mounted, spawn_mount, unmount, wait_for_file
 from bootseer.ready import READY_FILE_ENV
+from bootseer.store.local import pid_alive
 from snapshot.key import IMAGE_ID_ENV
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,7 @@ class MountManager:
             directory = self.root / container_id
             exited = time.time()
             fd = self._fds.pop(container_id, None)
-            if fd is not None and not _alive(mounted.pid):
+            if fd is not None and not pid_alive(mounted.pid):
                 os.close(fd)  # no server: end the connection, so unmounting cannot wait
                 fd = None
             unmount(Path(mounted.mount.rootfs))
@@ -228,9 +229,9 @@ class MountManager:
             mounts = list(self._mounts.values())
         return [{"id": m.request.key, "container": m.request.id, "image": m.request.image,
                  "rootfs": m.mount.rootfs,
-                 "pid": m.pid, "serving": _alive(m.pid), "created": m.created,
+                 "pid": m.pid, "serving": pid_alive(m.pid), "created": m.created,
                  "server_deaths": m.server_deaths, "failed": m.failed,
-                 "checkpoints": {name: {"pid": pid, "serving": _alive(pid)}
+                 "checkpoints": {name: {"pid": pid, "serving": pid_alive(pid)}
                                  for name, pid in m.checkpoint_pids.items()},
                  "checkpoint_restarts": m.checkpoint_restarts} for m in mounts]
 
@@ -250,7 +251,7 @@ class MountManager:
                             mounted.request.key)
                 continue
             if is_mounted(Path(mounted.mount.rootfs)):
-                fd = _take_fd(mounted.pid, mounted.server_fd) if _alive(mounted.pid) else None
+                fd = _take_fd(mounted.pid, mounted.server_fd) if pid_alive(mounted.pid) else None
                 if fd is None:  # server and agent both gone: so is the connection
                     mounted.failed = True
                     log.error("container %s: its mount's server is gone and the connection "
@@ -284,13 +285,13 @@ class MountManager:
             mounts = list(self._mounts.values())
         for mounted in mounts:
             _reap(mounted.pid)
-            alive = _alive(mounted.pid)
+            alive = pid_alive(mounted.pid)
             self._claim(mounted, alive)
             if not alive and not mounted.failed:
                 self._replace_server(mounted)
             for name, pid in list(mounted.checkpoint_pids.items()):
                 _reap(pid)
-                if not _alive(pid):
+                if not pid_alive(pid):
                     self._replace_checkpoint_server(mounted, name)
 
     def _replace_checkpoint_server(self, mounted: _Mounted, name: str) -> None:
@@ -301,7 +302,7 @@ class MountManager:
         container_id = mounted.request.key
         with self._lock_for(container_id):
             if self._mounts.get(container_id) is not mounted or \
-                    _alive(mounted.checkpoint_pids.get(name, 0)):
+                    pid_alive(mounted.checkpoint_pids.get(name, 0)):
                 return  # released, or replaced, meanwhile
             directory = self.root / container_id
             unmount(directory / "checkpoints" / name)
@@ -322,7 +323,7 @@ class MountManager:
         """A server died: start one that takes its connection over."""
         container_id = mounted.request.key
         with self._lock_for(container_id):
-            if self._mounts.get(container_id) is not mounted or _alive(mounted.pid):
+            if self._mounts.get(container_id) is not mounted or pid_alive(mounted.pid):
                 return  # released meanwhile
             mounted.server_deaths += 1
             directory = self.root / container_id
@@ -523,7 +524,7 @@ TEARDOWN_WAIT = 30.0
 def _wait_or_kill(pid: int, timeout: float) -> None:
     """Wait for the server ``pid`` to exit; SIGKILL it after ``timeout`` seconds."""
     deadline, killed = time.monotonic() + timeout, False
-    while _alive(pid):
+    while pid_alive(pid):
         _reap(pid)
         if time.monotonic() > deadline:
             if killed:  # not even SIGKILL ended it: stop waiting, say so
@@ -535,14 +536,6 @@ def _wait_or_kill(pid: int, timeout: float) -> None:
             deadline, killed = time.monotonic() + 5.0, True
         time.sleep(0.02)
     _reap(pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _take_fd(pid: int, number: int) -> int | None:

@@ -252,11 +252,19 @@ def _fsync_dir(path: Path) -> None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (a stale temporary's writer is gone when not)."""
+    """Whether process ``pid`` runs (a stale temporary's writer is gone when not). A
+    zombie is dead: it writes nothing more, and where nothing reaps it (a container
+    without an init) it would otherwise keep its leftovers for good."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
         return False
-    except PermissionError:
+    except (OSError, IndexError):  # no /proc here: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
         return True
-    return True
