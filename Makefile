@@ -9,12 +9,13 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test lint system-deps venv clean bench-ckpt bench-hdfs bench-blocksize bench-image \
 	bench-env
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml dev/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
 	# torch pinned first: 2.13.0 is the CPU build on disk; an open range would pull CUDA
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev,torch,report]'
+	$(BIN)/pip install --quiet --no-deps -e dev  # bootseer_dev: the HDFS dev cluster, test images
 	touch $@
 
 venv: $(STAMP)

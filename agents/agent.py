@@ -6,27 +6,27 @@ in-flight table of each image are shared by every request, so two ``warm`` calls
 same image never fetch a block twice.
 
 API (JSON; long operations stream NDJSON events, one per line). Every body is checked
-field by field (:mod:`agents.fields`): a malformed one gets a 400, a request the operator's
-policy does not allow a 403 naming the setting (:mod:`agents.policy`), and neither leaves
+field by field (:mod:`bootseer.agents.fields`): a malformed one gets a 400, a request the operator's
+policy does not allow a 403 naming the setting (:mod:`bootseer.agents.policy`), and neither leaves
 anything behind. Requests marked *root* are refused (403) to any other peer
 (``SO_PEERCRED``): the socket's group may warm and read, not mount or record.
 
 * ``GET /v1/health`` -> ``{"version", "pid", "store", "cache_dir"}``
-* ``POST /v1/starts`` (root) a start record (:class:`agents.timeline.StartRecord` JSON:
+* ``POST /v1/starts`` (root) a start record (:class:`bootseer.agents.timeline.StartRecord` JSON:
   ``id`` and any of ``job``, ``image``, ``workload``, ``runtime``, ``phases``,
   ``detail``) -> the record as now known (merged: first values win);
   ``GET /v1/starts?since=UNIX`` -> the records of starts since then, oldest first
   (``bootseer report``).
-* ``POST /v1/mounts`` (root) a :class:`agents.mountapi.MountRequest` -> the container's
-  lazy root (:class:`agents.mountapi.ContainerMount`);
+* ``POST /v1/mounts`` (root) a :class:`bootseer.agents.mountapi.MountRequest` -> the container's
+  lazy root (:class:`bootseer.agents.mountapi.ContainerMount`);
   ``DELETE /v1/mounts/{key}?exit_code=N&rootfs=PATH`` (root) -> the completed start
-  record; ``GET /v1/mounts`` (root) -> the mounts served (:mod:`agents.mounts`). Used by
+  record; ``GET /v1/mounts`` (root) -> the mounts served (:mod:`bootseer.agents.mounts`). Used by
   the runtime shim and the OCI hook.
-* ``GET /metrics``: Prometheus text format (:mod:`agents.metrics`); also on TCP at
+* ``GET /metrics``: Prometheus text format (:mod:`bootseer.agents.metrics`); also on TCP at
   ``agent.metrics_listen`` (``host:port``) when set, for Prometheus to scrape.
 * ``POST /v1/warm`` ``{"image", "workload", "all", "envs", "checkpoints"}`` -> events
   ``{"event": "plan", "bytes"}``, ``{"event": "progress", "bytes"}``..., then
-  ``{"event": "result", ...}`` (:meth:`agents.warm.WarmSummary.to_json`) or
+  ``{"event": "result", ...}`` (:meth:`bootseer.agents.warm.WarmSummary.to_json`) or
   ``{"event": "error", "message"}``; 503 while :data:`MAX_WARMS` are in progress.
 
 Each kind of work has threads of its own (mounts, releases, warms, queries, the watcher),
@@ -59,19 +59,19 @@ from typing import Any, TypeVar
 
 import uvloop
 from aiohttp import web
+from bootseer.agents.metrics import AgentMetrics
+from bootseer.agents.mountapi import MountRequest
+from bootseer.agents.mounts import MountManager, MountMismatch, UnknownMount
+from bootseer.agents.policy import CheckpointPolicy, PolicyError
+from bootseer.agents.priority import Priority, PriorityGate
+from bootseer.agents.timeline import StartRecord, Timeline, timeline_path
+from bootseer.agents.warm import WarmRequest, warm
+from bootseer.prefetch.lazyimage import LazyImage, block_cache, resolve_image
 
-from agents.metrics import AgentMetrics
-from agents.mountapi import MountRequest
-from agents.mounts import MountManager, MountMismatch, UnknownMount
-from agents.policy import CheckpointPolicy, PolicyError
-from agents.priority import Priority, PriorityGate
-from agents.timeline import StartRecord, Timeline, timeline_path
-from agents.warm import WarmRequest, warm
 from bootseer import __version__
 from bootseer.config import Config
 from bootseer.errors import BootseerError
 from bootseer.store import BlobStore, open_configured_store
-from prefetch.lazyimage import LazyImage, block_cache, resolve_image
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Stages (the first argument, else told apart by what comes on stdin: an OCI state
 
 * ``precreate`` (a containers/common extension podman and CRI-O run before creating the
   container): the OCI config comes on stdin and the config to use goes to stdout. A
-  container that asked for Bootseer (:mod:`agents.oci`) gets its lazy root from the node
+  container that asked for Bootseer (:mod:`bootseer.agents.oci`) gets its lazy root from the node
   agent and the same rewrite the shim does, minus the poststop hook (the engine runs its
   hooks.d poststop hook itself). The engine has not named the container yet, so the mount
   gets a fresh, unguessable id of its own, kept in the ``io.bootseer.mount`` annotation
@@ -36,14 +36,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agents import oci
+from bootseer.agents import oci
 
 STAGES = ("precreate", "poststop")
 
 
 def precreate(spec: dict[str, Any]) -> dict[str, Any]:
     """The config the engine should use for ``spec``."""
-    from agents.runtime import agent_socket, request_mount
+    from bootseer.agents.runtime import agent_socket, request_mount
 
     labels = oci.requested(spec)
     if labels is None:  # not ours; nor may it name a mount of ours
@@ -56,7 +56,7 @@ def precreate(spec: dict[str, Any]) -> dict[str, Any]:
 def poststop_mount(state: dict[str, Any], runtime_root: str | None) -> tuple[str, str | None]:
     """The mount a stopped container ran on, and its root as the engine stored it (the
     proof the agent checks); ``ValueError`` if the engine's state names none."""
-    from agents.mountapi import mount_key
+    from bootseer.agents.mountapi import mount_key
 
     bundle = state.get("bundle")
     spec = None
@@ -78,8 +78,8 @@ def poststop_mount(state: dict[str, Any], runtime_root: str | None) -> tuple[str
 
 
 def poststop(state: dict[str, Any], runtime_root: str | None = None) -> None:
-    from agents.client import AgentError
-    from agents.runtime import agent_socket, release_mount
+    from bootseer.agents.client import AgentError
+    from bootseer.agents.runtime import agent_socket, release_mount
 
     try:
         mount, rootfs = poststop_mount(state, runtime_root)

@@ -13,8 +13,8 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agents import fields
-from agents.fields import COMPONENT, CONTAINER_ID, IMAGE, JOB, RUNTIME
+from bootseer.agents import fields
+from bootseer.agents.fields import COMPONENT, CONTAINER_ID, IMAGE, JOB, RUNTIME
 
 RECORD_MODES = ("auto", "always", "never")
 

@@ -1,18 +1,18 @@
 """The containers' lazy roots, owned by the agent: mounted, watched, remounted, released.
 
-For each container the runtime shim or the OCI hook asks about (:mod:`agents.mountapi`),
+For each container the runtime shim or the OCI hook asks about (:mod:`bootseer.agents.mountapi`),
 the agent starts one FUSE server process for the lazy image (prefetching its hot list,
 recording a young one), puts an overlay with a fresh writable layer over it, and hands
 back the overlay as the container's root. Everything about a container lives in one
 directory, ``<cache_dir>/containers/<key>/`` (the key is the container's id qualified by
-its engine's namespace, :func:`agents.mountapi.mount_key`)::
+its engine's namespace, :func:`bootseer.agents.mountapi.mount_key`)::
 
     lower/    the lazy image (FUSE)          upper/, work/  the overlay's writable layer
     rootfs/   the overlay: the container's root
     signal/   bound at /run/bootseer in the container: ready file, phase marks
     state.json  what a restarted agent needs to adopt the mount
 
-The agent mounts the FUSE connection itself (:func:`prefetch.fuse_ll.mount_fd`) and keeps
+The agent mounts the FUSE connection itself (:func:`bootseer.prefetch.fuse_ll.mount_fd`) and keeps
 its /dev/fuse file; the server process serves a clone of it. That is what makes a mount
 outlive its server: a server that dies is seen by the watcher within
 :data:`WATCH_INTERVAL` and replaced by one that takes the connection over. Only the
@@ -55,16 +55,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.mountapi import ContainerMount, MountRequest, check_id
-from agents.policy import RecordingPolicy
-from agents.priority import Priority, PriorityGate
-from agents.timeline import StartRecord, container_phases
+from bootseer.agents.mountapi import ContainerMount, MountRequest, check_id
+from bootseer.agents.policy import RecordingPolicy
+from bootseer.agents.priority import Priority, PriorityGate
+from bootseer.agents.timeline import StartRecord, container_phases
+from bootseer.snapshot.key import IMAGE_ID_ENV
+
 from bootseer.config import Config
 from bootseer.errors import BootseerError
 from bootseer.mounts import is_mounted, spawn_mount, unmount, wait_for_file
 from bootseer.ready import READY_FILE_ENV
 from bootseer.store.local import pid_alive
-from snapshot.key import IMAGE_ID_ENV
 
 log = logging.getLogger(__name__)
 
@@ -345,7 +346,7 @@ class MountManager:
 
     def _claim(self, mounted: _Mounted, alive: bool) -> None:
         """Hold the priorities the mount's server needs now, from its statistics file."""
-        from prefetch.session import stats_path
+        from bootseer.prefetch.session import stats_path
 
         claims = self._claims.setdefault(mounted.request.key, _Claims(self.gate))
         if not alive:
@@ -367,8 +368,8 @@ class MountManager:
 
     def _mount(self, request: MountRequest, created: float) -> tuple[_Mounted, int]:
         """The container's mounts and the server; also the connection's file."""
-        from prefetch.container import mount_overlay
-        from prefetch.fuse_ll import mount_fd
+        from bootseer.prefetch.container import mount_overlay
+        from bootseer.prefetch.fuse_ll import mount_fd
 
         directory = self.root / request.key
         if directory.exists():  # a failed earlier attempt: start clean

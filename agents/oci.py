@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.mountapi import RECORD_MODES, ContainerMount, MountRequest
+from bootseer.agents.mountapi import RECORD_MODES, ContainerMount, MountRequest
 
 ANNOTATION_PREFIX = "io.bootseer."
 ENV_PREFIX = "BOOTSEER_"

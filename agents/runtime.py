@@ -3,7 +3,7 @@
 Configured as a runtime (Docker ``daemon.json`` ``"runtimes"``, containerd
 ``io.containerd.runc.v2`` with ``BinaryName``), it is called with runc's command line. It
 acts on ``create`` and ``run`` of a container that asked for Bootseer (see
-:mod:`agents.oci`): it asks the node agent for the container's lazy root, rewrites the
+:mod:`bootseer.agents.oci`): it asks the node agent for the container's lazy root, rewrites the
 bundle's ``config.json`` to use it (and to release it in a poststop hook), then execs runc
 with the very same arguments. Everything else (other commands, containers that did not ask)
 is exec'd into runc at once, config untouched: this path imports nothing heavy and parses
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agents.mountapi import ContainerMount
-    from agents.oci import Labels
+    from bootseer.agents.mountapi import ContainerMount
+    from bootseer.agents.oci import Labels
 
 RUNC_ENV = "BOOTSEER_RUNC"
 #: runc's global flags that take a value (urfave/cli: ``--flag value`` or ``--flag=value``,
@@ -121,7 +121,8 @@ def agent_socket() -> Path:
 def request_mount(socket: Path, labels: Labels, container_id: str,
                   runtime: str, namespace: str = "") -> ContainerMount:
     """Ask the node agent for the container's lazy root (httpx is imported only here)."""
-    from agents.client import AgentClient, AgentUnavailable
+    from bootseer.agents.client import AgentClient, AgentUnavailable
+
     from bootseer.errors import BootseerError
 
     try:
@@ -138,9 +139,9 @@ def request_mount(socket: Path, labels: Labels, container_id: str,
 
 def release_mount(socket: Path, mount_id: str, exit_code: int | None = None,
                   rootfs: str | None = None) -> None:
-    """Give a mount back to the agent (raises :class:`agents.client.AgentError` and
+    """Give a mount back to the agent (raises :class:`bootseer.agents.client.AgentError` and
     friends: the caller decides whether that matters)."""
-    from agents.client import AgentClient
+    from bootseer.agents.client import AgentClient
 
     with AgentClient(socket) as client:
         client.release(mount_id, exit_code, rootfs)
@@ -163,7 +164,7 @@ def prepare_bundle(call: RuncCall, argv0: str) -> None:
     """
     import json
 
-    from agents import oci
+    from bootseer.agents import oci
 
     path = (call.bundle or Path.cwd()) / "config.json"
     try:

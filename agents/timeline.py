@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents import fields
+from bootseer.agents import fields
+
 from bootseer.config import Config
 from bootseer.ready import read_phases
 
@@ -110,7 +111,7 @@ class StartRecord:
 
     @classmethod
     def from_request(cls, data: Any) -> StartRecord:
-        """A record from an API body, every field checked (:mod:`agents.fields`); the
+        """A record from an API body, every field checked (:mod:`bootseer.agents.fields`); the
         derived fields of :meth:`to_json` (``breakdown``, ``startup_seconds``) are
         accepted and ignored."""
         data = fields.only(data, {"id", "job", "image", "workload", "runtime", "phases",

@@ -7,7 +7,7 @@ local.
 
 Warm work yields to anything more urgent: ``before_fetch`` is called before each fetch it
 issues (and before each part's metadata reads), and the agent makes it wait while reads or
-starting containers are fetching (:mod:`agents.priority`). Standalone, nothing waits.
+starting containers are fetching (:mod:`bootseer.agents.priority`). Standalone, nothing waits.
 """
 
 from __future__ import annotations
@@ -16,15 +16,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agents import fields
+from bootseer.agents import fields
+from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.prefetch.warm import WarmResult, warm_image
+from bootseer.snapshot.stage import StageResult, shard_cache, stage_snapshot
+from bootseer.stripedfs.checkpoint_cache import CheckpointCache
+from bootseer.stripedfs.stage import CheckpointResult, stage_checkpoint
+
 from bootseer.config import Config
 from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
-from prefetch.lazyimage import LazyImage
-from prefetch.warm import WarmResult, warm_image
-from snapshot.stage import StageResult, shard_cache, stage_snapshot
-from stripedfs.checkpoint_cache import CheckpointCache
-from stripedfs.stage import CheckpointResult, stage_checkpoint
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 
 from benchlib import drop_page_cache
-
-from bootseer.devimage import build_image
+from bootseer_dev.image import build_image
 
 SIZES = [256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20]
 COMMAND = ["python3", "-c", "import json, hashlib, platform; print(platform.python_version())"]
@@ -76,7 +75,7 @@ def main() -> None:
         row["fetched_fraction"] = round(row["bytes_fetched"] / row["image_content_bytes"], 4)
     best = min(rows, key=lambda r: r["model_fetch_s"])
     result = {"benchmark": "blocksize", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "image": "debian bookworm minbase + python3 (bootseer.devimage)",
+              "image": "debian bookworm minbase + python3 (bootseer_dev.image)",
               "start_command": COMMAND, "runs": args.runs,
               "model": {"link_MBps": args.link_mbps, "rtt_ms": args.rtt_ms,
                         "note": "fetch time = bytes / link + reads x rtt; the kernel here has "

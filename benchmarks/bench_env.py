@@ -65,9 +65,8 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import RunFailed, drop_page_cache, figure, median_of, select_cases
-
-from bootseer.devcluster import Cluster, ClusterSpec, parse_link
-from bootseer.devcluster.linkcap import apply_link_cap, remove_link_cap
+from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
+from bootseer_dev.cluster.linkcap import apply_link_cap, remove_link_cap
 
 log = logging.getLogger("bench-env")
 HERE = Path(__file__).resolve().parent
@@ -685,10 +684,10 @@ def _helper(argv: list[str]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     import zstandard
+    from bootseer.snapshot.manifest import REF_PREFIX
+    from bootseer.snapshot.restore import load_manifest
 
     from bootseer.store import BlobStore, open_store
-    from snapshot.manifest import REF_PREFIX
-    from snapshot.restore import load_manifest
 
     blobs = BlobStore(open_store(args.store))
     ref = blobs.get_ref(REF_PREFIX + args.key)

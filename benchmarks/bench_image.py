@@ -1,7 +1,7 @@
 """``make bench-image``: start a >= 1 GiB image — full pull vs lazy vs lazy + prefetch vs local.
 
 The image is real: Debian bookworm minbase + python3 + torch 2.13.0 (CPU) and numpy
-(``bootseer.devimage.build_image(with_torch=True)``, three layers, ~1.1 GB of files).
+(``bootseer_dev.image.build_image(with_torch=True)``, three layers, ~1.1 GB of files).
 The start is real too: ``python3 -c "import torch; ..."`` in runc, ready when it exits.
 The store is a local HDFS cluster (1 DataNode, replication 1) whose DataNode egress is
 capped with tc at ``--link-mbps`` MB/s; the kernel has no ``sch_netem``, so no latency is
@@ -47,9 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import RunFailed, drop_page_cache, figure, median_of, select_cases
-
-from bootseer.devcluster import Cluster, ClusterSpec, parse_link
-from bootseer.devimage import build_image, read_build_info, unmount, unpack_image
+from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
+from bootseer_dev.image import build_image, read_build_info, unmount, unpack_image
 
 log = logging.getLogger("bench-image")
 HERE = Path(__file__).resolve().parent

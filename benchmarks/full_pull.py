@@ -38,7 +38,8 @@ from typing import Any, BinaryIO
 
 STARTED = time.perf_counter()
 
-from bootseer.devimage import overlay_mount, run_rootfs, unpack_layers  # noqa: E402
+from bootseer_dev.image import overlay_mount, run_rootfs, unpack_layers  # noqa: E402
+
 from bootseer.errors import IntegrityError  # noqa: E402
 
 REF_PREFIX = "registry/"
@@ -57,7 +58,7 @@ def open_blobs(url: str):
 
 def push(args: argparse.Namespace) -> dict:
     """Store the layout's blobs as they are and point ``refs/registry/NAME`` at the manifest."""
-    from prefetch.image_source import open_image
+    from bootseer.prefetch.image_source import open_image
 
     layout = Path(args.layout)
     image = open_image(layout)

@@ -4,7 +4,7 @@ Everything reads through the striped reader (``stripedfs``): parallel ranged rea
 the DataNodes holding the file, with read-ahead, straight into memory — no FUSE, never an
 mmap of a remote file. A file ``bootseer warm --checkpoint`` staged on this node is read
 from that local copy instead, as long as the store's object is still the one copied (its
-size and mtime; :mod:`stripedfs.checkpoint_cache`)::
+size and mtime; :mod:`bootseer.stripedfs.checkpoint_cache`)::
 
     import bootseer.checkpoint as ckpt
     state = ckpt.load("hdfs://namenode:8020/ckpt/step100/model.pt", map_location="cpu")
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from stripedfs.config import StripeConfig
-from stripedfs.files import open_reader, open_striped, split_url, store_for
+from bootseer.stripedfs.config import StripeConfig
+from bootseer.stripedfs.files import open_reader, open_striped, split_url, store_for
 
 if TYPE_CHECKING:
-    from stripedfs.dcp import StripedStorageReader
+    from bootseer.stripedfs.dcp import StripedStorageReader
 
 __all__ = ["StorageReader", "StripeConfig", "load", "load_safetensors", "open"]
 
@@ -46,7 +46,7 @@ def load(url: str, map_location: Any = None, *, config: StripeConfig | None = No
 def load_safetensors(url: str, device: str = "cpu", *,
                      config: StripeConfig | None = None) -> dict[str, Any]:
     """Every tensor of a safetensors file: header first, then all tensor bytes in parallel."""
-    from stripedfs import safetensors
+    from bootseer.stripedfs import safetensors
 
     directory, name = split_url(url)
     with open_reader(store_for(directory), name, config=config) as reader:
@@ -55,6 +55,6 @@ def load_safetensors(url: str, device: str = "cpu", *,
 
 def StorageReader(url: str, **kwargs: Any) -> StripedStorageReader:  # noqa: N802
     """A ``torch.distributed.checkpoint`` storage reader for the checkpoint dir at ``url``."""
-    from stripedfs.dcp import StripedStorageReader
+    from bootseer.stripedfs.dcp import StripedStorageReader
 
     return StripedStorageReader(url, **kwargs)

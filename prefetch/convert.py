@@ -1,6 +1,6 @@
-"""Convert an OCI image into the lazy block format (see :mod:`prefetch.blockformat`).
+"""Convert an OCI image into the lazy block format (see :mod:`bootseer.prefetch.blockformat`).
 
-One streaming pass over the layers: :func:`prefetch.rootfs.merge_layers` applies the OCI
+One streaming pass over the layers: :func:`bootseer.prefetch.rootfs.merge_layers` applies the OCI
 rules and hands every regular file's bytes to us as they go by; we cut them into blocks,
 skip blocks the store already has (from this image or any converted before), compress the
 rest with zstd and append them to packs. Content of files that a later layer overrides is
@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 import zstandard
-
-from bootseer.store import BlobStore, ObjectWriter, Store
-from prefetch.blockformat import (
+from bootseer.prefetch.blockformat import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_PACK_TARGET,
     IMAGE_REF_PREFIX,
@@ -30,8 +28,10 @@ from prefetch.blockformat import (
     FileEntry,
     Manifest,
 )
-from prefetch.image_source import ImageSource
-from prefetch.rootfs import Kind, merge_layers
+from bootseer.prefetch.image_source import ImageSource
+from bootseer.prefetch.rootfs import Kind, merge_layers
+
+from bootseer.store import BlobStore, ObjectWriter, Store
 
 log = logging.getLogger(__name__)
 

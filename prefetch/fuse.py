@@ -23,13 +23,12 @@ import os
 import stat
 from pathlib import Path
 
+from bootseer.prefetch.blockformat import FileEntry
+from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.prefetch.prefetcher import Prefetcher
+from bootseer.prefetch.recording import Recording
+from bootseer.prefetch.rootfs import Kind
 from fuse import FUSE, FuseOSError, Operations  # fusepy
-
-from prefetch.blockformat import FileEntry
-from prefetch.lazyimage import LazyImage
-from prefetch.prefetcher import Prefetcher
-from prefetch.recording import Recording
-from prefetch.rootfs import Kind
 
 log = logging.getLogger(__name__)
 

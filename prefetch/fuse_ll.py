@@ -1,6 +1,6 @@
 """The lazy image served by our own FUSE protocol server on /dev/fuse, so it survives its server.
 
-:mod:`prefetch.fuse` goes through libfuse, whose connection dies with the process and which
+:mod:`bootseer.prefetch.fuse` goes through libfuse, whose connection dies with the process and which
 cannot serve a connection it has not seen ``FUSE_INIT`` on. The kernel does not need
 either: a FUSE connection lives as long as *any* file refers to it, and a new file can be
 attached to it with ``FUSE_DEV_IOC_CLONE``, getting a request queue of its own. So:
@@ -17,7 +17,7 @@ Takeover needs no memory of the old server because nothing here has state: node 
 the manifest's inode numbers (the root's is 1, which is ``FUSE_ROOT_ID``; hard links share
 theirs), file handles are 0, and lookups are not counted (FORGET is ignored).
 
-The protocol side mirrors :mod:`prefetch.fuse`: inode numbers, devices, symlinks, xattrs
+The protocol side mirrors :mod:`bootseer.prefetch.fuse`: inode numbers, devices, symlinks, xattrs
 and link counts from the manifest; ``ENOENT`` for a missing path (cached by the kernel as
 a negative entry), ``ENODATA`` for a missing xattr, ``EROFS`` for anything that writes,
 ``EIO`` (logged) for a read that fails; FLUSH, and GETXATTR on an image without xattrs,
@@ -25,9 +25,9 @@ are ``ENOSYS`` so the kernel stops asking. The content never changes, so entries
 attributes are valid for a day, opens cost no round trip where the kernel allows it (see
 :meth:`_Server.agree`; else they answer ``FOPEN_KEEP_CACHE``), so cached pages outlive
 them, directory listings and symlink targets are cached by the kernel, and reads may be up
-to :data:`MAX_PAGES` pages. A :class:`~prefetch.prefetcher.Prefetcher` and a
-:class:`~prefetch.recording.Recording` work through the image (its cache, its recorder),
-as with :mod:`prefetch.fuse`.
+to :data:`MAX_PAGES` pages. A :class:`~bootseer.prefetch.prefetcher.Prefetcher` and a
+:class:`~bootseer.prefetch.recording.Recording` work through the image (its cache, its recorder),
+as with :mod:`bootseer.prefetch.fuse`.
 
 Speed matters, since every request costs a trip through this Python process: the structs
 are compiled once, answers about metadata are packed once per node and reused, and a
@@ -51,13 +51,14 @@ from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
 
+from bootseer.prefetch import fuse_proto as p
+from bootseer.prefetch.blockformat import FileEntry
+from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.prefetch.prefetcher import Prefetcher
+from bootseer.prefetch.recording import Recording
+from bootseer.prefetch.rootfs import Kind
+
 from bootseer.errors import BootseerError
-from prefetch import fuse_proto as p
-from prefetch.blockformat import FileEntry
-from prefetch.lazyimage import LazyImage
-from prefetch.prefetcher import Prefetcher
-from prefetch.recording import Recording
-from prefetch.rootfs import Kind
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ def mount_fd(mountpoint: Path, fsname: str = "bootseer-image", *,
     """
     if os.geteuid() != 0:
         raise FuseLowLevelError("mounting a FUSE connection by fd needs root "
-                                "(CAP_SYS_ADMIN); use prefetch.fuse (fusermount) instead")
+                                "(CAP_SYS_ADMIN); use bootseer.prefetch.fuse (fusermount) instead")
     try:
         fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
     except OSError as exc:
@@ -199,7 +200,7 @@ def serve(image: LazyImage, fd: int, *, takeover_state: Path,
     a connection already initialised. A state file left from an earlier mount is harmless:
     a fresh connection always sends INIT first, and answering it rewrites the file.
 
-    ``prefetcher`` and ``recording`` are accepted as :func:`prefetch.fuse.mount` accepts
+    ``prefetcher`` and ``recording`` are accepted as :func:`bootseer.prefetch.fuse.mount` accepts
     them: both act through ``image``, so serving needs nothing more from them.
 
     Returns what is in force for the connection (None if it ended before INIT).

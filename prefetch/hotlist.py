@@ -10,7 +10,7 @@ starts have in common and stays small. A hot list is only advice: one that does 
 decode, or that names blocks the image does not have (the image changed), is ignored
 with a warning, never an error.
 
-Saving a recording also lays the hot blocks out again (:mod:`prefetch.hotpack`): their
+Saving a recording also lays the hot blocks out again (:mod:`bootseer.prefetch.hotpack`): their
 compressed bytes, copied in hot-list order into one *hot pack*, so that a prefetch is a
 few large sequential reads rather than one small read per block scattered over the
 image's packs. The list records where each block sits in the hot pack.
@@ -25,8 +25,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from bootseer.prefetch.blockformat import Manifest
+
 from bootseer.store import BlobStore
-from prefetch.blockformat import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ def save(blobs: BlobStore, recording: HotList, manifest: Manifest | None = None)
     only when the merge changed which blocks are hot (a new order of the same blocks keeps
     the pack: a prefetch reads it in list order anyway, only in more pieces).
     """
-    from prefetch.hotpack import write_hot_pack
+    from bootseer.prefetch.hotpack import write_hot_pack
 
     stored = load(blobs, recording.image_id, recording.workload, manifest)
     merged = merge([stored, recording]) if stored is not None else recording

@@ -18,11 +18,11 @@ import hashlib
 import logging
 
 import zstandard
+from bootseer.prefetch.blockformat import PACK_PREFIX, BlockLocation, Manifest
+from bootseer.prefetch.hotlist import HotLayout
 
 from bootseer.errors import IntegrityError
 from bootseer.store import BlobStore
-from prefetch.blockformat import PACK_PREFIX, BlockLocation, Manifest
-from prefetch.hotlist import HotLayout
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A converted image, served lazily: metadata from the manifest, blocks fetched on demand.
 
-This is the data layer of the lazy mount (the FUSE part, :mod:`prefetch.fuse`, only
+This is the data layer of the lazy mount (the FUSE part, :mod:`bootseer.prefetch.fuse`, only
 translates). A read needs the blocks it overlaps; each comes from the local
 :class:`NodeCache` or, if absent, from the store: missing blocks that sit next to each
 other in a pack are fetched with one ranged read, then decompressed and checked against
@@ -8,10 +8,10 @@ their digest before anyone sees them. A block that fails the check is fetched on
 if it fails again the read fails with :class:`BlockIntegrityError` (EIO through FUSE).
 Concurrent readers of the same missing block wait for one fetch.
 
-A :class:`~prefetch.prefetcher.Prefetcher` fills the same cache ahead of the reads, from the
-image's hot list: it claims blocks through the same in-flight table, so a read of a block
-being prefetched waits for that fetch instead of fetching it again, and it holds back
-while reads are fetching blocks of their own (reads go first).
+A :class:`~bootseer.prefetch.prefetcher.Prefetcher` fills the same cache ahead of the
+reads, from the image's hot list: it claims blocks through the same in-flight table, so a
+read of a block being prefetched waits for that fetch instead of fetching it again, and it
+holds back while reads are fetching blocks of their own (reads go first).
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ import zstandard
 from bootseer.config import Config
 from bootseer.errors import BootseerError, IntegrityError
 from bootseer.nodecache import CacheBusy, NodeCache
-from bootseer.store import BlobStore
-from bootseer.store.blobs import is_digest
-from prefetch.blockformat import (
+from bootseer.prefetch.blockformat import (
     IMAGE_REF_PREFIX,
     MAX_MANIFEST_BYTES,
     BlockLocation,
     FileEntry,
     Manifest,
 )
-from prefetch.hotlist import Recorder
-from prefetch.rootfs import Kind
+from bootseer.prefetch.hotlist import Recorder
+from bootseer.prefetch.rootfs import Kind
+from bootseer.store import BlobStore
+from bootseer.store.blobs import is_digest
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class LazyImage:
         self.image_id = resolve_image(blobs, image)
         self.manifest = load_manifest(blobs, self.image_id, cache)
         self.stats = LazyStats()
-        #: While set, the first access of every block is noted (see prefetch.hotlist).
+        #: While set, the first access of every block is noted (see bootseer.prefetch.hotlist).
         self.recorder: Recorder | None = None
         self._inflight: dict[str, Future] = {}
         self._prefetched: set[str] = set()  # put by the prefetcher, not yet read

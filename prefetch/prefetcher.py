@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prefetch.hotlist import HotList
-from prefetch.lazyimage import FetchCounts, LazyImage, Piece
+from bootseer.prefetch.hotlist import HotList
+from bootseer.prefetch.lazyimage import FetchCounts, LazyImage, Piece
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Record a start at run time: from the mount to "the start is over", then store the result.
 
 A recording notes the first access of every block on the lazy mount (see
-:class:`~prefetch.hotlist.Recorder`) until the earliest of:
+:class:`~bootseer.prefetch.hotlist.Recorder`) until the earliest of:
 
 * the workload's ready signal — the file ``$BOOTSEER_READY_FILE`` appears
   (``bootseer.mark_ready()``, ``bootseer ready``; see :mod:`bootseer.ready`);
@@ -11,7 +11,7 @@ A recording notes the first access of every block on the lazy mount (see
 * the end of the mount (the container's process exited), via :meth:`Recording.finish`.
 
 Then the recording is merged into the image's stored hot list and the hot blocks are laid
-out in a hot pack (:func:`prefetch.hotlist.save`), in the background while the container
+out in a hot pack (:func:`bootseer.prefetch.hotlist.save`), in the background while the container
 keeps running. An empty recording (nothing was read) stores nothing.
 """
 
@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefetch import hotlist
-from prefetch.hotlist import HotList, Recorder
-from prefetch.lazyimage import LazyImage
+from bootseer.prefetch import hotlist
+from bootseer.prefetch.hotlist import HotList, Recorder
+from bootseer.prefetch.lazyimage import LazyImage
 
 log = logging.getLogger(__name__)
 

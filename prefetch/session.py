@@ -17,13 +17,14 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootseer.prefetch import hotlist
+from bootseer.prefetch.hotlist import DEFAULT_WORKLOAD, HotList
+from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.prefetch.prefetcher import Prefetcher
+from bootseer.prefetch.recording import ReadyWhen, Recording
+
 from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
-from prefetch import hotlist
-from prefetch.hotlist import DEFAULT_WORKLOAD, HotList
-from prefetch.lazyimage import LazyImage
-from prefetch.prefetcher import Prefetcher
-from prefetch.recording import ReadyWhen, Recording
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class SessionOptions:
     info: Path | None = None  # what the caller needs of the image, written once it is loaded
     stats: Path | None = None  # statistics so far as JSON, refreshed while mounted
     report: Path | None = None  # final statistics as JSON, written when the mount ends
-    #: Serve this already-mounted /dev/fuse connection (prefetch.fuse_ll, which survives
+    #: Serve this already-mounted /dev/fuse connection (bootseer.prefetch.fuse_ll, which survives
     #: its server) instead of mounting through libfuse; ``takeover_state`` goes with it.
     fuse_fd: int | None = None
     takeover_state: Path | None = None
@@ -109,13 +110,13 @@ def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
         threading.Thread(target=refresh, name="stats", daemon=True).start()
     try:
         if options.fuse_fd is not None:
-            from prefetch.fuse_ll import serve as serve_connection
+            from bootseer.prefetch.fuse_ll import serve as serve_connection
 
             assert options.takeover_state is not None, "fuse_fd needs takeover_state"
             serve_connection(image, options.fuse_fd, takeover_state=options.takeover_state,
                              prefetcher=prefetcher, recording=recording)
         else:
-            from prefetch.fuse import mount  # loads libfuse: only in the server process
+            from bootseer.prefetch.fuse import mount  # loads libfuse: only in the server process
 
             mount(image, mountpoint, prefetcher=prefetcher, recording=recording)
     finally:

@@ -1,7 +1,7 @@
 """Where an image to convert comes from: a local path, a registry, or a Docker engine.
 
 ``bootseer image convert`` reads OCI image layouts and ``docker save`` archives
-(:mod:`prefetch.image_source`); the other sources are first made into one of those, with
+(:mod:`bootseer.prefetch.image_source`); the other sources are first made into one of those, with
 the tools their ecosystems already use:
 
 * ``docker://REGISTRY/REPO:TAG`` — ``skopeo copy`` into a temporary OCI layout (every

@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bootseer.prefetch import hotlist
+from bootseer.prefetch.hotlist import HotBlock, HotList
+from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.prefetch.prefetcher import Prefetcher
+
 from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
-from prefetch import hotlist
-from prefetch.hotlist import HotBlock, HotList
-from prefetch.lazyimage import LazyImage
-from prefetch.prefetcher import Prefetcher
 
 
 @dataclass

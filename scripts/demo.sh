@@ -86,7 +86,7 @@ trap - EXIT
 
 
 step "a real container image (Debian minbase + python3, two layers), converted to a lazy image"
-layout=$($BIN/python -c "from bootseer.devimage import build_image; print(build_image(with_python=True))")
+layout=$($BIN/python -c "from bootseer_dev.image import build_image; print(build_image(with_python=True))")
 echo "OCI layout: $layout ($(du -sh "$layout/blobs" | cut -f1) of compressed layers)"
 export BOOTSEER_CACHE_DIR="$PWD/$work/cache"
 start=$(date +%s%N)
@@ -170,7 +170,7 @@ start_agent() {  # NODE: a node = its own cache directory and agent
     $BIN/bootseer agent --socket "$dir/agent.sock" >"$dir/agent.log" 2>&1 &
   agents+=($!)
   until BOOTSEER_AGENT_SOCKET="$dir/agent.sock" $BIN/python -c \
-      'import os, sys; from agents.client import AgentClient; from pathlib import Path
+      'import os, sys; from bootseer.agents.client import AgentClient; from pathlib import Path
 AgentClient(Path(os.environ["BOOTSEER_AGENT_SOCKET"])).health()' 2>/dev/null; do sleep 0.1; done
 }
 run_job() {  # NODE ID

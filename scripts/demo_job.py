@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from prefetch.container import bundle_config  # noqa: E402
+from bootseer.prefetch.container import bundle_config  # noqa: E402
 
 JOB = """
 import os, subprocess, sys, time

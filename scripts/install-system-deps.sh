@@ -6,7 +6,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  # bootseer.devcluster: local Apache Hadoop 2.7.3 HDFS
+  # bootseer_dev.cluster: local Apache Hadoop 2.7.3 HDFS
   openjdk-17-jdk-headless        # JVM for NameNode/DataNodes; jni.h to build libhdfs.so
   gcc                            # compiles libhdfs.so (pyarrow.fs.HadoopFileSystem)
   libjersey1-core-java           # WebHDFS is Jersey 1; the pyspark jars only carry Jersey 2
@@ -21,11 +21,11 @@ PACKAGES=(
   # Not Debian's `fuse` package: it conflicts with fuse3.
   fuse3
   libfuse2
-  # bootseer.devimage: real Debian images for the lazy-image tests and demo (issue 5)
+  # bootseer_dev.image: real Debian images for the lazy-image tests and demo (issue 5)
   debootstrap                    # builds the bookworm minbase root filesystem (layer 1)
   debian-archive-keyring         # debootstrap checks the archive's Release signature with it
   runc                           # runs commands in an unpacked or lazily mounted image
-  # prefetch.sources and its tests: images from a registry and from a Docker engine
+  # bootseer.prefetch.sources and its tests: images from a registry and from a Docker engine
   skopeo                         # docker:// sources are copied into an OCI layout
   docker-registry                # a real OCI registry (distribution 2.8) on loopback
   docker.io                      # dockerd with a private data root, for docker-daemon:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from snapshot.manifest import FORMAT
+from bootseer.snapshot.manifest import FORMAT
 
 IMAGE_ID_ENV = "BOOTSEER_IMAGE_ID"
 OS_RELEASE = Path("/etc/os-release")

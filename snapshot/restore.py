@@ -22,13 +22,13 @@ two restores of one target on one node apart. Where the file system cannot excha
 back first.
 
 Writes are confined to the staging directory: manifest paths are checked when it is
-decoded (:mod:`snapshot.manifest`), tar members must be exactly the manifest's, and every
+decoded (:mod:`bootseer.snapshot.manifest`), tar members must be exactly the manifest's, and every
 parent of a path written or deleted must be a real directory (never a symlink) in the
 staging tree, so a snapshot cannot write through a link out of its target.
 
 A snapshot restores where it was captured; with ``relocate=True`` it may be restored under
 other directories (``targets``, one per captured target, in order), its absolute paths
-rewritten by :mod:`snapshot.relocate` in the staging directory, after verification.
+rewritten by :mod:`bootseer.snapshot.relocate` in the staging directory, after verification.
 """
 
 from __future__ import annotations
@@ -50,20 +50,20 @@ from pathlib import Path
 from typing import BinaryIO
 
 import zstandard
-
-from bootseer.errors import BootseerError, IntegrityError, InvalidRangeError
-from bootseer.filelock import file_lock
-from bootseer.nodecache import NodeCache
-from bootseer.store import BlobStore
-from snapshot.manifest import (
+from bootseer.snapshot.manifest import (
     MAX_MANIFEST_BYTES,
     REF_PREFIX,
     Manifest,
     SnapEntry,
     UnsafeSnapshotError,
 )
-from snapshot.relocate import Relocation, Watch
-from snapshot.tarstream import MalformedStream, TarStream
+from bootseer.snapshot.relocate import Relocation, Watch
+from bootseer.snapshot.tarstream import MalformedStream, TarStream
+
+from bootseer.errors import BootseerError, IntegrityError, InvalidRangeError
+from bootseer.filelock import file_lock
+from bootseer.nodecache import NodeCache
+from bootseer.store import BlobStore
 
 log = logging.getLogger(__name__)
 

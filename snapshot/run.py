@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bootseer.snapshot.bytecode import compile_sources
+from bootseer.snapshot.key import KeyInputs, key_material, snapshot_key
+from bootseer.snapshot.manifest import Manifest
+from bootseer.snapshot.pack import Capture, build_manifest, creation_info, publish, target_paths
+from bootseer.snapshot.restore import RestoreResult, load_manifest, restore
+from bootseer.snapshot.scan import diff, scan
+
 from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
-from snapshot.bytecode import compile_sources
-from snapshot.key import KeyInputs, key_material, snapshot_key
-from snapshot.manifest import Manifest
-from snapshot.pack import Capture, build_manifest, creation_info, publish, target_paths
-from snapshot.restore import RestoreResult, load_manifest, restore
-from snapshot.scan import diff, scan
 
 
 @dataclass(frozen=True)

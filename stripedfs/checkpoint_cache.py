@@ -1,7 +1,7 @@
 """The node's checkpoint cache: local copies of store checkpoints, staged before a job.
 
 ``bootseer warm --checkpoint URL`` copies checkpoint files here (``stripedfs/stage.py``);
-the checkpoint-load API (``bootseer.checkpoint``, via :func:`stripedfs.files.open_reader`)
+the checkpoint-load API (``bootseer.checkpoint``, via :func:`bootseer.stripedfs.files.open_reader`)
 reads a copy instead of the network when the copy is of the object the store holds now.
 
 Layout under ``<cache_dir>/checkpoints``::
@@ -341,7 +341,8 @@ class CopyReader:
 
 @dataclass
 class LocalRange:
-    """A range of a staged copy, the counterpart of :class:`stripedfs.reader.PendingRange`."""
+    """A range of a staged copy: :class:`bootseer.stripedfs.reader.PendingRange`'s
+    counterpart."""
 
     reader: CopyReader
     offset: int

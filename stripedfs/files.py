@@ -5,7 +5,7 @@ A checkpoint URL names one object: ``hdfs://nn:9000/ckpt/step100/model.pt`` is t
 per directory and process, so repeated opens reuse the HDFS connection.
 
 The checkpoint API opens objects with :func:`open_reader`: the node's staged copy
-(``bootseer warm --checkpoint``, :mod:`stripedfs.checkpoint_cache`) when it is a copy of
+(``bootseer warm --checkpoint``, :mod:`bootseer.stripedfs.checkpoint_cache`) when it is a copy of
 the object the store holds now, else the striped reader over the network.
 """
 
@@ -16,11 +16,12 @@ import posixpath
 from typing import BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
+from bootseer.stripedfs.checkpoint_cache import CopyReader, node_cache, object_url
+from bootseer.stripedfs.config import StripeConfig
+from bootseer.stripedfs.reader import StripedReader
+
 from bootseer.store import Store, open_store
 from bootseer.store.base import open_ranged
-from stripedfs.checkpoint_cache import CopyReader, node_cache, object_url
-from stripedfs.config import StripeConfig
-from stripedfs.reader import StripedReader
 
 #: What :func:`open_reader` returns: both read with the same methods.
 Reader = StripedReader | CopyReader

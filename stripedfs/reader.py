@@ -6,7 +6,7 @@ fetched by ranged reads on a shared, bounded thread pool; demand stripes are sub
 first. Fetched stripes wait in the reader's buffer; stripes behind the read position are
 dropped, and a seek cancels read-ahead that has not started.
 
-Stripe memory comes from one pool per process (:mod:`stripedfs.memory`), capped across
+Stripe memory comes from one pool per process (:mod:`bootseer.stripedfs.memory`), capped across
 all readers by ``max_memory``: read-ahead stops where the pool is short, and a read takes
 back the read-ahead no read is using (:meth:`StripedReader.shed`). A stripe is read
 straight into a pooled buffer (``Store.read_range_into``), because fresh multi-MiB
@@ -28,13 +28,14 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from bootseer.stripedfs.config import StripeConfig
+from bootseer.stripedfs.layout import Stripe, StripeLayout
+from bootseer.stripedfs.memory import shared_memory
+from bootseer.stripedfs.window import ReadWindow
+
 from bootseer.errors import BootseerError, InvalidRangeError
 from bootseer.ready import mark_phase
 from bootseer.store import Store
-from stripedfs.config import StripeConfig
-from stripedfs.layout import Stripe, StripeLayout
-from stripedfs.memory import shared_memory
-from stripedfs.window import ReadWindow
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Pre-stage a checkpoint on a node (``bootseer warm --checkpoint URL``): local copies.
 
 ``URL`` names a checkpoint file or a directory (a DCP checkpoint: every file under it).
-Each file is copied into the node's checkpoint cache (:mod:`stripedfs.checkpoint_cache`)
+Each file is copied into the node's checkpoint cache (:mod:`bootseer.stripedfs.checkpoint_cache`)
 with ranged reads cut like the striped reader's stripes (never across an HDFS block, so
 each comes from one DataNode), ``concurrency`` in flight, written and hashed in order.
 The checkpoint-load API then reads the copies instead of the network, for as long as the
@@ -19,13 +19,14 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from bootseer.stripedfs.checkpoint_cache import CheckpointCache, StagingError, object_url
+from bootseer.stripedfs.config import StripeConfig
+from bootseer.stripedfs.files import split_url, store_for
+from bootseer.stripedfs.layout import Stripe, StripeLayout
+
 from bootseer.errors import BootseerError
 from bootseer.store import Store
 from bootseer.store.base import ObjectInfo
-from stripedfs.checkpoint_cache import CheckpointCache, StagingError, object_url
-from stripedfs.config import StripeConfig
-from stripedfs.files import split_url, store_for
-from stripedfs.layout import Stripe, StripeLayout
 
 log = logging.getLogger(__name__)
 

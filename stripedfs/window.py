@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stripedfs.config import StripeConfig
+from bootseer.stripedfs.config import StripeConfig
 
 
 @dataclass

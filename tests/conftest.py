@@ -43,7 +43,7 @@ def hdfs_cluster(tmp_path_factory: pytest.TempPathFactory):
     default ports is left alone. If it cannot start, the tests that need it fail (in CI and
     out of it) with the cluster's own error and log tail.
     """
-    from bootseer.devcluster import Cluster, ClusterSpec
+    from bootseer_dev.cluster import Cluster, ClusterSpec
 
     spec = ClusterSpec.with_base_port(
         19000, datanodes=2, replication=2, block_size=1 << 20,

@@ -14,17 +14,17 @@ import time
 from pathlib import Path
 
 import pytest
+from bootseer.agents.client import AgentClient, AgentError
+from bootseer.agents.mountapi import ContainerMount, MountRequest
 from test_agent_warm import dirs, start_agent  # noqa: F401 (fixture)
 from test_prefetch_lazy import bootseer
 
-from agents.client import AgentClient, AgentError
-from agents.mountapi import ContainerMount, MountRequest
 from bootseer.mounts import is_mounted, unmount
 
 
 @pytest.fixture(scope="module")
 def python_layout():
-    from bootseer.devimage import build_image
+    from bootseer_dev.image import build_image
 
     return build_image(with_python=True)  # cached on disk after the first build
 
@@ -57,7 +57,7 @@ def node(dirs, python_layout, tmp_path: Path):  # noqa: F811
 
 
 def _run(mount: ContainerMount, script: str, timeout: float = 120):
-    from prefetch.container import run_rootfs
+    from bootseer.prefetch.container import run_rootfs
 
     env = {k: v for k, v in (i.split("=", 1) for i in mount.image_config.get("Env", []))}
     return run_rootfs(mount.rootfs, ["sh", "-c", script], env=env | mount.env,
@@ -184,12 +184,13 @@ def test_a_killed_agent_leaves_the_container_served_and_the_next_one_adopts_it(
 
 def test_the_watcher_claims_starting_while_prefetching_and_demand_while_reads_fetch(
         tmp_path: Path) -> None:
-    """The agent's warm work waits on these claims (agents.priority); the watcher derives
+    """The agent's warm work waits on these claims (bootseer.agents.priority); the watcher derives
     them from each mount server's statistics file."""
-    from agents.mounts import MountManager, _Mounted
-    from agents.priority import Priority
+    from bootseer.agents.mounts import MountManager, _Mounted
+    from bootseer.agents.priority import Priority
+    from bootseer.prefetch.session import stats_path
+
     from bootseer.config import Config
-    from prefetch.session import stats_path
 
     manager = MountManager(Config(cache_dir=tmp_path), lambda start: start)
     mount = ContainerMount("c6", "py", "sha256:x", str(tmp_path / "rootfs"), "/nowhere")
@@ -260,8 +261,8 @@ def test_checkpoint_mounts_are_the_agents_too_and_come_back_after_a_crash(
 
 def _run_with_checkpoints(mount: ContainerMount, script: str):
     """``_run`` with the checkpoint directory bound as the runtime shim binds it."""
-    from agents.oci import add_checkpoints_mount
-    from prefetch.container import run_rootfs
+    from bootseer.agents.oci import add_checkpoints_mount
+    from bootseer.prefetch.container import run_rootfs
 
     spec: dict = {"mounts": []}
     add_checkpoints_mount(mount)(spec)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from bootseer.agents.client import AgentClient
+from bootseer.agents.timeline import PHASES, StartRecord, Timeline
 from test_agent_warm import agent, dirs, start_agent  # noqa: F401 (fixtures)
 from test_prefetch_lazy import bootseer
 
-from agents.client import AgentClient
-from agents.timeline import PHASES, StartRecord, Timeline
 from bootseer.cli.report_cmd import parse_since
 
 T0 = 1_800_000_000.0
@@ -136,7 +136,7 @@ def test_report_reads_the_timeline_file_without_an_agent(dirs, tmp_path) -> None
 def test_a_runc_start_reports_every_phase_it_reached(dirs, agent, tmp_path) -> None:  # noqa: F811
     """A real lazy start in runc, through the agent: the workload marks its environment
     and its readiness, the host adds created, image ready and exit."""
-    from bootseer.devimage import build_image
+    from bootseer_dev.image import build_image
 
     _, sock = agent
     env = {"BOOTSEER_AGENT_SOCKET": str(sock)}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from bootseer.stripedfs.reader import StripedReader
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
@@ -17,7 +18,6 @@ from store_contract import MIB, ramp
 
 import bootseer.checkpoint as ckpt
 from bootseer.store import open_store
-from stripedfs.reader import StripedReader
 
 SIZE = 9 * MIB + 777  # nine 1 MiB HDFS blocks and a bit
 

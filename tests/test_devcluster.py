@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from bootseer.devcluster import (
+from bootseer_dev.cluster import (
     Cluster,
     ClusterSpec,
     LinkCap,
@@ -30,8 +29,8 @@ from bootseer.devcluster import (
     parse_size,
     tc_available,
 )
-from bootseer.devcluster.cluster import _port_free
-from bootseer.devcluster.linkcap import DEV, ROOT_HANDLE
+from bootseer_dev.cluster.cluster import _port_free
+from bootseer_dev.cluster.linkcap import DEV, ROOT_HANDLE
 
 pytestmark = pytest.mark.hdfs
 
@@ -180,7 +179,7 @@ def test_status_shows_two_live_datanodes(running):
     assert [d.live for d in st.datanodes] == [True, True]
     assert running.namenode_rpc_url == f"hdfs://127.0.0.1:{running.spec.namenode_rpc_port}"
     assert running.spec.namenode_rpc_port != 9000  # never the default: others may use it
-    cli = subprocess.run([sys.executable, "-m", "bootseer.devcluster", "status",
+    cli = subprocess.run([sys.executable, "-m", "bootseer_dev.cluster", "status",
                           "--state-dir", str(running.state_dir)], capture_output=True, text=True)
     assert cli.returncode == 0 and "2/2 live" in cli.stdout, cli.stdout + cli.stderr
 
@@ -213,7 +212,7 @@ def test_pyarrow_hadoopfilesystem_roundtrip(running):
 
 
 def test_env_cli_prints_exports(running):
-    cli = subprocess.run([sys.executable, "-m", "bootseer.devcluster", "env",
+    cli = subprocess.run([sys.executable, "-m", "bootseer_dev.cluster", "env",
                           "--state-dir", str(running.state_dir)], capture_output=True, text=True)
     assert cli.returncode == 0, cli.stderr
     keys = {ln.split("=", 1)[0].removeprefix("export ") for ln in cli.stdout.splitlines()}

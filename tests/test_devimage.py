@@ -1,4 +1,4 @@
-"""bootseer.devimage against the real thing: debootstrap, apt, overlayfs and runc.
+"""bootseer_dev.image against the real thing: debootstrap, apt, overlayfs and runc.
 
 The Debian image (minbase + a python3 layer) is built once into the user's cache (~1 min)
 and reused by every later run. Nothing is mocked and nothing skips: without root,
@@ -7,7 +7,7 @@ debootstrap, runc or the Debian archive these tests fail, with the tool's own me
 
 The layer writer and the unpacker are also checked on a small tree made here, with every
 kind of entry and change a layer can carry, and the unpacked image is compared with the
-independent merge of prefetch.rootfs.
+independent merge of bootseer.prefetch.rootfs.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from bootseer.devimage import (
+from bootseer.prefetch.image_source import OCI_LAYER_GZIP, open_image
+from bootseer.prefetch.rootfs import Kind, merge_layers
+from bootseer_dev.image import (
     build_image,
     find_mirror,
     overlay_mount,
@@ -31,11 +32,9 @@ from bootseer.devimage import (
     run_rootfs,
     unpack_image,
 )
-from bootseer.devimage import layers as layer_mod
-from bootseer.devimage.oci import LAYER_GZIP_TYPE, History, blob_path, write_layout
-from bootseer.devimage.unpack import UnpackError
-from prefetch.image_source import OCI_LAYER_GZIP, open_image
-from prefetch.rootfs import Kind, merge_layers
+from bootseer_dev.image import layers as layer_mod
+from bootseer_dev.image.oci import LAYER_GZIP_TYPE, History, blob_path, write_layout
+from bootseer_dev.image.unpack import UnpackError
 
 # --- mirror discovery ----------------------------------------------------------------------
 
@@ -276,7 +275,7 @@ def test_second_build_comes_from_the_cache(python_image: Path, tmp_path: Path) -
 
 def test_cli_build_prints_where_the_image_is(python_image: Path, tmp_path: Path) -> None:
     out = tmp_path / "cli-image"
-    proc = subprocess.run([sys.executable, "-m", "bootseer.devimage", "build", "--python",
+    proc = subprocess.run([sys.executable, "-m", "bootseer_dev.image", "build", "--python",
                            "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert str(out) in proc.stdout

@@ -13,8 +13,8 @@ import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from bootseer.devimage import pip
-from bootseer.devimage.build import (
+from bootseer_dev.image import pip
+from bootseer_dev.image.build import (
     FORMAT_VERSION,
     TORCH_REQUIREMENTS,
     WHEELS_DIR,

@@ -1,5 +1,5 @@
-"""The low-level FUSE server (prefetch.fuse_ll) on the real kernel: the mount equals tar -x,
-a killed server is taken over by a new one (only requests it had read fail, and the page
+"""The low-level FUSE server (bootseer.prefetch.fuse_ll) on the real kernel: the mount equals
+tar -x, a killed server is taken over by a new one (only requests it had read fail, and the page
 cache retries reads), unmounting ends a server, and a Debian image runs python3 in runc.
 
 The test process plays the node agent: it mounts (``mount_fd``) and keeps the fd, and runs
@@ -25,9 +25,9 @@ import pytest
 
 from bootseer.mounts import is_mounted, unmount
 from bootseer.nodecache import NodeCache
+from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.store import BlobStore, open_store
 from bootseer.store.local import LocalStore
-from prefetch.lazyimage import LazyImage
 
 MIB = 1 << 20
 FILES = {f"/data/d{i % 3}/f{i}.bin": random.Random(i).randbytes(1000 + 37_000 * i)
@@ -54,7 +54,7 @@ def serve_main(store: str, cache: str, image: str, fd: str, state: str, slow: st
     """A server process: what ``bootseer image mount --foreground`` would run with an fd."""
     import logging
 
-    from prefetch.fuse_ll import serve
+    from bootseer.prefetch.fuse_ll import serve
 
     logging.basicConfig(level=logging.INFO, format="server %(process)d: %(message)s")
     blob_store = SlowStore(store, Path(slow)) if slow else open_store(store)
@@ -66,7 +66,7 @@ class Connection:
     """A FUSE connection mounted by fd, as the agent holds it, and its server processes."""
 
     def __init__(self, root: Path, store: Path, image: str) -> None:
-        from prefetch.fuse_ll import mount_fd
+        from bootseer.prefetch.fuse_ll import mount_fd
 
         self.store, self.image = store, image
         self.cache, self.mnt, self.state = root / "cache", root / "mnt", root / "takeover.json"
@@ -111,8 +111,8 @@ def convert_layers(root: Path, layers: list[bytes], name: str, block_size: int =
     """Convert an OCI image of ``layers`` into a new store under ``root``; return the store."""
     from test_prefetch_image_source import OCI_LAYER_GZIP, write_image, write_layout
 
-    from prefetch.convert import convert
-    from prefetch.image_source import open_image
+    from bootseer.prefetch.convert import convert
+    from bootseer.prefetch.image_source import open_image
 
     (root / "image").mkdir(parents=True)
     store = root / "store"
@@ -274,10 +274,11 @@ def test_unmount_ends_the_server(tmp_path: Path, connect) -> None:
 
 def test_real_debian_python_image_runs_in_runc(tmp_path: Path, connect) -> None:
     """debootstrap minbase + python3: python3 -c in runc on an overlay over the mount."""
-    from bootseer.devimage import build_image
-    from prefetch.container import overlay_mount, run_rootfs
-    from prefetch.convert import convert
-    from prefetch.image_source import open_image
+    from bootseer_dev.image import build_image
+
+    from bootseer.prefetch.container import overlay_mount, run_rootfs
+    from bootseer.prefetch.convert import convert
+    from bootseer.prefetch.image_source import open_image
 
     layout = build_image(with_python=True)  # cached after the first build (~35 s)
     store = tmp_path / "store"

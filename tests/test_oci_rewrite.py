@@ -10,12 +10,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from agents import oci
-from agents.mountapi import ContainerMount
-from agents.runtime import RuncCall, parse
-from prefetch.container import bundle_config
-from prefetch.dockerstub import build_stub, stub_config
+from bootseer.agents import oci
+from bootseer.agents.mountapi import ContainerMount
+from bootseer.agents.runtime import RuncCall, parse
+from bootseer.prefetch.container import bundle_config
+from bootseer.prefetch.dockerstub import build_stub, stub_config
 
 MOUNT = ContainerMount(
     id="c1", image="py", image_id="sha256:" + "ab" * 32, rootfs="/var/lib/bootseer/c1/root",

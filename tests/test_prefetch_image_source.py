@@ -1,4 +1,4 @@
-"""Tests for prefetch.image_source: OCI layouts and ``docker save`` archives written here
+"""Tests for bootseer.prefetch.image_source: OCI layouts and ``docker save`` archives written here
 from the multi-layer test image, digests verified while reading, malformed inputs."""
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ from typing import BinaryIO
 
 import pytest
 import zstandard
-from test_prefetch_rootfs import layer, merge, multi_layer_image, reg, sha_store
-
-from bootseer.errors import IntegrityError
-from prefetch.image_source import (
+from bootseer.prefetch.image_source import (
     DOCKER_MANIFEST,
     OCI_INDEX,
     OCI_LAYER_GZIP,
@@ -31,7 +28,10 @@ from prefetch.image_source import (
     read_docker_archive,
     read_oci_layout,
 )
-from prefetch.rootfs import merge_layers
+from bootseer.prefetch.rootfs import merge_layers
+from test_prefetch_rootfs import layer, merge, multi_layer_image, reg, sha_store
+
+from bootseer.errors import IntegrityError
 
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 COMPRESS = {OCI_LAYER_TAR: lambda b: b, OCI_LAYER_GZIP: lambda b: gzip.compress(b, mtime=0),
@@ -216,7 +216,7 @@ def test_magic_bytes_decide_when_the_media_type_is_wrong(tmp_path: Path, caplog)
     doc = json.loads(doc_path.read_text())
     doc["layers"][0]["mediaType"], doc["layers"][1]["mediaType"] = OCI_LAYER_GZIP, OCI_LAYER_TAR
     write_layout(root, [_put_blob(root, json.dumps(doc).encode(), OCI_MANIFEST)])
-    with caplog.at_level(logging.WARNING, "prefetch.image_source"):
+    with caplog.at_level(logging.WARNING, "bootseer.prefetch.image_source"):
         index = merge_layers(layer_streams(read_oci_layout(root)), sha_store)
     assert index == merge(*layers)
     assert sum("is declared" in r.message for r in caplog.records) == 2

@@ -15,6 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from bootseer.prefetch.blockformat import Manifest
+from bootseer.prefetch.convert import convert
+from bootseer.prefetch.image_source import open_image
+from bootseer.prefetch.lazyimage import BlockIntegrityError, LazyImage
 from test_prefetch_image_source import OCI_LAYER_GZIP, write_image, write_layout
 from test_prefetch_rootfs import (
     describe_disk,
@@ -29,10 +33,6 @@ from bootseer.mounts import is_mounted
 from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore, open_store
 from bootseer.store.local import LocalStore, pid_alive
-from prefetch.blockformat import Manifest
-from prefetch.convert import convert
-from prefetch.image_source import open_image
-from prefetch.lazyimage import BlockIntegrityError, LazyImage
 
 MIB = 1 << 20
 BIG = random.Random(11).randbytes(5 * MIB + 12345)  # six 1 MiB blocks, incompressible
@@ -205,7 +205,7 @@ def test_cache_survives_a_killed_mount(mounted) -> None:
 def test_real_debian_python_image_starts_lazily_in_runc(dirs, tmp_path: Path) -> None:
     """debootstrap minbase + python3 (two layers): convert, then python3 -c in runc on an
     overlay over the lazy mount, fetching a small part of the image."""
-    from bootseer.devimage import build_image
+    from bootseer_dev.image import build_image
 
     layout = build_image(with_python=True)  # cached after the first build (~35 s)
     bootseer("image", "convert", str(layout), "--name", "py", store=dirs["store"],

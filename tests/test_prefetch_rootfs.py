@@ -1,4 +1,4 @@
-"""Tests for prefetch.rootfs: OCI layer rules, hard links, hostile input, and equivalence
+"""Tests for bootseer.prefetch.rootfs: OCI layer rules, hard links, hostile input, and equivalence
 with a real GNU ``tar -x`` of the same layers.
 
 The layer builders here (``reg``, ``dir_``, ..., ``layer``, ``multi_layer_image``) are also
@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
-
-from prefetch.rootfs import Entry, Kind, RootfsIndex, UnsafeLayerError, merge_layers
+from bootseer.prefetch.rootfs import Entry, Kind, RootfsIndex, UnsafeLayerError, merge_layers
 
 MTIME = 1_600_000_000
 
@@ -374,7 +373,7 @@ def test_rejection_names_layer_entry_and_reason():
 
 def test_absolute_names_are_stripped_with_a_warning(nothing_written, caplog):
     victim = nothing_written / "pwned"
-    with caplog.at_level(logging.WARNING, "prefetch.rootfs"):
+    with caplog.at_level(logging.WARNING, "bootseer.prefetch.rootfs"):
         index = merge(layer(reg(str(victim), b"x"), reg("/etc/passwd"), hard("/h", "/etc/passwd"),
                             sym("/s", str(victim))))
     assert not victim.exists()
@@ -384,7 +383,7 @@ def test_absolute_names_are_stripped_with_a_warning(nothing_written, caplog):
 
 
 def test_duplicates_in_one_layer_last_wins_with_a_warning(caplog):
-    with caplog.at_level(logging.WARNING, "prefetch.rootfs"):
+    with caplog.at_level(logging.WARNING, "bootseer.prefetch.rootfs"):
         index = merge(layer(reg("f", b"1"), reg("f", b"2", 0o600), dir_("d/"), reg("d/x"),
                             reg("d", b"file")))
     assert index["/f"].content == digest(b"2") and index["/f"].mode == 0o600
@@ -393,7 +392,7 @@ def test_duplicates_in_one_layer_last_wins_with_a_warning(caplog):
 
 
 def test_hardlink_to_a_non_file_is_a_copy(caplog):
-    with caplog.at_level(logging.WARNING, "prefetch.rootfs"):
+    with caplog.at_level(logging.WARNING, "bootseer.prefetch.rootfs"):
         index = merge(layer(sym("s", "/target"), fifo("p"), hard("hs", "s"), hard("hp", "p")))
     assert index["/hs"].kind is Kind.SYMLINK and index["/hs"].link_target == "/target"
     assert index["/hp"].kind is Kind.FIFO and index["/hp"].ino != index["/p"].ino
@@ -402,7 +401,7 @@ def test_hardlink_to_a_non_file_is_a_copy(caplog):
 
 
 def test_aufs_metadata_is_skipped(caplog):
-    with caplog.at_level(logging.WARNING, "prefetch.rootfs"):
+    with caplog.at_level(logging.WARNING, "bootseer.prefetch.rootfs"):
         index = merge(layer(reg(".wh..wh.aufs"), reg(".wh..wh.plnk/123.456"), reg("f")))
     assert index.listdir("/") == ("f",)
     assert sum("AUFS" in r.message for r in caplog.records) == 2

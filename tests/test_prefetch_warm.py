@@ -8,15 +8,15 @@ import uuid
 from pathlib import Path
 
 import pytest
+from bootseer.prefetch import hotlist
+from bootseer.prefetch.convert import convert
+from bootseer.prefetch.image_source import open_image
+from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.prefetch.warm import warm_image
 from test_prefetch_lazy import BIG, MIB, MIB_BLOCKS, big_image, bootseer
 
 from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore, open_store
-from prefetch import hotlist
-from prefetch.convert import convert
-from prefetch.image_source import open_image
-from prefetch.lazyimage import LazyImage
-from prefetch.warm import warm_image
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_warm_exit_status_says_when_not_everything_is_local(dirs) -> None:
 
 def test_record_then_prefetch_a_real_python_start_in_runc(dirs, tmp_path: Path) -> None:
     """First start records (ended by the ready file), the second prefetches it."""
-    from bootseer.devimage import build_image
+    from bootseer_dev.image import build_image
 
     bootseer("image", "convert", str(build_image(with_python=True)), "--name", "py",
              store=dirs["store"], cache=dirs["cache"])
@@ -128,7 +128,7 @@ def test_record_then_prefetch_a_real_python_start_in_runc(dirs, tmp_path: Path) 
 
 def test_ready_marker_ends_a_recording_and_default_runs_record_until_three(dirs,
                                                                            tmp_path) -> None:
-    from bootseer.devimage import build_image
+    from bootseer_dev.image import build_image
 
     bootseer("image", "convert", str(build_image(with_python=True)), "--name", "py",
              store=dirs["store"], cache=dirs["cache"])

@@ -21,15 +21,15 @@ import time
 from pathlib import Path
 
 import pytest
+from bootseer.agents.client import AgentClient
+from bootseer.agents.mountapi import mount_key
+from bootseer.agents.timeline import StartRecord
+from bootseer.prefetch.container import bundle_config
 from conftest import IN_CI
 from test_agent_warm import start_agent
 from test_prefetch_lazy import bootseer
 
-from agents.client import AgentClient
-from agents.mountapi import mount_key
-from agents.timeline import StartRecord
 from bootseer.store import BlobStore, open_store
-from prefetch.container import bundle_config
 
 BIN = Path(sys.executable).parent
 RUNTIME, HOOK = BIN / "bootseer-runtime", BIN / "bootseer-hook"
@@ -61,7 +61,7 @@ def _run(*cmd: str | Path, env: dict[str, str] | None = None, check: bool = True
 def lazy(tmp_path_factory) -> dict[str, Path]:
     """The store with lazy image "py", and the image's base layer unpacked (the root of
     the containers that do not ask for Bootseer)."""
-    from bootseer.devimage import build_image
+    from bootseer_dev.image import build_image
 
     if not RUNTIME.exists() or not HOOK.exists():
         pytest.fail("bootseer-runtime/bootseer-hook are not installed: pip install -e .")

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 
 import pytest
+from bootseer.agents.client import AgentClient, AgentError
+from bootseer.agents.mountapi import ContainerMount, MountRequest, mount_key
 from test_agent_warm import start_agent
 from test_prefetch_lazy import bootseer
 from test_runtime_engines import HOOK, RUNTIME, _bundle, _run, dockerd, lazy, podman  # noqa: F401
 
-from agents.client import AgentClient, AgentError
-from agents.mountapi import ContainerMount, MountRequest, mount_key
 from bootseer.mounts import is_mounted, unmount
 
 NOBODY = (65534, 65534)  # nobody, in nogroup: the agent socket's group in these tests
@@ -125,7 +125,7 @@ def _run_in(mount: ContainerMount, script: str, *, binds: dict[str, Path] | None
             timeout: float = 120):
     """``script`` in runc on the agent's mount, the signal directory bound as the shim
     binds it."""
-    from prefetch.container import run_rootfs
+    from bootseer.prefetch.container import run_rootfs
 
     env = dict(i.split("=", 1) for i in mount.image_config.get("Env", []))
     return run_rootfs(mount.rootfs, ["sh", "-c", script], env=env | mount.env, timeout=timeout,
@@ -171,7 +171,7 @@ def test_a_container_cannot_mount_a_host_path_as_a_checkpoint(node, tmp_path, wh
 
 def test_an_images_env_cannot_mount_a_host_path_through_docker(node, dockerd) -> None:  # noqa: F811
     """A real image whose ENV asks for the host's /etc, run by Docker with the shim."""
-    from prefetch.dockerstub import build_stub, load_into_docker
+    from bootseer.prefetch.dockerstub import build_stub, load_into_docker
 
     stub = build_stub("py", "evil/env:1", {"config": {
         "Env": ["PATH=/usr/bin:/bin", "BOOTSEER_CHECKPOINTS=x=file:///etc"],
@@ -407,9 +407,9 @@ def test_warms_during_a_start_never_starve_mounts_or_the_watcher(node, tmp_path)
     """A container is starting (its server's prefetch not yet done); more warms than the
     agent has threads of any kind wait their turn. Meanwhile mounts, releases and health
     answer; once the start is over, the watcher frees the warms and all complete."""
-    from agents.agent import MAX_WARMS
-    from agents.warm import WarmRequest
-    from prefetch.session import stats_path
+    from bootseer.agents.agent import MAX_WARMS
+    from bootseer.agents.warm import WarmRequest
+    from bootseer.prefetch.session import stats_path
 
     starting = node.client.mount(MountRequest("starting", "py"))
     (listed,) = node.mounts()
@@ -490,9 +490,9 @@ def test_a_checkpoint_server_holds_its_cap_with_a_hundred_open_files(tmp_path) -
 def _published_snapshot(store: Path, shard: bytes, entries: list[dict], key: str) -> None:
     """A snapshot in the store whose shard and manifest are whoever wrote them."""
     import zstandard
+    from bootseer.snapshot.manifest import FORMAT
 
     from bootseer.store import BlobStore, open_store
-    from snapshot.manifest import FORMAT
 
     blobs = BlobStore(open_store(f"file://{store}"))
     info = blobs.put(shard)
@@ -580,10 +580,11 @@ def _frame_declaring(size: int) -> bytes:
 def test_the_agent_keeps_no_warmed_blocks_in_memory(node, tmp_path) -> None:
     """A warm of every block of the image: once it ends, the agent holds none of them (it
     used to keep up to 512 MiB of warmed blocks per image, for good)."""
-    from agents.warm import WarmRequest
+    from bootseer.agents.warm import WarmRequest
+    from bootseer.prefetch.lazyimage import load_manifest, resolve_image
+
     from bootseer.nodecache import NodeCache
     from bootseer.store import BlobStore, open_store
-    from prefetch.lazyimage import load_manifest, resolve_image
 
     blobs = BlobStore(open_store(f"file://{node.lazy['store']}"))
     manifest = load_manifest(blobs, resolve_image(blobs, "py"), NodeCache(tmp_path, 1 << 30))
@@ -637,7 +638,8 @@ def test_server_logs_are_the_agents_and_no_log_goes_to_tmp(node) -> None:
 def test_a_mount_that_fails_after_mounting_leaves_nothing(lazy, tmp_path) -> None:  # noqa: F811
     """The last step of a mount (recording its start) fails: the live FUSE mount, the
     overlay and the directory all go, and the error reaches the caller."""
-    from agents.mounts import MountManager
+    from bootseer.agents.mounts import MountManager
+
     from bootseer.config import Config
 
     def broken_timeline(start):

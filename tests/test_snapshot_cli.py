@@ -112,7 +112,7 @@ def test_two_publishers_of_one_key_race_and_one_wins(tmp_path: Path) -> None:
 POLLER = """
 import sys, time
 from bootseer.store import BlobStore, open_store
-from snapshot.restore import load_manifest, restore
+from bootseer.snapshot.restore import load_manifest, restore
 blobs = BlobStore(open_store(sys.argv[1]))
 misses = 0
 while True:

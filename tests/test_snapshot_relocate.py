@@ -12,13 +12,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from bootseer.snapshot.relocate import Relocation, is_known_text
+from bootseer.snapshot.restore import load_manifest, restore
+from bootseer.snapshot.run import Tuning, capture_command
 from test_snapshot_cli import bootseer
 
 from bootseer.errors import BootseerError
 from bootseer.store import BlobStore, open_store
-from snapshot.relocate import Relocation, is_known_text
-from snapshot.restore import load_manifest, restore
-from snapshot.run import Tuning, capture_command
 
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 
@@ -136,7 +136,7 @@ def test_two_targets_relocate_together_and_binaries_are_left_as_captured(
         restore(blobs, manifest, targets=new[:1], relocate=True)
     assert not (tmp_path / "y").exists()
 
-    with caplog.at_level(logging.WARNING, logger="snapshot.relocate"):
+    with caplog.at_level(logging.WARNING, logger="bootseer.snapshot.relocate"):
         result = restore(blobs, manifest, targets=new, relocate=True)
     assert result.targets == new and result.relocated == 3
     env, venv = Path(new[0]), Path(new[1])

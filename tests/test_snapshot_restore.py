@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from bootseer.snapshot.manifest import REF_PREFIX, Manifest, Shard, SnapEntry, UnsafeSnapshotError
+from bootseer.snapshot.restore import CRASH_ENV, load_manifest, restore
+from bootseer.snapshot.run import Tuning, capture_command
 
 from bootseer.errors import IntegrityError
 from bootseer.store import BlobStore, open_store
-from snapshot.manifest import REF_PREFIX, Manifest, Shard, SnapEntry, UnsafeSnapshotError
-from snapshot.restore import CRASH_ENV, load_manifest, restore
-from snapshot.run import Tuning, capture_command
 
 BIG = os.urandom(3 << 20)  # spans several shards of SHARD_SIZE
 SHARD_SIZE = 1 << 20
@@ -234,7 +234,7 @@ def hostile_cases(target: str, outside: str, blobs: BlobStore):
                                   "below-existing-symlink", "delete-through-symlink",
                                   "hardlink-out", "member-not-in-manifest"])
 def test_hostile_snapshots_are_refused_and_write_nothing(tmp_path, case) -> None:
-    from snapshot.manifest import Deletion
+    from bootseer.snapshot.manifest import Deletion
 
     blobs = BlobStore(open_store(f"file://{tmp_path / 'store'}"))
     target, outside = tmp_path / "t", tmp_path / "outside"
@@ -272,7 +272,7 @@ def test_a_shard_whose_stream_is_cut_or_lies_is_refused(tmp_path) -> None:
 RESTORE_SCRIPT = """
 import sys
 from bootseer.store import BlobStore, open_store
-from snapshot.restore import load_manifest, restore
+from bootseer.snapshot.restore import load_manifest, restore
 blobs = BlobStore(open_store(sys.argv[1]))
 restore(blobs, load_manifest(blobs, "k1"))
 """

@@ -7,8 +7,7 @@ import os
 import tarfile
 
 import pytest
-
-from snapshot.tarstream import MalformedStream, Member, TarStream, TruncatedStream, _number
+from bootseer.snapshot.tarstream import MalformedStream, Member, TarStream, TruncatedStream, _number
 
 
 def _tar(members: list[tuple[tarfile.TarInfo, bytes]], fmt=tarfile.PAX_FORMAT) -> bytes:
@@ -116,7 +115,7 @@ def test_numbers_in_octal_and_base_256() -> None:
 def test_a_pax_header_over_the_shard_limit_is_refused_before_it_is_read() -> None:
     """A header claiming 400 MB of PAX records: refused from the header field alone (the
     reader would otherwise buffer all of it)."""
-    from snapshot.tarstream import MAX_PAX_BYTES
+    from bootseer.snapshot.tarstream import MAX_PAX_BYTES
 
     header = bytearray(512)
     header[0:9] = b"PaxHeader"

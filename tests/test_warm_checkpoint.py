@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from bootseer.agents.warm import WarmSummary
+from bootseer.stripedfs.files import split_url, store_for
+from bootseer.stripedfs.stage import CheckpointResult
 from safetensors.torch import save_file
 from store_contract import MIB, ramp
 from test_agent_warm import start_agent
 from test_prefetch_lazy import bootseer
 
 import bootseer.checkpoint as ckpt
-from agents.warm import WarmSummary
 from bootseer import ready
 from bootseer.store import Store
-from stripedfs.files import split_url, store_for
-from stripedfs.stage import CheckpointResult
 
 SIZE = 9 * MIB + 777  # nine 1 MiB HDFS blocks, several stripes, and a bit
 

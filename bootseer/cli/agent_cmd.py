@@ -1,5 +1,5 @@
 """``bootseer agent``: run the node agent in the foreground (systemd or a DaemonSet keeps it
-running); see :mod:`agents.agent`."""
+running); see :mod:`bootseer.agents.agent`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from bootseer.cli import AppContext, pass_app
 @pass_app
 def agent(app: AppContext, socket_path: Path | None) -> None:
     """Run the node agent: it owns this node's caches and serves `bootseer warm`."""
-    from agents.agent import run
+    from bootseer.agents.agent import run
 
     root = logging.getLogger()
     root.setLevel(min(root.level, logging.INFO))  # a daemon says when it starts and stops

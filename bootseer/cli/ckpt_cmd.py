@@ -20,8 +20,8 @@ from bootseer.config import ByteSize, FileMode, coerce
 from bootseer.mounts import check_mountpoint, server_log, spawn_mount, unmount
 from bootseer.progress import byte_progress, console
 from bootseer.store import open_store
-from stripedfs.files import split_url, store_for
-from stripedfs.reader import StripedReader
+from bootseer.stripedfs.files import split_url, store_for
+from bootseer.stripedfs.reader import StripedReader
 
 _COPY_PIECE = 16 << 20
 
@@ -55,8 +55,8 @@ def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_
         coerce(ByteSize, memory, "memory", "flag --memory")
     check_mountpoint(mountpoint)
     if foreground:
-        from stripedfs.config import StripeConfig
-        from stripedfs.fuse import mount as serve
+        from bootseer.stripedfs.config import StripeConfig
+        from bootseer.stripedfs.fuse import mount as serve
 
         serve(open_store(url), mountpoint, direct_io=direct_io, metadata_ttl=metadata_ttl,
               config=StripeConfig(max_memory=memory_cap), mode=file_mode)

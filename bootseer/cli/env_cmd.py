@@ -23,10 +23,10 @@ from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
 from bootseer.progress import byte_progress, console
 from bootseer.ready import mark_phase
+from bootseer.snapshot.key import KeyInputs, key_material, snapshot_key
+from bootseer.snapshot.manifest import REF_PREFIX
+from bootseer.snapshot.run import CaptureOutcome, Tuning, capture_command, env_run
 from bootseer.units import format_size
-from snapshot.key import KeyInputs, key_material, snapshot_key
-from snapshot.manifest import REF_PREFIX
-from snapshot.run import CaptureOutcome, Tuning, capture_command, env_run
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -44,7 +44,7 @@ def _tuning(app: AppContext, bytecode: bool | None) -> Tuning:
 
 def _shard_cache(app: AppContext) -> NodeCache:
     """Shards `bootseer warm --env` staged on this node; restores read them from here."""
-    from snapshot.stage import shard_cache
+    from bootseer.snapshot.stage import shard_cache
 
     cfg = app.loaded.config
     return shard_cache(cfg.cache_dir, cfg.snapshot.cache_size)
@@ -163,7 +163,7 @@ def snapshot_cmd(app: AppContext, key: str, paths, bytecode, command) -> None:
 @pass_app
 def restore_cmd(app: AppContext, key: str, paths, relocate: bool) -> None:
     """Restore snapshot KEY where it was captured, or with --relocate under --path."""
-    from snapshot.restore import load_manifest, restore
+    from bootseer.snapshot.restore import load_manifest, restore
 
     if relocate and not paths:
         raise click.UsageError("--relocate needs the new location: one --path per target "
@@ -201,7 +201,7 @@ def show_cmd(app: AppContext, key: str, as_json: bool) -> None:
     """Show snapshot KEY's manifest: creation info, targets, every path."""
     from dataclasses import asdict
 
-    from snapshot.restore import load_manifest
+    from bootseer.snapshot.restore import load_manifest
 
     m = load_manifest(app.blobs, key)
     if as_json:

@@ -28,15 +28,15 @@ from bootseer.mounts import (
     unmount,
     wait_for_file,
 )
+from bootseer.prefetch.blockformat import DEFAULT_BLOCK_SIZE, IMAGE_REF_PREFIX
+from bootseer.prefetch.hotlist import DEFAULT_WORKLOAD
+from bootseer.prefetch.image_source import open_image
+from bootseer.prefetch.recording import ReadyWhen
+from bootseer.prefetch.session import RECORD_UNTIL, SessionOptions
 from bootseer.progress import byte_progress, console
 from bootseer.ready import READY_FILE_ENV
+from bootseer.snapshot.key import IMAGE_ID_ENV
 from bootseer.units import format_size
-from prefetch.blockformat import DEFAULT_BLOCK_SIZE, IMAGE_REF_PREFIX
-from prefetch.hotlist import DEFAULT_WORKLOAD
-from prefetch.image_source import open_image
-from prefetch.recording import ReadyWhen
-from prefetch.session import RECORD_UNTIL, SessionOptions
-from snapshot.key import IMAGE_ID_ENV
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,8 @@ def convert(app: AppContext, source: str, name: str | None, block_size: int,
             insecure: bool) -> None:
     """Convert SOURCE: an OCI image layout directory, a `docker save` archive,
     docker://REGISTRY/REPO:TAG (via skopeo) or docker-daemon:REPO:TAG (the Docker engine)."""
-    from prefetch.convert import convert as run_convert
-    from prefetch.sources import materialized
+    from bootseer.prefetch.convert import convert as run_convert
+    from bootseer.prefetch.sources import materialized
 
     with materialized(source, insecure=insecure) as local:
         src = open_image(local)
@@ -160,8 +160,8 @@ def mount(app: AppContext, name: str, mountpoint: Path, workload: str, prefetch:
                        ready_marker, record_timeout, report, info)
     options = dataclasses.replace(options, fuse_fd=fuse_fd, takeover_state=takeover_state)
     if foreground:
-        from prefetch.lazyimage import block_cache
-        from prefetch.session import serve, stats_path
+        from bootseer.prefetch.lazyimage import block_cache
+        from bootseer.prefetch.session import serve, stats_path
 
         cfg = app.loaded.config
         options = dataclasses.replace(options, stats=stats_path(cfg.cache_dir, mountpoint))
@@ -205,7 +205,7 @@ def umount(mountpoint: Path) -> None:
 @pass_app
 def stats(app: AppContext, mountpoint: Path) -> None:
     """Print a mounted image's fetch statistics as JSON."""
-    from prefetch.session import STATS_INTERVAL, stats_path
+    from bootseer.prefetch.session import STATS_INTERVAL, stats_path
 
     path = stats_path(app.loaded.config.cache_dir, mountpoint)
     if not is_mounted(mountpoint) or not path.exists():
@@ -245,7 +245,7 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
     command's. The start's timeline goes to the node agent (else the node's timeline
     file) for `bootseer report`.
     """
-    from prefetch.container import overlay_mount, run_rootfs
+    from bootseer.prefetch.container import overlay_mount, run_rootfs
 
     # The store is opened by the mount server only (for hdfs://, one JVM start, not two):
     # it says what the image is in the info file once it has loaded it.
@@ -280,7 +280,7 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
                                     binds={READY_DIR: signal},
                                     cwd=image_config.get("WorkingDir") or "/")
             ran = time.monotonic() - started
-            from agents.timeline import container_phases
+            from bootseer.agents.timeline import container_phases
 
             phases.update(container_phases(signal, phases["created"], time.time()))
             phases["exited"] = time.time()
@@ -302,8 +302,8 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
 
 def _report(app: AppContext, name: str, workload: str, job: str | None,
             phases: dict[str, float], stats: dict, exit_code: int) -> None:
-    from agents.starts import report_start
-    from agents.timeline import StartRecord
+    from bootseer.agents.starts import report_start
+    from bootseer.agents.timeline import StartRecord
 
     record = StartRecord(f"run-{uuid.uuid4().hex[:16]}", job=job, image=name,
                          workload=workload, runtime="runc", phases=phases,
@@ -348,8 +348,8 @@ def docker_stub(app: AppContext, name: str, tag: str | None, docker_host: str | 
     `docker run --runtime bootseer TAG` runs NAME from the node agent's lazy root without
     pulling it. Prints the engine's image id (or the archive's path).
     """
-    from prefetch.dockerstub import lazy_stub, load_into_docker
-    from prefetch.lazyimage import block_cache
+    from bootseer.prefetch.dockerstub import lazy_stub, load_into_docker
+    from bootseer.prefetch.lazyimage import block_cache
 
     stub = lazy_stub(app.blobs, block_cache(app.loaded.config), name,
                      tag or f"bootseer/{name}:latest")

@@ -1,6 +1,6 @@
 """``bootseer report``: where startup time went, per phase, for this node's recent starts.
 
-Reads the node's timeline (:mod:`agents.timeline`) through the agent when one answers,
+Reads the node's timeline (:mod:`bootseer.agents.timeline`) through the agent when one answers,
 else from the timeline file itself. A table for people, ``--json`` for scripts,
 ``--png FILE`` for a chart (needs matplotlib: ``pip install 'bootseer[report]'``).
 """
@@ -24,7 +24,7 @@ from bootseer.errors import BootseerError
 from bootseer.progress import console
 
 if TYPE_CHECKING:
-    from agents.timeline import StartRecord
+    from bootseer.agents.timeline import StartRecord
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -67,8 +67,8 @@ def report(app: AppContext, since: str, as_json: bool, png: Path | None) -> None
 
 
 def _load(app: AppContext, since: float) -> list[StartRecord]:
-    from agents.client import AgentClient, AgentUnavailable
-    from agents.timeline import Timeline, timeline_path
+    from bootseer.agents.client import AgentClient, AgentUnavailable
+    from bootseer.agents.timeline import Timeline, timeline_path
 
     cfg = app.loaded.config
     if cfg.agent.socket.exists():

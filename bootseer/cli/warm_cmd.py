@@ -20,13 +20,13 @@ import click
 
 from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
+from bootseer.prefetch.hotlist import DEFAULT_WORKLOAD
 from bootseer.progress import Advance, byte_progress, console
 from bootseer.ready import READY_FILE_ENV, mark_ready
 from bootseer.units import format_size
-from prefetch.hotlist import DEFAULT_WORKLOAD
 
 if TYPE_CHECKING:
-    from agents.warm import WarmRequest, WarmSummary
+    from bootseer.agents.warm import WarmRequest, WarmSummary
     from bootseer.config import Config
 
 #: Exit status of ``warm`` when it ran but not everything needed is local.
@@ -55,7 +55,7 @@ def warm(app: AppContext, image: str | None, workload: str, all_blocks: bool,
          use_agent: bool | None) -> None:
     """Stage an image's hot blocks, environment snapshots and checkpoints on this node
     before a job starts here."""
-    from agents.warm import WarmRequest
+    from bootseer.agents.warm import WarmRequest
 
     if image is None and not envs and not checkpoints:
         raise click.UsageError("nothing to warm: give --image and/or --env and/or --checkpoint")
@@ -66,8 +66,8 @@ def warm(app: AppContext, image: str | None, workload: str, all_blocks: bool,
         if use_agent is not False and (use_agent or cfg.agent.socket.exists()):
             summary = _warm_via_agent(app, request, advance, required=bool(use_agent))
         if summary is None:
-            from agents.warm import warm as warm_here
-            from prefetch.lazyimage import block_cache
+            from bootseer.agents.warm import warm as warm_here
+            from bootseer.prefetch.lazyimage import block_cache
 
             summary = warm_here(app.blobs, cfg, request, image_cache=block_cache(cfg),
                                 on_plan=advance.add_total, on_progress=advance)
@@ -124,7 +124,7 @@ def _print(summary: WarmSummary, cfg: Config, all_blocks: bool, warnings_only: b
 def _warm_via_agent(app: AppContext, request: WarmRequest, advance: Advance,
                     required: bool) -> WarmSummary | None:
     """The agent's summary, or None when no agent answers and it was not required."""
-    from agents.client import AgentClient, AgentUnavailable
+    from bootseer.agents.client import AgentClient, AgentUnavailable
 
     socket = app.loaded.config.agent.socket
     try:

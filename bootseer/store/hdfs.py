@@ -4,7 +4,7 @@ This is the path production clusters use: the Java HDFS client inside the proces
 short-circuit and DataNode-side checksums, positional reads (``read_at``) that fetch only
 the bytes asked for. It needs ``libhdfs.so`` and a JVM at run time: ``JAVA_HOME``,
 ``ARROW_LIBHDFS_DIR`` (or ``HADOOP_HOME``) and ``CLASSPATH`` as an explicit jar list
-(JNI does not expand wildcards); ``python -m bootseer.devcluster env`` prints them for the
+(JNI does not expand wildcards); ``python -m bootseer_dev.cluster env`` prints them for the
 test cluster. Kerberos (``hdfs.kerberos = true``): libhdfs authenticates with the ticket
 cache named by ``KRB5CCNAME`` (from ``kinit``), as the Hadoop configuration on the
 ``CLASSPATH`` requires; there is no KDC on the development machines, so it is untested.
@@ -65,7 +65,7 @@ class HdfsStore(HadoopStyleStore):
         except OSError as exc:
             raise BackendUnavailableError(
                 f"cannot connect to {self.url} through libhdfs ({exc}); it needs JAVA_HOME, "
-                f"ARROW_LIBHDFS_DIR and CLASSPATH (`python -m bootseer.devcluster env` prints "
+                f"ARROW_LIBHDFS_DIR and CLASSPATH (`python -m bootseer_dev.cluster env` prints "
                 f"them for the test cluster)"
             ) from exc
         self._libhdfs = _Libhdfs(self.host, self.port, user)

@@ -36,7 +36,7 @@ known_backends: dict[str, BackendSpec] = {
     "hdfs": BackendSpec(
         "bootseer.store.hdfs:HdfsStore",
         "needs pyarrow and libhdfs.so with a JVM: set JAVA_HOME, ARROW_LIBHDFS_DIR and "
-        "CLASSPATH (`python -m bootseer.devcluster env` prints them for the test cluster)",
+        "CLASSPATH (`python -m bootseer_dev.cluster env` prints them for the test cluster)",
     ),
     "webhdfs": BackendSpec("bootseer.store.webhdfs:WebHdfsStore", "pip install hdfs"),
 }

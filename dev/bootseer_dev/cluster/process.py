@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def marker_for(state_dir: Path, role: str) -> str:
     """The -D option that tags a JVM as `role` of the cluster in `state_dir`."""
-    return f"-Dbootseer.devcluster={state_dir}#{role}"
+    return f"-Dbootseer_dev.cluster={state_dir}#{role}"
 
 
 def _proc_starttime(pid: int) -> int | None:

@@ -12,7 +12,7 @@ pip compiles ``.pyc`` files with the host interpreter, as ``pip install`` in a `
 would: same major.minor as the image, so the image's Python uses them. Console scripts
 land in ``/usr/local/bin`` with a ``#!/usr/bin/python3`` line instead of the host's
 interpreter. The platform tags are the host's: the builder builds on and for the host's
-Debian, as the rest of :mod:`bootseer.devimage` does.
+Debian, as the rest of :mod:`bootseer_dev.image` does.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""`python -m bootseer.devimage build|unpack|run`: real Debian images from a shell.
+"""`python -m bootseer_dev.image build|unpack|run`: real Debian images from a shell.
 
-    python -m bootseer.devimage build --python            # prints the cached layout's path
-    python -m bootseer.devimage build --python --out img  # and a copy of it in ./img
-    python -m bootseer.devimage build --torch             # + torch and numpy (>= 1 GiB)
-    python -m bootseer.devimage unpack img rootfs
-    python -m bootseer.devimage run rootfs -- python3 -c 'print(6*7)'
+    python -m bootseer_dev.image build --python            # prints the cached layout's path
+    python -m bootseer_dev.image build --python --out img  # and a copy of it in ./img
+    python -m bootseer_dev.image build --torch             # + torch and numpy (>= 1 GiB)
+    python -m bootseer_dev.image unpack img rootfs
+    python -m bootseer_dev.image run rootfs -- python3 -c 'print(6*7)'
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import click
+from bootseer.prefetch.container import overlay_mount, run_rootfs
 
 from bootseer.errors import BootseerError
-from prefetch.container import overlay_mount, run_rootfs
 
 from .build import build_image, summary
 from .unpack import unpack_image

@@ -1,4 +1,4 @@
-"""`python -m bootseer.devcluster start|stop|status|env`: the dev cluster from a shell.
+"""`python -m bootseer_dev.cluster start|stop|status|env`: the dev cluster from a shell.
 
 stop/status/env read the spec that `start` saved in the state dir, so only `start` takes
 cluster options; every command takes --state-dir (or $BOOTSEER_HDFS_STATE).
@@ -82,7 +82,7 @@ def start(state_dir, datanodes, block_size, replication, link, base_port, nameno
     click.echo(("started" if started else "already running") + f": {cluster.namenode_rpc_url} "
                f"{cluster.webhdfs_url}")
     click.echo(f"logs: {cluster.log_dir}")
-    click.echo(f"client env: eval \"$(python -m bootseer.devcluster env --state-dir "
+    click.echo(f"client env: eval \"$(python -m bootseer_dev.cluster env --state-dir "
                f"{shlex.quote(str(cluster.state_dir))})\"")
 
 

@@ -5,7 +5,7 @@ real NameNode and real DataNodes. This package brings one up on 127.0.0.1 from j
 out of the pyspark 2.4.8 sdist (no Hadoop on the registries), builds libhdfs.so for
 pyarrow, and can cap each DataNode's egress with tc so loopback behaves like a network.
 
-    from bootseer.devcluster import Cluster, ClusterSpec, parse_link
+    from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
     cluster = Cluster(ClusterSpec.with_base_port(19000, datanodes=2, state_dir=tmp,
                                                  block_size=1 << 20, link=parse_link("20MB/s")))
     cluster.start()
@@ -13,7 +13,7 @@ pyarrow, and can cap each DataNode's egress with tc so loopback behaves like a n
     ...
     cluster.stop()
 
-Command line: python -m bootseer.devcluster start|stop|status|env.
+Command line: python -m bootseer_dev.cluster start|stop|status|env.
 """
 
 from .cluster import BlockLocation, Cluster, ClusterError, ClusterStatus, DataNodeStatus

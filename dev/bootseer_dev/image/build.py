@@ -1,6 +1,6 @@
 """Build a real Debian image as an OCI layout, once, and keep it in the user's cache.
 
-    from bootseer.devimage import build_image
+    from bootseer_dev.image import build_image
     layout = build_image(with_python=True)       # ~1 min the first time, instant after
     layout = build_image(tmp / "img", with_python=True)   # a private copy of it
     layout = build_image(with_torch=True)        # + torch and numpy: a >= 1 GiB image
@@ -8,13 +8,13 @@
 Layer 1 is ``debootstrap --variant=minbase SUITE`` from the machine's own Debian archive;
 with packages (``with_python`` asks for ``python3``), layer 2 is what installing them in a
 chroot changed, like a Dockerfile ``RUN apt-get install`` step (see
-:mod:`bootseer.devimage.layers` for how the diff is taken).
+:mod:`bootseer_dev.image.layers` for how the diff is taken).
 
 With pip requirements (``with_torch`` asks for the CPU build of torch 2.13.0 from
 ``/opt/wheels`` and numpy), the image is built ``FROM`` the cached image without them:
 its layer blobs are reused as they are (same digests, so a store holding both keeps them
 once) and its rootfs is unpacked, then the host's pip installs the requirements into the
-image's ``/usr/local/lib/python3.X/dist-packages`` (:mod:`bootseer.devimage.pip`) and what
+image's ``/usr/local/lib/python3.X/dist-packages`` (:mod:`bootseer_dev.image.pip`) and what
 that changed becomes layer 3, like ``RUN pip install``. A check command (``import torch``)
 then runs in the image with runc before the image is published.
 
@@ -42,10 +42,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import platformdirs
+from bootseer.prefetch.container import run_rootfs
+from bootseer.prefetch.image_source import open_image
 
 from bootseer.filelock import file_lock
-from prefetch.container import run_rootfs
-from prefetch.image_source import open_image
 
 from . import debian, layers, oci, pip
 from .debian import BuildError

@@ -1,7 +1,7 @@
 """Unpack an image's layers into a directory: the eager baseline that lazy loading beats.
 
 The layer rules (whiteouts, opaque directories, replacements, hard links) and the checks
-against hostile entries are :func:`prefetch.rootfs.merge_layers`'s, the same the lazy
+against hostile entries are :func:`bootseer.prefetch.rootfs.merge_layers`'s, the same the lazy
 image is built from; this module only writes the merged result to disk. File contents
 are staged while the layers stream by, then each surviving path is created in tree
 order with its owner, mode (setuid included), xattrs and mtime; device nodes and FIFOs
@@ -19,9 +19,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
+from bootseer.prefetch.image_source import ImageSource, open_image
+from bootseer.prefetch.rootfs import Entry, Kind, UnsafeLayerError, merge_layers
+
 from bootseer.errors import BootseerError
-from prefetch.image_source import ImageSource, open_image
-from prefetch.rootfs import Entry, Kind, UnsafeLayerError, merge_layers
 
 log = logging.getLogger(__name__)
 

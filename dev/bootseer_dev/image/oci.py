@@ -1,10 +1,10 @@
 """Write an OCI image layout directory: ``oci-layout``, ``index.json``, ``blobs/sha256/``.
 
-The layers are already in ``blobs/sha256/`` (see :mod:`bootseer.devimage.layers`); this
+The layers are already in ``blobs/sha256/`` (see :mod:`bootseer_dev.image.layers`); this
 module adds the image config (architecture, os, ``Env``, ``Cmd``, the layers' ``diff_ids``,
 one history record per layer), the manifest and the index that names the manifest. The
 result is what ``skopeo copy ... oci:DIR`` would write, and what
-:func:`prefetch.image_source.open_image` reads.
+:func:`bootseer.prefetch.image_source.open_image` reads.
 """
 
 from __future__ import annotations
