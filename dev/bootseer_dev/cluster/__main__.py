@@ -7,13 +7,14 @@ cluster options; every command takes --state-dir (or $BOOTSEER_HDFS_STATE).
 from __future__ import annotations
 
 import json
-import logging
 import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import click
+
+from bootseer_dev import log_to_stderr
 
 from .cluster import Cluster, ClusterError
 from .jars import JarsError
@@ -39,8 +40,7 @@ def _attach(state_dir: Path | None) -> Cluster:
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
     """A local Apache Hadoop 2.7.3 HDFS cluster (NameNode + DataNodes on 127.0.0.1)."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    log_to_stderr(verbose)
 
 
 @main.command()

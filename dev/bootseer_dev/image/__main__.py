@@ -9,16 +9,16 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import click
-from bootseer.prefetch.container import overlay_mount, run_rootfs
 
 from bootseer.errors import BootseerError
+from bootseer.prefetch.container import overlay_mount, run_rootfs
+from bootseer_dev import log_to_stderr
 
 from .build import build_image, summary
 from .unpack import unpack_image
@@ -28,8 +28,7 @@ from .unpack import unpack_image
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
     """Real Debian images (OCI layouts) for Bootseer's tests and demos."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    log_to_stderr(verbose)
 
 
 @main.command()
