@@ -30,7 +30,7 @@ test: system-deps venv lint
 	$(BIN)/python -m pytest
 
 lint: venv
-	$(BIN)/ruff check .
+	$(BIN)/ruff check --no-cache .
 	$(BIN)/lint-imports --no-logo --no-cache
 
 # Benchmarks: real HDFS clusters with capped links; results in bench-results/<name>.json.

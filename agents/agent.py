@@ -59,6 +59,8 @@ from typing import Any, TypeVar
 
 import uvloop
 from aiohttp import web
+
+from bootseer import __version__
 from bootseer.agents.metrics import AgentMetrics
 from bootseer.agents.mountapi import MountRequest
 from bootseer.agents.mounts import MountManager, MountMismatch, UnknownMount
@@ -66,11 +68,9 @@ from bootseer.agents.policy import CheckpointPolicy, PolicyError
 from bootseer.agents.priority import Priority, PriorityGate
 from bootseer.agents.timeline import StartRecord, Timeline, timeline_path
 from bootseer.agents.warm import WarmRequest, warm
-from bootseer.prefetch.lazyimage import LazyImage, block_cache, resolve_image
-
-from bootseer import __version__
 from bootseer.config import Config
 from bootseer.errors import BootseerError
+from bootseer.prefetch.lazyimage import LazyImage, block_cache, resolve_image
 from bootseer.store import BlobStore, open_configured_store
 
 log = logging.getLogger(__name__)

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from bootseer.agents.mountapi import ContainerMount, MountRequest
 from bootseer.agents.timeline import StartRecord
 from bootseer.agents.warm import WarmRequest, WarmSummary
-
 from bootseer.errors import BootseerError
 
 

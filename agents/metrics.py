@@ -10,10 +10,11 @@ so several agents in one process (tests) do not share counters.
 
 from __future__ import annotations
 
-from bootseer.agents.timeline import PHASES, StartRecord
-from bootseer.agents.warm import WarmSummary
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from bootseer.agents.timeline import PHASES, StartRecord
+from bootseer.agents.warm import WarmSummary
 
 _PHASE_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 

@@ -59,12 +59,11 @@ from bootseer.agents.mountapi import ContainerMount, MountRequest, check_id
 from bootseer.agents.policy import RecordingPolicy
 from bootseer.agents.priority import Priority, PriorityGate
 from bootseer.agents.timeline import StartRecord, container_phases
-from bootseer.snapshot.key import IMAGE_ID_ENV
-
 from bootseer.config import Config
 from bootseer.errors import BootseerError
 from bootseer.mounts import is_mounted, spawn_mount, unmount, wait_for_file
 from bootseer.ready import READY_FILE_ENV
+from bootseer.snapshot.key import IMAGE_ID_ENV
 from bootseer.store.local import pid_alive
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 
 import httpx
+
 from bootseer.agents.client import AgentClient, AgentUnavailable
 from bootseer.agents.timeline import StartRecord, Timeline, timeline_path
-
 from bootseer.config import Config
 from bootseer.errors import BootseerError
 

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from bootseer.agents import fields
-
 from bootseer.config import Config
 from bootseer.ready import read_phases
 

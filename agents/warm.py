@@ -17,15 +17,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bootseer.agents import fields
+from bootseer.config import Config
+from bootseer.nodecache import NodeCache
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.warm import WarmResult, warm_image
 from bootseer.snapshot.stage import StageResult, shard_cache, stage_snapshot
+from bootseer.store import BlobStore
 from bootseer.stripedfs.checkpoint_cache import CheckpointCache
 from bootseer.stripedfs.stage import CheckpointResult, stage_checkpoint
-
-from bootseer.config import Config
-from bootseer.nodecache import NodeCache
-from bootseer.store import BlobStore
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from benchlib import drop_page_cache
+
 from bootseer_dev.image import build_image
 
 SIZES = [256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20]

@@ -42,9 +42,9 @@ from pathlib import Path
 
 import torch
 from benchlib import drop_page_cache
-from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
 
 import bootseer.checkpoint as ckpt
+from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
 
 log = logging.getLogger("bench-ckpt")
 MB = 1e6

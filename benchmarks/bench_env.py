@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import RunFailed, drop_page_cache, figure, median_of, select_cases
+
 from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
 from bootseer_dev.cluster.linkcap import apply_link_cap, remove_link_cap
 
@@ -684,9 +685,9 @@ def _helper(argv: list[str]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     import zstandard
+
     from bootseer.snapshot.manifest import REF_PREFIX
     from bootseer.snapshot.restore import load_manifest
-
     from bootseer.store import BlobStore, open_store
 
     blobs = BlobStore(open_store(args.store))

@@ -55,12 +55,12 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import drop_page_cache, figure
+
+from bootseer.store import Store, open_store
 from bootseer_dev.cluster import Cluster, ClusterSpec, LinkCap, java_home, parse_link, tc_available
 from bootseer_dev.cluster.cluster import _port_free
 from bootseer_dev.cluster.jars import ensure_jars
 from bootseer_dev.cluster.libhdfs import ensure_libhdfs
-
-from bootseer.store import Store, open_store
 
 log = logging.getLogger("bench_hdfs")
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import RunFailed, drop_page_cache, figure, median_of, select_cases
+
 from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
 from bootseer_dev.image import build_image, read_build_info, unmount, unpack_image
 

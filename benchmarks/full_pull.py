@@ -38,9 +38,8 @@ from typing import Any, BinaryIO
 
 STARTED = time.perf_counter()
 
-from bootseer_dev.image import overlay_mount, run_rootfs, unpack_layers  # noqa: E402
-
 from bootseer.errors import IntegrityError  # noqa: E402
+from bootseer_dev.image import overlay_mount, run_rootfs, unpack_layers  # noqa: E402
 
 REF_PREFIX = "registry/"
 CHUNK = 1 << 20

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zstandard
-from bootseer.prefetch.rootfs import Kind
 
 from bootseer.errors import BootseerError
 from bootseer.limits import decompress
+from bootseer.prefetch.rootfs import Kind
 
 FORMAT = "bootseer-image/1"
 #: Chosen by ``make bench-blocksize`` (Debian + python3, a ``python3 -c`` start): from 256 KiB

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 import zstandard
+
 from bootseer.prefetch.blockformat import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_PACK_TARGET,
@@ -30,7 +31,6 @@ from bootseer.prefetch.blockformat import (
 )
 from bootseer.prefetch.image_source import ImageSource
 from bootseer.prefetch.rootfs import Kind, merge_layers
-
 from bootseer.store import BlobStore, ObjectWriter, Store
 
 log = logging.getLogger(__name__)

@@ -20,10 +20,9 @@ import tarfile
 from dataclasses import dataclass
 from typing import Any
 
-from bootseer.prefetch.lazyimage import load_manifest, resolve_image
-
 from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
+from bootseer.prefetch.lazyimage import load_manifest, resolve_image
 from bootseer.store import BlobStore
 
 #: The variable that names the lazy image to ``bootseer-runtime`` (see agents/oci.py).

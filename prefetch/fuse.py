@@ -23,12 +23,13 @@ import os
 import stat
 from pathlib import Path
 
+from fuse import FUSE, FuseOSError, Operations  # fusepy
+
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.prefetcher import Prefetcher
 from bootseer.prefetch.recording import Recording
 from bootseer.prefetch.rootfs import Kind
-from fuse import FUSE, FuseOSError, Operations  # fusepy
 
 log = logging.getLogger(__name__)
 

@@ -51,14 +51,13 @@ from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
 
+from bootseer.errors import BootseerError
 from bootseer.prefetch import fuse_proto as p
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.prefetcher import Prefetcher
 from bootseer.prefetch.recording import Recording
 from bootseer.prefetch.rootfs import Kind
-
-from bootseer.errors import BootseerError
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass, field
 
 from bootseer.prefetch.blockformat import Manifest
-
 from bootseer.store import BlobStore
 
 log = logging.getLogger(__name__)

@@ -18,10 +18,10 @@ import hashlib
 import logging
 
 import zstandard
-from bootseer.prefetch.blockformat import PACK_PREFIX, BlockLocation, Manifest
-from bootseer.prefetch.hotlist import HotLayout
 
 from bootseer.errors import IntegrityError
+from bootseer.prefetch.blockformat import PACK_PREFIX, BlockLocation, Manifest
+from bootseer.prefetch.hotlist import HotLayout
 from bootseer.store import BlobStore
 
 log = logging.getLogger(__name__)

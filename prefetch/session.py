@@ -17,13 +17,12 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootseer.nodecache import NodeCache
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.hotlist import DEFAULT_WORKLOAD, HotList
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.prefetcher import Prefetcher
 from bootseer.prefetch.recording import ReadyWhen, Recording
-
-from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
 
 log = logging.getLogger(__name__)

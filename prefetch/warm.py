@@ -13,12 +13,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bootseer.nodecache import NodeCache
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.hotlist import HotBlock, HotList
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.prefetcher import Prefetcher
-
-from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
 
 

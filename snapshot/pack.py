@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import zstandard
-from bootseer.snapshot.manifest import REF_PREFIX, Deletion, Manifest, Shard, SnapEntry
-from bootseer.snapshot.scan import Tree, TreeDiff
 
 from bootseer import __version__
 from bootseer.errors import BootseerError
+from bootseer.snapshot.manifest import REF_PREFIX, Deletion, Manifest, Shard, SnapEntry
+from bootseer.snapshot.scan import Tree, TreeDiff
 from bootseer.store import BlobStore
 
 _TAR_TYPE = {"file": tarfile.REGTYPE, "symlink": tarfile.SYMTYPE}

@@ -50,6 +50,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 import zstandard
+
+from bootseer.errors import BootseerError, IntegrityError, InvalidRangeError
+from bootseer.filelock import file_lock
+from bootseer.nodecache import NodeCache
 from bootseer.snapshot.manifest import (
     MAX_MANIFEST_BYTES,
     REF_PREFIX,
@@ -59,10 +63,6 @@ from bootseer.snapshot.manifest import (
 )
 from bootseer.snapshot.relocate import Relocation, Watch
 from bootseer.snapshot.tarstream import MalformedStream, TarStream
-
-from bootseer.errors import BootseerError, IntegrityError, InvalidRangeError
-from bootseer.filelock import file_lock
-from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
 
 log = logging.getLogger(__name__)

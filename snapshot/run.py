@@ -13,15 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bootseer.errors import BootseerError
+from bootseer.nodecache import NodeCache
 from bootseer.snapshot.bytecode import compile_sources
 from bootseer.snapshot.key import KeyInputs, key_material, snapshot_key
 from bootseer.snapshot.manifest import Manifest
 from bootseer.snapshot.pack import Capture, build_manifest, creation_info, publish, target_paths
 from bootseer.snapshot.restore import RestoreResult, load_manifest, restore
 from bootseer.snapshot.scan import diff, scan
-
-from bootseer.errors import BootseerError
-from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore
 
 

@@ -17,10 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootseer.snapshot.restore import load_manifest
-
 from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
+from bootseer.snapshot.restore import load_manifest
 from bootseer.store import BlobStore
 
 log = logging.getLogger(__name__)

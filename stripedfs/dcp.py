@@ -19,13 +19,13 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
+from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader
+
+from bootseer.store import Store, open_store
 from bootseer.stripedfs.checkpoint_cache import LocalRange
 from bootseer.stripedfs.config import StripeConfig
 from bootseer.stripedfs.files import Reader, open_reader, striped_file
 from bootseer.stripedfs.reader import PendingRange
-from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader
-
-from bootseer.store import Store, open_store
 
 
 class _StoreFileSystem(FileSystemBase):

@@ -16,12 +16,11 @@ import posixpath
 from typing import BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
+from bootseer.store import Store, open_store
+from bootseer.store.base import open_ranged
 from bootseer.stripedfs.checkpoint_cache import CopyReader, node_cache, object_url
 from bootseer.stripedfs.config import StripeConfig
 from bootseer.stripedfs.reader import StripedReader
-
-from bootseer.store import Store, open_store
-from bootseer.store.base import open_ranged
 
 #: What :func:`open_reader` returns: both read with the same methods.
 Reader = StripedReader | CopyReader

@@ -23,12 +23,12 @@ import stat
 import threading
 from pathlib import Path
 
-from bootseer.stripedfs.config import StripeConfig
-from bootseer.stripedfs.reader import StripedReader
-from bootseer.stripedfs.tree import StoreTree
 from fuse import FUSE, FuseOSError, Operations  # fusepy
 
 from bootseer.store import Store
+from bootseer.stripedfs.config import StripeConfig
+from bootseer.stripedfs.reader import StripedReader
+from bootseer.stripedfs.tree import StoreTree
 
 log = logging.getLogger(__name__)
 

@@ -28,14 +28,13 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from bootseer.errors import BootseerError, InvalidRangeError
+from bootseer.ready import mark_phase
+from bootseer.store import Store
 from bootseer.stripedfs.config import StripeConfig
 from bootseer.stripedfs.layout import Stripe, StripeLayout
 from bootseer.stripedfs.memory import shared_memory
 from bootseer.stripedfs.window import ReadWindow
-
-from bootseer.errors import BootseerError, InvalidRangeError
-from bootseer.ready import mark_phase
-from bootseer.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,8 @@ import json
 import struct
 from typing import Any
 
-from bootseer.stripedfs.reader import StripedReader
-
 from bootseer.errors import BootseerError
+from bootseer.stripedfs.reader import StripedReader
 
 _MAX_HEADER = 100 << 20
 

@@ -19,14 +19,13 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from bootseer.errors import BootseerError
+from bootseer.store import Store
+from bootseer.store.base import ObjectInfo
 from bootseer.stripedfs.checkpoint_cache import CheckpointCache, StagingError, object_url
 from bootseer.stripedfs.config import StripeConfig
 from bootseer.stripedfs.files import split_url, store_for
 from bootseer.stripedfs.layout import Stripe, StripeLayout
-
-from bootseer.errors import BootseerError
-from bootseer.store import Store
-from bootseer.store.base import ObjectInfo
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from bootseer.agents.client import AgentClient, AgentError
-from bootseer.agents.mountapi import ContainerMount, MountRequest
 from test_agent_warm import dirs, start_agent  # noqa: F401 (fixture)
 from test_prefetch_lazy import bootseer
 
+from bootseer.agents.client import AgentClient, AgentError
+from bootseer.agents.mountapi import ContainerMount, MountRequest
 from bootseer.mounts import is_mounted, unmount
 
 
@@ -188,9 +188,8 @@ def test_the_watcher_claims_starting_while_prefetching_and_demand_while_reads_fe
     them from each mount server's statistics file."""
     from bootseer.agents.mounts import MountManager, _Mounted
     from bootseer.agents.priority import Priority
-    from bootseer.prefetch.session import stats_path
-
     from bootseer.config import Config
+    from bootseer.prefetch.session import stats_path
 
     manager = MountManager(Config(cache_dir=tmp_path), lambda start: start)
     mount = ContainerMount("c6", "py", "sha256:x", str(tmp_path / "rootfs"), "/nowhere")

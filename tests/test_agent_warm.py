@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from bootseer.agents.client import AgentClient, AgentUnavailable
 from test_prefetch_lazy import bootseer
 from test_prefetch_warm import recorded_big_image
 from test_snapshot_warm import published_venv
+
+from bootseer.agents.client import AgentClient, AgentUnavailable
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from bootseer.stripedfs.reader import StripedReader
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
@@ -18,6 +17,7 @@ from store_contract import MIB, ramp
 
 import bootseer.checkpoint as ckpt
 from bootseer.store import open_store
+from bootseer.stripedfs.reader import StripedReader
 
 SIZE = 9 * MIB + 777  # nine 1 MiB HDFS blocks and a bit
 

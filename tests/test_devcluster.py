@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from bootseer_dev.cluster import (
     Cluster,
     ClusterSpec,

@@ -22,6 +22,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
 from bootseer.prefetch.image_source import OCI_LAYER_GZIP, open_image
 from bootseer.prefetch.rootfs import Kind, merge_layers
 from bootseer_dev.image import (

@@ -274,11 +274,10 @@ def test_unmount_ends_the_server(tmp_path: Path, connect) -> None:
 
 def test_real_debian_python_image_runs_in_runc(tmp_path: Path, connect) -> None:
     """debootstrap minbase + python3: python3 -c in runc on an overlay over the mount."""
-    from bootseer_dev.image import build_image
-
     from bootseer.prefetch.container import overlay_mount, run_rootfs
     from bootseer.prefetch.convert import convert
     from bootseer.prefetch.image_source import open_image
+    from bootseer_dev.image import build_image
 
     layout = build_image(with_python=True)  # cached after the first build (~35 s)
     store = tmp_path / "store"

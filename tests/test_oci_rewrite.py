@@ -10,6 +10,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
 from bootseer.agents import oci
 from bootseer.agents.mountapi import ContainerMount
 from bootseer.agents.runtime import RuncCall, parse

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from bootseer.agents.policy import CheckpointPolicy, PolicyError, RecordingPolicy, normalise
 
+from bootseer.agents.policy import CheckpointPolicy, PolicyError, RecordingPolicy, normalise
 from bootseer.errors import ConfigError
 from bootseer.store.base import Perm, readable_bits
 

@@ -7,14 +7,14 @@ import logging
 from pathlib import Path
 
 import pytest
+from test_prefetch_lazy import MIB, big_image
+
+from bootseer.nodecache import NodeCache
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.convert import convert
 from bootseer.prefetch.hotlist import HotBlock, HotList, Recorder, merge
 from bootseer.prefetch.image_source import open_image
 from bootseer.prefetch.lazyimage import LazyImage
-from test_prefetch_lazy import MIB, big_image
-
-from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore, open_store
 
 

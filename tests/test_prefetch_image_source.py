@@ -15,6 +15,9 @@ from typing import BinaryIO
 
 import pytest
 import zstandard
+from test_prefetch_rootfs import layer, merge, multi_layer_image, reg, sha_store
+
+from bootseer.errors import IntegrityError
 from bootseer.prefetch.image_source import (
     DOCKER_MANIFEST,
     OCI_INDEX,
@@ -29,9 +32,6 @@ from bootseer.prefetch.image_source import (
     read_oci_layout,
 )
 from bootseer.prefetch.rootfs import merge_layers
-from test_prefetch_rootfs import layer, merge, multi_layer_image, reg, sha_store
-
-from bootseer.errors import IntegrityError
 
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 COMPRESS = {OCI_LAYER_TAR: lambda b: b, OCI_LAYER_GZIP: lambda b: gzip.compress(b, mtime=0),

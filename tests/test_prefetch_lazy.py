@@ -15,10 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from bootseer.prefetch.blockformat import Manifest
-from bootseer.prefetch.convert import convert
-from bootseer.prefetch.image_source import open_image
-from bootseer.prefetch.lazyimage import BlockIntegrityError, LazyImage
 from test_prefetch_image_source import OCI_LAYER_GZIP, write_image, write_layout
 from test_prefetch_rootfs import (
     describe_disk,
@@ -31,6 +27,10 @@ from test_prefetch_rootfs import (
 
 from bootseer.mounts import is_mounted
 from bootseer.nodecache import NodeCache
+from bootseer.prefetch.blockformat import Manifest
+from bootseer.prefetch.convert import convert
+from bootseer.prefetch.image_source import open_image
+from bootseer.prefetch.lazyimage import BlockIntegrityError, LazyImage
 from bootseer.store import BlobStore, open_store
 from bootseer.store.local import LocalStore, pid_alive
 

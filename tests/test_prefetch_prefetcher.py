@@ -11,6 +11,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from test_prefetch_lazy import BIG, MIB, big_image
+
+from bootseer.nodecache import NodeCache
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.convert import convert
 from bootseer.prefetch.hotlist import HotBlock, HotList
@@ -18,9 +21,6 @@ from bootseer.prefetch.image_source import open_image
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.prefetcher import Prefetcher
 from bootseer.prefetch.recording import ReadyWhen, Recording
-from test_prefetch_lazy import BIG, MIB, big_image
-
-from bootseer.nodecache import NodeCache
 from bootseer.ready import READY_FILE_ENV, mark_ready
 from bootseer.store import BlobStore
 from bootseer.store.local import LocalStore

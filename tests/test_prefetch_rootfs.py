@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
+
 from bootseer.prefetch.rootfs import Entry, Kind, RootfsIndex, UnsafeLayerError, merge_layers
 
 MTIME = 1_600_000_000

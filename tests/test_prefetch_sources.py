@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from bootseer.prefetch.lazyimage import LazyImage
 from test_prefetch_lazy import BIG, big_image
 
 from bootseer.nodecache import NodeCache
+from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.store import BlobStore, open_store
 
 

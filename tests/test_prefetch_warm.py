@@ -8,14 +8,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from test_prefetch_lazy import BIG, MIB, MIB_BLOCKS, big_image, bootseer
+
+from bootseer.nodecache import NodeCache
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.convert import convert
 from bootseer.prefetch.image_source import open_image
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.warm import warm_image
-from test_prefetch_lazy import BIG, MIB, MIB_BLOCKS, big_image, bootseer
-
-from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore, open_store
 
 

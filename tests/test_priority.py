@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-from bootseer.agents.priority import Priority, PriorityGate
-from bootseer.agents.warm import WarmRequest, warm
 from test_prefetch_warm import recorded_big_image
 
+from bootseer.agents.priority import Priority, PriorityGate
+from bootseer.agents.warm import WarmRequest, warm
 from bootseer.config import Config
 from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore

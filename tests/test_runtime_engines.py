@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 import pytest
-from bootseer.agents.client import AgentClient
-from bootseer.agents.mountapi import mount_key
-from bootseer.agents.timeline import StartRecord
-from bootseer.prefetch.container import bundle_config
 from conftest import IN_CI
 from test_agent_warm import start_agent
 from test_prefetch_lazy import bootseer
 
+from bootseer.agents.client import AgentClient
+from bootseer.agents.mountapi import mount_key
+from bootseer.agents.timeline import StartRecord
+from bootseer.prefetch.container import bundle_config
 from bootseer.store import BlobStore, open_store
 
 BIN = Path(sys.executable).parent

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 
 import pytest
-from bootseer.agents.client import AgentClient, AgentError
-from bootseer.agents.mountapi import ContainerMount, MountRequest, mount_key
 from test_agent_warm import start_agent
 from test_prefetch_lazy import bootseer
 from test_runtime_engines import HOOK, RUNTIME, _bundle, _run, dockerd, lazy, podman  # noqa: F401
 
+from bootseer.agents.client import AgentClient, AgentError
+from bootseer.agents.mountapi import ContainerMount, MountRequest, mount_key
 from bootseer.mounts import is_mounted, unmount
 
 NOBODY = (65534, 65534)  # nobody, in nogroup: the agent socket's group in these tests
@@ -490,8 +490,8 @@ def test_a_checkpoint_server_holds_its_cap_with_a_hundred_open_files(tmp_path) -
 def _published_snapshot(store: Path, shard: bytes, entries: list[dict], key: str) -> None:
     """A snapshot in the store whose shard and manifest are whoever wrote them."""
     import zstandard
-    from bootseer.snapshot.manifest import FORMAT
 
+    from bootseer.snapshot.manifest import FORMAT
     from bootseer.store import BlobStore, open_store
 
     blobs = BlobStore(open_store(f"file://{store}"))
@@ -581,9 +581,8 @@ def test_the_agent_keeps_no_warmed_blocks_in_memory(node, tmp_path) -> None:
     """A warm of every block of the image: once it ends, the agent holds none of them (it
     used to keep up to 512 MiB of warmed blocks per image, for good)."""
     from bootseer.agents.warm import WarmRequest
-    from bootseer.prefetch.lazyimage import load_manifest, resolve_image
-
     from bootseer.nodecache import NodeCache
+    from bootseer.prefetch.lazyimage import load_manifest, resolve_image
     from bootseer.store import BlobStore, open_store
 
     blobs = BlobStore(open_store(f"file://{node.lazy['store']}"))
@@ -639,7 +638,6 @@ def test_a_mount_that_fails_after_mounting_leaves_nothing(lazy, tmp_path) -> Non
     """The last step of a mount (recording its start) fails: the live FUSE mount, the
     overlay and the directory all go, and the error reaches the caller."""
     from bootseer.agents.mounts import MountManager
-
     from bootseer.config import Config
 
     def broken_timeline(start):

@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from bootseer.snapshot.key import IMAGE_ID_ENV, KeyInputs, key_material, snapshot_key
 
 

@@ -12,12 +12,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from bootseer.snapshot.relocate import Relocation, is_known_text
-from bootseer.snapshot.restore import load_manifest, restore
-from bootseer.snapshot.run import Tuning, capture_command
 from test_snapshot_cli import bootseer
 
 from bootseer.errors import BootseerError
+from bootseer.snapshot.relocate import Relocation, is_known_text
+from bootseer.snapshot.restore import load_manifest, restore
+from bootseer.snapshot.run import Tuning, capture_command
 from bootseer.store import BlobStore, open_store
 
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import zstandard
+
+from bootseer.errors import IntegrityError
 from bootseer.snapshot.manifest import REF_PREFIX, Manifest, Shard, SnapEntry, UnsafeSnapshotError
 from bootseer.snapshot.restore import CRASH_ENV, load_manifest, restore
 from bootseer.snapshot.run import Tuning, capture_command
-
-from bootseer.errors import IntegrityError
 from bootseer.store import BlobStore, open_store
 
 BIG = os.urandom(3 << 20)  # spans several shards of SHARD_SIZE

@@ -7,6 +7,7 @@ import os
 import tarfile
 
 import pytest
+
 from bootseer.snapshot.tarstream import MalformedStream, Member, TarStream, TruncatedStream, _number
 
 

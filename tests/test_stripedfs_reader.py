@@ -6,16 +6,16 @@ import time
 from pathlib import Path
 
 import pytest
-from bootseer.stripedfs.config import StripeConfig
-from bootseer.stripedfs.layout import Stripe, StripeLayout
-from bootseer.stripedfs.memory import shared_memory
-from bootseer.stripedfs.reader import StripedReader, StripeReadError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_contract import ramp
 
 from bootseer.store import Store, open_store
 from bootseer.store.local import LocalStore
+from bootseer.stripedfs.config import StripeConfig
+from bootseer.stripedfs.layout import Stripe, StripeLayout
+from bootseer.stripedfs.memory import shared_memory
+from bootseer.stripedfs.reader import StripedReader, StripeReadError
 
 KIB = 1024
 SMALL = StripeConfig(stripe_size=64 * KIB, initial_read_window=128 * KIB,

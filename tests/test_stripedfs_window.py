@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from bootseer.stripedfs.config import MIB, StripeConfig
-from bootseer.stripedfs.window import ReadWindow
 from hypothesis import given
 from hypothesis import strategies as st
+
+from bootseer.stripedfs.config import MIB, StripeConfig
+from bootseer.stripedfs.window import ReadWindow
 
 CFG = StripeConfig(stripe_size=MIB, initial_read_window=2 * MIB, max_read_window=32 * MIB)
 

@@ -13,9 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from bootseer.agents.warm import WarmSummary
-from bootseer.stripedfs.files import split_url, store_for
-from bootseer.stripedfs.stage import CheckpointResult
 from safetensors.torch import save_file
 from store_contract import MIB, ramp
 from test_agent_warm import start_agent
@@ -23,7 +20,10 @@ from test_prefetch_lazy import bootseer
 
 import bootseer.checkpoint as ckpt
 from bootseer import ready
+from bootseer.agents.warm import WarmSummary
 from bootseer.store import Store
+from bootseer.stripedfs.files import split_url, store_for
+from bootseer.stripedfs.stage import CheckpointResult
 
 SIZE = 9 * MIB + 777  # nine 1 MiB HDFS blocks, several stripes, and a bit
 

@@ -42,10 +42,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import platformdirs
-from bootseer.prefetch.container import run_rootfs
-from bootseer.prefetch.image_source import open_image
 
 from bootseer.filelock import file_lock
+from bootseer.prefetch.container import run_rootfs
+from bootseer.prefetch.image_source import open_image
 
 from . import debian, layers, oci, pip
 from .debian import BuildError

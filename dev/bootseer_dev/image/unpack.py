@@ -19,10 +19,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
+from bootseer.errors import BootseerError
 from bootseer.prefetch.image_source import ImageSource, open_image
 from bootseer.prefetch.rootfs import Entry, Kind, UnsafeLayerError, merge_layers
-
-from bootseer.errors import BootseerError
 
 log = logging.getLogger(__name__)
 
