@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,9 @@ from bootseer.agents.priority import Priority, PriorityGate
 from bootseer.agents.timeline import StartRecord, container_phases
 from bootseer.config import Config
 from bootseer.errors import BootseerError
-from bootseer.mounts import is_mounted, spawn_mount, unmount, wait_for_file
+from bootseer.fuse.connection import mount_fd
+from bootseer.jsonfile import write_json
+from bootseer.mounts import is_mounted, unmount, wait_for_file
 from bootseer.ready import READY_FILE_ENV
 from bootseer.snapshot.key import IMAGE_ID_ENV
 from bootseer.store.local import pid_alive
@@ -91,15 +93,14 @@ class _Mounted:
     server_deaths: int = 0
     failed: bool = False  # the server died and could not be replaced
     #: The FUSE server of each checkpoint mount, by name (``bootseer ckpt mount``).
-    checkpoint_pids: dict[str, int] = field(default_factory=dict)
-    checkpoint_restarts: int = 0
+    checkpoints: dict[str, _Server] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"request": self.request.to_json(), "mount": self.mount.to_json(),
                 "pid": self.pid, "server_fd": self.server_fd, "created": self.created,
                 "server_deaths": self.server_deaths, "failed": self.failed,
-                "checkpoint_pids": self.checkpoint_pids,
-                "checkpoint_restarts": self.checkpoint_restarts}
+                "checkpoints": {name: asdict(server)
+                                for name, server in self.checkpoints.items()}}
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> _Mounted:
@@ -107,8 +108,18 @@ class _Mounted:
                    ContainerMount.from_json(body["mount"]), int(body["pid"]),
                    int(body["server_fd"]), float(body["created"]),
                    int(body.get("server_deaths", 0)), bool(body.get("failed")),
-                   {str(k): int(v) for k, v in (body.get("checkpoint_pids") or {}).items()},
-                   int(body.get("checkpoint_restarts", 0)))
+                   {str(name): _Server(**server)
+                    for name, server in (body.get("checkpoints") or {}).items()})
+
+
+@dataclass
+class _Server:
+    """A checkpoint mount's server, as the agent tracks it."""
+
+    pid: int
+    fd: int  # the connection's /dev/fuse file, by its number in the server (and here)
+    deaths: int = 0
+    failed: bool = False
 
 
 class _Claims:
@@ -149,6 +160,8 @@ class MountManager:
         self._record = record  # into the timeline (and the metrics): the agent's
         self._mounts: dict[str, _Mounted] = {}
         self._fds: dict[str, int] = {}  # this agent's copy of each connection's file
+        #: The same for each checkpoint mount, by (mount key, name).
+        self._checkpoint_fds: dict[tuple[str, str], int] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -204,7 +217,7 @@ class MountManager:
                 os.close(fd)  # no server: end the connection, so unmounting cannot wait
                 fd = None
             unmount(Path(mounted.mount.rootfs))
-            self._unmount_checkpoints(directory, mounted)
+            self._unmount_checkpoints(directory, container_id, mounted.checkpoints)
             unmount(directory / "lower")  # the server sees the connection end, reports
             report = self._report(directory, mounted.pid)
             if fd is not None:
@@ -217,8 +230,9 @@ class MountManager:
             if mounted.server_deaths:
                 detail["server_deaths"] = mounted.server_deaths
                 detail["server_failed"] = mounted.failed
-            if mounted.checkpoint_restarts:
-                detail["checkpoint_restarts"] = mounted.checkpoint_restarts
+            restarts = sum(server.deaths for server in mounted.checkpoints.values())
+            if restarts:
+                detail["checkpoint_server_deaths"] = restarts
             shutil.rmtree(directory, ignore_errors=True)
         with self._lock:
             self._locks.pop(container_id, None)
@@ -231,9 +245,11 @@ class MountManager:
                  "rootfs": m.mount.rootfs,
                  "pid": m.pid, "serving": pid_alive(m.pid), "created": m.created,
                  "server_deaths": m.server_deaths, "failed": m.failed,
-                 "checkpoints": {name: {"pid": pid, "serving": pid_alive(pid)}
-                                 for name, pid in m.checkpoint_pids.items()},
-                 "checkpoint_restarts": m.checkpoint_restarts} for m in mounts]
+                 "checkpoints": {name: {"pid": server.pid, "serving": pid_alive(server.pid),
+                                        "server_deaths": server.deaths,
+                                        "failed": server.failed}
+                                 for name, server in m.checkpoints.items()}}
+                for m in mounts]
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -259,12 +275,21 @@ class MountManager:
                               mounted.request.key)
                 else:
                     self._fds[mounted.request.key] = fd
+                for name, server in mounted.checkpoints.items():
+                    taken = _take_fd(server.pid, server.fd) if pid_alive(server.pid) else None
+                    if taken is None:
+                        server.failed = True
+                        log.error("container %s: checkpoint mount %s lost its server and "
+                                  "its connection", mounted.request.key, name)
+                    else:
+                        self._checkpoint_fds[(mounted.request.key, name)] = taken
                 self._mounts[mounted.request.key] = mounted
                 log.info("adopted container %s's mount (server pid %d)", mounted.request.key,
                          mounted.pid)
             else:
                 log.info("container %s's mount is gone: removing its directory",
                          mounted.request.key)
+                self._unmount_checkpoints(state.parent, mounted.request.key, {})
                 unmount(state.parent / "lower")
                 shutil.rmtree(state.parent, ignore_errors=True)
 
@@ -289,34 +314,35 @@ class MountManager:
             self._claim(mounted, alive)
             if not alive and not mounted.failed:
                 self._replace_server(mounted)
-            for name, pid in list(mounted.checkpoint_pids.items()):
-                _reap(pid)
-                if not pid_alive(pid):
+            for name, server in list(mounted.checkpoints.items()):
+                _reap(server.pid)
+                if not pid_alive(server.pid) and not server.failed:
                     self._replace_checkpoint_server(mounted, name)
 
     def _replace_checkpoint_server(self, mounted: _Mounted, name: str) -> None:
-        """A checkpoint mount's server died: detach the dead mount and mount again at the
-        same place; both propagate into the container (its bind is a slave of the
-        host's shared directory). Reads in flight on the old mount fail; files opened
-        after see the new one."""
+        """A checkpoint mount's server died: start one that takes its connection over.
+        Reads the dead server had taken fail (``ECONNABORTED``); files stay open, and the
+        new server re-creates their readers on their next read."""
         container_id = mounted.request.key
         with self._lock_for(container_id):
-            if self._mounts.get(container_id) is not mounted or \
-                    pid_alive(mounted.checkpoint_pids.get(name, 0)):
+            server = mounted.checkpoints.get(name)
+            if self._mounts.get(container_id) is not mounted or server is None or \
+                    pid_alive(server.pid):
                 return  # released, or replaced, meanwhile
-            directory = self.root / container_id
-            unmount(directory / "checkpoints" / name)
+            server.deaths += 1
+            fd = self._checkpoint_fds.get((container_id, name))
             try:
-                mounted.checkpoint_pids[name] = self._start_checkpoint_server(
-                    mounted.request.checkpoints[name], directory, name)
-                mounted.checkpoint_restarts += 1
-                log.warning("container %s: the server of checkpoint mount %s died; "
-                            "mounted again (pid %d)", container_id, name,
-                            mounted.checkpoint_pids[name])
+                if fd is None:
+                    raise BootseerError("the connection is gone")
+                server.pid = self._start_checkpoint_server(
+                    mounted.request.checkpoints[name], self.root / container_id, name, fd,
+                    takeover=True)
+                log.warning("container %s: the server of checkpoint mount %s died; pid %d "
+                            "took its connection over", container_id, name, server.pid)
             except (BootseerError, OSError) as exc:
-                del mounted.checkpoint_pids[name]
-                log.error("container %s: checkpoint mount %s died and could not be "
-                          "mounted again: %s", container_id, name, exc)
+                server.failed = True
+                log.error("container %s: the server of checkpoint mount %s died and cannot "
+                          "be replaced: %s", container_id, name, exc)
             self._save(mounted)
 
     def _replace_server(self, mounted: _Mounted) -> None:
@@ -368,7 +394,6 @@ class MountManager:
     def _mount(self, request: MountRequest, created: float) -> tuple[_Mounted, int]:
         """The container's mounts and the server; also the connection's file."""
         from bootseer.prefetch.container import mount_overlay
-        from bootseer.prefetch.fuse_ll import mount_fd
 
         directory = self.root / request.key
         if directory.exists():  # a failed earlier attempt: start clean
@@ -380,11 +405,11 @@ class MountManager:
             path.mkdir()
         fd = pid = None
         try:
-            fd = mount_fd(parts["lower"])
+            fd = mount_fd(parts["lower"], "bootseer-image")
             pid = self._start_server(request, directory, fd, takeover=False)
             info = json.loads((directory / "info.json").read_text())
             mount_overlay(parts["lower"], parts["upper"], parts["work"], parts["rootfs"])
-            checkpoint_pids = self._mount_checkpoints(request, directory)
+            checkpoints = self._mount_checkpoints(request, directory)
             image_config = (info.get("config") or {}).get("config") or {}
             if not isinstance(image_config, dict):
                 raise BootseerError(f"image {request.image}: its config is not an object")
@@ -399,8 +424,7 @@ class MountManager:
         except BaseException:
             self._teardown(directory, pid, fd)
             raise
-        return _Mounted(request, mount, pid, fd, created,
-                        checkpoint_pids=checkpoint_pids), fd
+        return _Mounted(request, mount, pid, fd, created, checkpoints=checkpoints), fd
 
     def _teardown(self, directory: Path, pid: int | None, fd: int | None) -> None:
         """Remove every mount and file of a container that must not stay (a refused or
@@ -410,90 +434,107 @@ class MountManager:
         if fd is not None:  # first: with no server left, this ends the connection, and
             os.close(fd)  # the unmount cannot wait for a server that never comes
         unmount(directory / "rootfs")
-        self._unmount_checkpoints(directory, None)
+        self._unmount_checkpoints(directory, directory.name, {})
         unmount(directory / "lower")
         if pid is not None:
             _wait_or_kill(pid, TEARDOWN_WAIT)
         shutil.rmtree(directory, ignore_errors=True)
 
-    def _mount_checkpoints(self, request: MountRequest, directory: Path) -> dict[str, int]:
-        """One striped checkpoint mount per name under ``checkpoints/``, itself made a
-        shared mount so that remounts below it reach the container's slave copy."""
+    def _mount_checkpoints(self, request: MountRequest, directory: Path) -> dict[str, _Server]:
+        """One striped checkpoint mount per name under ``checkpoints/``, each a connection
+        this agent holds, served like the image's (a dead server is replaced in place)."""
         if not request.checkpoints:
             return {}
-        base = directory / "checkpoints"
-        base.mkdir()
-        for command in (["mount", "--bind", str(base), str(base)],
-                        ["mount", "-o", "remount,bind,nosuid,nodev", str(base)],
-                        ["mount", "--make-shared", str(base)]):
-            result = subprocess.run(command, capture_output=True, text=True,
-                                    stdin=subprocess.DEVNULL)
-            if result.returncode != 0:
-                raise BootseerError(f"{' '.join(command)}: {result.stderr.strip()}")
-        pids = {}
-        for name, url in request.checkpoints.items():
-            (base / name).mkdir()
-            pids[name] = self._start_checkpoint_server(url, directory, name)
-        return pids
+        (directory / "checkpoints").mkdir()
+        servers: dict[str, _Server] = {}
+        try:
+            for name, url in request.checkpoints.items():
+                target = directory / "checkpoints" / name
+                target.mkdir()
+                fd = mount_fd(target, f"bootseer:{url}")
+                self._checkpoint_fds[(request.key, name)] = fd
+                servers[name] = _Server(
+                    self._start_checkpoint_server(url, directory, name, fd, takeover=False),
+                    fd)
+        except BaseException:
+            self._unmount_checkpoints(directory, request.key, servers)
+            raise
+        return servers
 
-    def _start_checkpoint_server(self, url: str, directory: Path, name: str) -> int:
+    def _start_checkpoint_server(self, url: str, directory: Path, name: str, fd: int, *,
+                                 takeover: bool) -> int:
+        """A server for checkpoint mount ``name``; the first one is waited for until it
+        has listed the store directory."""
         cfg = self.config.checkpoint
-        target = directory / "checkpoints" / name
+        ready = directory / f"checkpoint-{name}.ready"
         argv = [sys.executable, "-m", "bootseer", "ckpt", "mount", "--foreground",
-                "--mode", f"{cfg.mount_mode:o}", "--memory", str(cfg.mount_memory), "--",
-                url, str(target)]
-        return spawn_mount(argv, target, f"checkpoint {url}", 60.0,
-                           directory / f"checkpoint-{name}.log")
+                "--mode", f"{cfg.mount_mode:o}", "--memory", str(cfg.mount_memory),
+                "--fuse-fd", str(fd), "--takeover-state",
+                str(directory / f"checkpoint-{name}.fuse.json"), "--ready-file", str(ready),
+                "--", url, str(directory / "checkpoints" / name)]
+        return self._spawn(argv, directory / f"checkpoint-{name}.log", fd,
+                           None if takeover else ready, f"checkpoint {url}")
 
-    @staticmethod
-    def _unmount_checkpoints(directory: Path, mounted: _Mounted | None) -> None:
+    def _unmount_checkpoints(self, directory: Path, key: str,
+                             servers: dict[str, _Server]) -> None:
+        """Unmount every checkpoint mount (a connection without a live server is closed
+        first, so the unmount cannot wait for it) and let the servers go."""
         base = directory / "checkpoints"
-        if not base.exists():
-            return
-        for target in sorted(base.iterdir()):  # no stat: a dead mount fails it
-            unmount(target)
-        unmount(base)
-        for pid in (mounted.checkpoint_pids.values() if mounted else ()):
-            _reap(pid)
+        names = {target.name for target in base.iterdir()} if base.is_dir() else set()
+        for name in sorted(names | set(servers)):
+            fd = self._checkpoint_fds.pop((key, name), None)
+            server = servers.get(name)
+            if fd is not None and (server is None or not pid_alive(server.pid)):
+                os.close(fd)
+                fd = None
+            unmount(directory / "checkpoints" / name)
+            if fd is not None:
+                os.close(fd)
+            if server is not None:
+                _wait_or_kill(server.pid, TEARDOWN_WAIT)
 
     def _start_server(self, request: MountRequest, directory: Path, fd: int, *,
                       takeover: bool) -> int:
-        """A FUSE server for the connection of ``fd``; the first one (not ``takeover``) is
-        waited for until it has loaded the image (``info.json``)."""
-        argv = self._server_argv(request, directory, record=not takeover,
-                                 extra=["--fuse-fd", str(fd), "--takeover-state",
-                                        str(directory / "fuse.json")])
-        with open(directory / "server.log", "ab") as log_file:
+        """A FUSE server for the image connection of ``fd``; the first one (not
+        ``takeover``) is waited for until it has loaded the image (``info.json``). A
+        server that takes over never records (the start's first reads went unseen)."""
+        from bootseer.prefetch.recording import ReadyWhen
+        from bootseer.prefetch.session import SessionOptions
+
+        cfg = self.config.image
+        mode = self.recording.effective(request.image, request.record)
+        record = None
+        if not takeover and mode != "never":
+            record = ReadyWhen(directory / "signal" / "ready", None, cfg.record_timeout)
+        options = SessionOptions(
+            workload=request.workload, prefetch=cfg.prefetch, record=record,
+            record_auto=mode == "auto", info=directory / "info.json",
+            report=directory / "report.json", fuse_fd=fd,
+            takeover_state=directory / "fuse.json")
+        argv = options.argv(self.config.store, request.image, directory / "lower")
+        return self._spawn(argv, directory / "server.log", fd,
+                           None if takeover else directory / "info.json",
+                           f"image {request.image}")
+
+    def _spawn(self, argv: list[str], log_path: Path, fd: int, ready: Path | None,
+               what: str) -> int:
+        """Start a server process of its own session serving connection ``fd``; wait
+        until it creates ``ready`` (if given), failing with its log's tail if it exits."""
+        with open(log_path, "ab") as log_file:
             child = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True, pass_fds=(fd,),
                 env={**os.environ, "BOOTSEER_CACHE_DIR": str(self.config.cache_dir)})
-        deadline = time.monotonic() + 120
-        while not takeover and not (directory / "info.json").exists():
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        while ready is not None and not ready.exists():
             if child.poll() is not None or time.monotonic() > deadline:
                 child.kill()
-                log_text = (directory / "server.log").read_text(errors="replace")
-                raise BootseerError(f"the mount server of image {request.image} failed: "
+                child.wait()
+                log_text = log_path.read_text(errors="replace")
+                raise BootseerError(f"the mount server of {what} failed: "
                                     f"{log_text.strip()[-800:]}")
             time.sleep(0.01)
         return child.pid
-
-    def _server_argv(self, request: MountRequest, directory: Path, *,
-                     record: bool, extra: list[str]) -> list[str]:
-        """``bootseer image mount --foreground`` with this agent's store and cache; a
-        server that takes over never records (the start's first reads went unseen)."""
-        cfg = self.config.image
-        argv = [sys.executable, "-m", "bootseer", "--store", self.config.store, "image",
-                "mount", "--foreground", "--workload", request.workload,
-                "--prefetch" if cfg.prefetch else "--no-prefetch",
-                "--report", str(directory / "report.json"),
-                "--info", str(directory / "info.json")]
-        mode = self.recording.effective(request.image, request.record)
-        if record and mode != "never":
-            argv += ["--record" if mode == "always" else "--record-auto",
-                     "--record-timeout", str(cfg.record_timeout),
-                     "--ready-file", str(directory / "signal" / "ready")]
-        return [*argv, *extra, "--", request.image, str(directory / "lower")]
 
     def _report(self, directory: Path, pid: int) -> dict[str, Any] | None:
         """The server's final statistics (written after it stored the recording)."""
@@ -507,10 +548,8 @@ class MountManager:
             _reap(pid)
 
     def _save(self, mounted: _Mounted) -> None:
-        path = self.root / mounted.request.key / "state.json"
-        tmp = path.with_name(".state.json.tmp")
-        tmp.write_text(json.dumps(mounted.to_json(), indent=2) + "\n")
-        os.replace(tmp, path)
+        write_json(self.root / mounted.request.key / "state.json", mounted.to_json(),
+                   mode=0o600)
 
     def _lock_for(self, container_id: str) -> threading.Lock:
         with self._lock:
@@ -519,6 +558,8 @@ class MountManager:
 
 #: Seconds a torn-down mount's server may take to exit before it is killed.
 TEARDOWN_WAIT = 30.0
+#: Seconds a first server may take to load its image or list its checkpoint directory.
+SERVER_START_TIMEOUT = 120.0
 
 
 def _wait_or_kill(pid: int, timeout: float) -> None:

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
-import os
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootseer.fuse.server import serve as serve_connection
+from bootseer.fuse.server import serve_at
+from bootseer.jsonfile import write_json
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.hotlist import DEFAULT_WORKLOAD, HotList
+from bootseer.prefetch.imagetree import ImageTree
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.prefetcher import Prefetcher
 from bootseer.prefetch.recording import ReadyWhen, Recording
@@ -47,10 +50,32 @@ class SessionOptions:
     info: Path | None = None  # what the caller needs of the image, written once it is loaded
     stats: Path | None = None  # statistics so far as JSON, refreshed while mounted
     report: Path | None = None  # final statistics as JSON, written when the mount ends
-    #: Serve this already-mounted /dev/fuse connection (bootseer.prefetch.fuse_ll, which survives
-    #: its server) instead of mounting through libfuse; ``takeover_state`` goes with it.
+    #: Serve this already-mounted /dev/fuse connection (held by the agent, so it survives
+    #: its server) instead of mounting one; ``takeover_state`` goes with it.
     fuse_fd: int | None = None
     takeover_state: Path | None = None
+
+    def argv(self, store: str, image: str, mountpoint: Path) -> list[str]:
+        """The command line of a server process (``bootseer image mount --foreground``)
+        that serves ``image`` from ``store`` at ``mountpoint`` with these options: the one
+        place it is built, for ``bootseer image mount`` and the node agent alike. Prefetch
+        request sizes and the cache come from the server's own configuration."""
+        args = [sys.executable, "-m", "bootseer", "--store", store, "image", "mount",
+                "--foreground", "--workload", self.workload,
+                "--prefetch" if self.prefetch else "--no-prefetch"]
+        if self.record is not None:
+            args += ["--record-auto" if self.record_auto else "--record",
+                     "--record-timeout", str(self.record.timeout)]
+            if self.record.ready_file is not None:
+                args += ["--ready-file", str(self.record.ready_file)]
+            if self.record.marker is not None:
+                args += ["--ready-marker", str(self.record.marker)]
+        for flag, value in (("--report", self.report), ("--info", self.info),
+                            ("--fuse-fd", self.fuse_fd),
+                            ("--takeover-state", self.takeover_state)):
+            if value is not None:
+                args += [flag, str(value)]
+        return [*args, "--", image, str(mountpoint)]
 
 
 def start_prefetch(image: LazyImage, hot: HotList | None, *, concurrency: int,
@@ -93,7 +118,7 @@ def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
     if record:
         recording = Recording(image, options.workload, options.record).start()
     if options.info is not None:
-        _write_json(options.info, {"image_id": image.image_id, "config": image.manifest.config,
+        write_json(options.info, {"image_id": image.image_id, "config": image.manifest.config,
                                    "content_bytes": image.manifest.content_bytes,
                                    "recording": record})
     stop_stats = threading.Event()
@@ -102,22 +127,17 @@ def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
 
         def refresh() -> None:
             while not stop_stats.wait(STATS_INTERVAL):
-                _write_json(stats_path, mount_stats(image, prefetcher, recording))
+                write_json(stats_path, mount_stats(image, prefetcher, recording))
 
         stats_path.parent.mkdir(parents=True, exist_ok=True)
-        _write_json(stats_path, mount_stats(image, prefetcher, recording))
+        write_json(stats_path, mount_stats(image, prefetcher, recording))
         threading.Thread(target=refresh, name="stats", daemon=True).start()
+    tree = ImageTree(image)
     try:
         if options.fuse_fd is not None:
-            from bootseer.prefetch.fuse_ll import serve as serve_connection
-
-            assert options.takeover_state is not None, "fuse_fd needs takeover_state"
-            serve_connection(image, options.fuse_fd, takeover_state=options.takeover_state,
-                             prefetcher=prefetcher, recording=recording)
+            serve_connection(tree, options.fuse_fd, takeover_state=options.takeover_state)
         else:
-            from bootseer.prefetch.fuse import mount  # loads libfuse: only in the server process
-
-            mount(image, mountpoint, prefetcher=prefetcher, recording=recording)
+            serve_at(tree, mountpoint, "bootseer-image")
     finally:
         stop_stats.set()
         if options.stats is not None:
@@ -129,16 +149,10 @@ def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
         if options.report is not None:
             report = mount_stats(image, prefetcher, recording)
             report["image_id"] = image.image_id
-            _write_json(options.report, report)
+            write_json(options.report, report)
 
 
 def stats_path(cache_dir: Path, mountpoint: Path) -> Path:
     """Where the server of the mount at ``mountpoint`` keeps its statistics."""
     key = hashlib.sha256(str(Path(mountpoint).absolute()).encode()).hexdigest()[:16]
     return cache_dir / "mounts" / f"{key}.json"
-
-
-def _write_json(path: Path, body: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(body, indent=2) + "\n")
-    os.replace(tmp, path)  # whole or absent: the reader never sees half of it

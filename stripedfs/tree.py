@@ -1,88 +1,189 @@
-"""A store directory as a file tree, for the FUSE mount: the data layer, no FUSE in it.
+"""A checkpoint directory in the store as a read-only file tree (:class:`bootseer.fuse.tree.Tree`).
 
-One recursive listing gives every path, its size and mtime; directories are implied by
-keys. The listing is cached for ``ttl`` seconds, so ``ls`` and ``stat`` of a checkpoint
-directory cost one round trip to the NameNode per TTL rather than one per call. Who may
-read a file (:meth:`StoreTree.access`, the store's owner, group and permissions) is asked
-once per file and TTL, when the file is first looked at.
+The data layer of a checkpoint mount, no FUSE in it. One recursive listing gives every
+path, its size and mtime; directories are implied by keys. The listing is kept for ``ttl``
+seconds (the kernel trusts names and attributes as long), so ``ls`` and ``stat`` of a
+checkpoint directory cost one round trip to the NameNode per TTL rather than one per call.
+Who may read a file (the store's owner, group and permissions, narrowed by ``mode``:
+``checkpoint.mount_mode``) is asked once per file and TTL, when the file is first looked at;
+where the store cannot say, ``mode`` itself, owned by root.
+
+Node numbers are a hash of the path, so every server of the directory names a file alike
+and a new server can take a connection over. Each open file has its own reader
+(:func:`bootseer.stripedfs.files.open_reader`: the node's staged copy when current, else
+the striped reader with its own read-ahead window), kept by a random handle; a read on a
+handle this process never gave out (a predecessor's, after a takeover) opens the file
+again under it. At most :data:`MAX_OPEN` files are open at once: each reader is small, but
+a container must not be able to grow a root process without bound.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import posixpath
+import secrets
+import stat
 import threading
 import time
 from dataclasses import dataclass
 
+from bootseer.fuse.tree import ROOT, Node, Tree
 from bootseer.store import Store
 from bootseer.store.base import Access
+from bootseer.stripedfs.config import StripeConfig
+from bootseer.stripedfs.files import Reader, open_reader
+
+#: Open files per mount (``ENFILE`` beyond).
+MAX_OPEN = 4096
 
 
 @dataclass(frozen=True)
-class Entry:
+class _Entry:
+    path: str
     is_dir: bool
     size: int = 0
     mtime: float = 0.0
 
 
-class StoreTree:
-    def __init__(self, store: Store, ttl: float = 30.0) -> None:
-        self.store, self.ttl = store, ttl
-        self._entries: dict[str, Entry] = {}
-        self._children: dict[str, list[str]] = {}
+def node_number(path: str) -> int:
+    """A path's node number: the same in every process, never 0 (no node) or :data:`ROOT`
+    unless ``path`` is the root."""
+    if path == "/":
+        return ROOT
+    digest = hashlib.blake2b(path.encode("utf-8", "surrogateescape"), digest_size=8).digest()
+    return max(int.from_bytes(digest, "little") >> 1, ROOT + 1)
+
+
+class CheckpointTree(Tree):
+    block_size = 1 << 20
+
+    def __init__(self, store: Store, *, config: StripeConfig | None = None,
+                 ttl: float = 30.0, mode: int = 0o444, direct_io: bool = True) -> None:
+        self.store, self.config, self.ttl, self.direct_io = store, config, ttl, direct_io
+        self.file_mode = mode & 0o444
+        self.dir_mode = self.file_mode | (self.file_mode >> 2)  # search where readable
+        self._entries: dict[int, _Entry] = {}
+        self._children: dict[int, list[tuple[str, int]]] = {}
         self._loaded_at = float("-inf")
-        self._access: dict[str, Access | None] = {}
+        self._access: dict[str, Access] = {}
+        self._readers: dict[int, tuple[int, Reader]] = {}
         self._lock = threading.Lock()
 
-    def lookup(self, path: str) -> Entry | None:
-        """The entry at ``path`` ("/" is the root), or None."""
-        self._refresh_if_stale()
-        return self._entries.get(_norm(path))
+    # -- metadata --------------------------------------------------------------------------
 
-    def listdir(self, path: str) -> list[str] | None:
-        """Names in directory ``path``, or None if it is not a directory."""
-        self._refresh_if_stale()
-        return self._children.get(_norm(path))
+    def node(self, ino: int) -> Node | None:
+        entry = self._listing()[0].get(ino)
+        return None if entry is None else self._node(ino, entry)
 
-    def key(self, path: str) -> str:
-        return _norm(path).lstrip("/")
+    def lookup(self, parent: int, name: str) -> Node | None:
+        entries = self._listing()[0]
+        directory = entries.get(parent)
+        if directory is None or not directory.is_dir:
+            return None
+        ino = node_number(posixpath.join(directory.path, name))
+        entry = entries.get(ino)
+        return None if entry is None else self._node(ino, entry)
 
-    def access(self, path: str) -> Access | None:
+    def readdir(self, ino: int) -> list[tuple[str, Node]]:
+        entries, children = self._listing()
+        directory = entries.get(ino)
+        if directory is None or not directory.is_dir:
+            raise OSError(errno.ENOTDIR, "not a directory")
+        parent = node_number(posixpath.dirname(directory.path))
+        listing = [(".", self._node(ino, directory)),
+                   ("..", self._node(parent, entries.get(parent, directory)))]
+        return listing + [(name, self._node(child, entries[child]))
+                          for name, child in children.get(ino, [])]
+
+    def _node(self, ino: int, entry: _Entry) -> Node:
+        if entry.is_dir:
+            return Node(ino, stat.S_IFDIR | self.dir_mode, 0, entry.mtime, nlink=2)
+        access = self._access_of(entry.path)
+        bits = self.file_mode if access is None else access.mode & self.file_mode
+        uid = gid = 0
+        if access is not None:
+            uid, gid = access.uid or 0, access.gid or 0
+        return Node(ino, stat.S_IFREG | bits, entry.size, entry.mtime, uid=uid, gid=gid)
+
+    def _access_of(self, path: str) -> Access | None:
         """Who may read the file at ``path`` as the store says (None: it cannot say)."""
-        self._refresh_if_stale()
-        key = self.key(path)
         with self._lock:
-            if key in self._access:
-                return self._access[key]
+            if path in self._access:
+                return self._access[path]
         try:
-            found = self.store.access(key)
+            found = self.store.access(path.lstrip("/"))
         except FileNotFoundError:
             found = Access(None, None, 0)  # gone since the listing: nobody reads it
         with self._lock:
-            self._access[key] = found
+            self._access[path] = found
         return found
 
-    def _refresh_if_stale(self) -> None:
+    def _listing(self) -> tuple[dict[int, _Entry], dict[int, list[tuple[str, int]]]]:
         with self._lock:
             if time.monotonic() - self._loaded_at < self.ttl:
-                return
-            entries: dict[str, Entry] = {"/": Entry(True)}
-            children: dict[str, set[str]] = {"/": set()}
+                return self._entries, self._children
+            entries: dict[int, _Entry] = {ROOT: _Entry("/", True)}
+            children: dict[int, dict[str, int]] = {ROOT: {}}
             for info in self.store.list():
                 path = "/" + info.key
-                entries[path] = Entry(False, info.size, info.mtime)
+                entries[node_number(path)] = _Entry(path, False, info.size, info.mtime)
                 child = path
                 while child != "/":
                     parent = posixpath.dirname(child)
-                    children.setdefault(parent, set()).add(posixpath.basename(child))
-                    if parent not in entries:
-                        entries[parent] = Entry(True, 0, info.mtime)
+                    number = node_number(parent)
+                    children.setdefault(number, {})[posixpath.basename(child)] = \
+                        node_number(child)
+                    if number not in entries:
+                        entries[number] = _Entry(parent, True, 0, info.mtime)
                     child = parent
             self._entries = entries
-            self._children = {k: sorted(v) for k, v in children.items()}
+            self._children = {k: sorted(v.items()) for k, v in children.items()}
             self._access = {}
             self._loaded_at = time.monotonic()
+            return self._entries, self._children
 
+    # -- content ---------------------------------------------------------------------------
 
-def _norm(path: str) -> str:
-    return posixpath.normpath("/" + path.lstrip("/"))  # normpath keeps a leading "//"
+    def open(self, ino: int) -> int:
+        reader = self._open_reader(ino)
+        handle = secrets.randbits(63) | 1  # unique across servers of this connection
+        self._keep(handle, ino, reader)
+        return handle
+
+    def read(self, ino: int, handle: int, offset: int, size: int) -> bytes:
+        with self._lock:
+            held = self._readers.get(handle)
+        if held is None or held[0] != ino:  # a predecessor's handle: open it again
+            reader = self._open_reader(ino)
+            self._keep(handle, ino, reader)
+        else:
+            reader = held[1]
+        return reader.read(offset, size)
+
+    def release(self, ino: int, handle: int) -> None:
+        with self._lock:
+            held = self._readers.pop(handle, None)
+        if held is not None:
+            held[1].close()
+
+    def _open_reader(self, ino: int) -> Reader:
+        entry = self._listing()[0].get(ino)
+        if entry is None:
+            raise OSError(errno.ENOENT, "no such file")
+        if entry.is_dir:
+            raise OSError(errno.EISDIR, "is a directory")
+        try:
+            return open_reader(self.store, entry.path.lstrip("/"), config=self.config)
+        except FileNotFoundError:
+            raise OSError(errno.ENOENT, "gone from the store") from None
+
+    def _keep(self, handle: int, ino: int, reader: Reader) -> None:
+        with self._lock:
+            if len(self._readers) >= MAX_OPEN and handle not in self._readers:
+                reader.close()
+                raise OSError(errno.ENFILE, f"{MAX_OPEN} files of this mount are open")
+            old = self._readers.get(handle)
+            self._readers[handle] = (ino, reader)
+        if old is not None:
+            old[1].close()

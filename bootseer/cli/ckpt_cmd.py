@@ -45,21 +45,40 @@ def ckpt() -> None:
                              "config checkpoint.mount_mode).")
 @click.option("--memory", help="Memory for stripes across all open files, e.g. 512m "
                                "(default: config checkpoint.mount_memory).")
+@click.option("--fuse-fd", type=int, hidden=True,
+              help="--foreground: serve this /dev/fuse connection, already mounted at "
+                   "MOUNTPOINT by the caller, who keeps it (the node agent).")
+@click.option("--takeover-state", type=click.Path(dir_okay=False, path_type=Path),
+              hidden=True, help="With --fuse-fd: the connection's negotiated parameters.")
+@click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), hidden=True,
+              help="With --fuse-fd: created once the store is open and listed.")
 @pass_app
 def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_io: bool,
-          metadata_ttl: float, timeout: float, mode: str | None, memory: str | None) -> None:
+          metadata_ttl: float, timeout: float, mode: str | None, memory: str | None,
+          fuse_fd: int | None, takeover_state: Path | None, ready_file: Path | None) -> None:
     """Mount the store directory URL read-only at MOUNTPOINT, reads striped in parallel."""
     cfg = app.loaded.config.checkpoint
     file_mode = cfg.mount_mode if mode is None else coerce(FileMode, mode, "mode", "flag --mode")
     memory_cap = cfg.mount_memory if memory is None else \
         coerce(ByteSize, memory, "memory", "flag --memory")
-    check_mountpoint(mountpoint)
+    if fuse_fd is not None and not (foreground and takeover_state and ready_file):
+        raise click.UsageError("--fuse-fd needs --foreground, --takeover-state, --ready-file")
+    if fuse_fd is None:
+        check_mountpoint(mountpoint)
     if foreground:
+        from bootseer.fuse.server import serve, serve_at
+        from bootseer.fuse.tree import ROOT
         from bootseer.stripedfs.config import StripeConfig
-        from bootseer.stripedfs.fuse import mount as serve
+        from bootseer.stripedfs.tree import CheckpointTree
 
-        serve(open_store(url), mountpoint, direct_io=direct_io, metadata_ttl=metadata_ttl,
-              config=StripeConfig(max_memory=memory_cap), mode=file_mode)
+        tree = CheckpointTree(open_store(url), config=StripeConfig(max_memory=memory_cap),
+                              ttl=metadata_ttl, mode=file_mode, direct_io=direct_io)
+        if fuse_fd is None:
+            serve_at(tree, mountpoint, f"bootseer:{url}")
+            return
+        tree.node(ROOT)  # the store answers: list it before saying so
+        ready_file.touch()
+        serve(tree, fuse_fd, takeover_state=takeover_state)
         return
     args = [sys.executable, "-m", "bootseer", "ckpt", "mount", "--foreground", url,
             str(mountpoint), "--metadata-ttl", str(metadata_ttl),

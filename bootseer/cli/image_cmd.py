@@ -167,30 +167,10 @@ def mount(app: AppContext, name: str, mountpoint: Path, workload: str, prefetch:
         options = dataclasses.replace(options, stats=stats_path(cfg.cache_dir, mountpoint))
         serve(app.blobs, name, block_cache(cfg), mountpoint, options)
         return
-    pid = spawn_mount(_mount_argv(app, name, mountpoint, options), mountpoint,
+    pid = spawn_mount(options.argv(app.loaded.config.store, name, mountpoint), mountpoint,
                       f"image {name}", timeout,
                       server_log(app.loaded.config.cache_dir / "logs", "image-mount"))
     console.print(f"mounted image {name} at {mountpoint} (pid {pid})")
-
-
-def _mount_argv(app: AppContext, name: str, mountpoint: Path,
-                options: SessionOptions) -> list[str]:
-    """The command line of a FUSE server process for ``options``."""
-    args = [sys.executable, "-m", "bootseer", "--store", app.loaded.config.store, "image",
-            "mount", "--foreground", name, str(mountpoint), "--workload", options.workload,
-            "--prefetch" if options.prefetch else "--no-prefetch"]
-    if options.record is not None:
-        args += ["--record-auto" if options.record_auto else "--record",
-                 "--record-timeout", str(options.record.timeout)]
-        if options.record.ready_file is not None:
-            args += ["--ready-file", str(options.record.ready_file)]
-        if options.record.marker is not None:
-            args += ["--ready-marker", str(options.record.marker)]
-    if options.report is not None:
-        args += ["--report", str(options.report)]
-    if options.info is not None:
-        args += ["--info", str(options.info)]
-    return args
 
 
 @image.command("umount")
@@ -259,7 +239,7 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
         marker = root / str(ready_marker).lstrip("/") if ready_marker else None
         options = _options(app, workload, prefetch, record, signal / "ready", marker,
                            record_timeout, work / "report.json", work / "info.json")
-        pid = spawn_mount(_mount_argv(app, name, lower, options), lower, f"image {name}", 60.0,
+        pid = spawn_mount(options.argv(app.loaded.config.store, name, lower), lower, f"image {name}", 60.0,
                           work / "server.log")
         try:
             mounted = time.monotonic() - started

@@ -75,6 +75,7 @@ CACHE_SYMLINKS = 1 << 23  # the kernel keeps READLINK answers in its page cache
 NO_OPENDIR_SUPPORT = 1 << 24  # (from the kernel) the same for OPENDIR
 
 # -- open_out.open_flags -------------------------------------------------------------------
+FOPEN_DIRECT_IO = 1 << 0  # reads bypass the page cache, each goes to the server as asked
 FOPEN_KEEP_CACHE = 1 << 1  # do not drop the file's cached pages on open
 FOPEN_CACHE_DIR = 1 << 3  # the kernel may cache this directory's listing
 FOPEN_NOFLUSH = 1 << 5  # no FLUSH on close (nothing is ever written)
@@ -110,3 +111,5 @@ XATTR_SIZE = struct.Struct("=II")
 KSTATFS = struct.Struct("=QQQQQIIII24x")
 #: fuse_dirent without its name: ino, off, namelen, type
 DIRENT = struct.Struct("=QQII")
+#: fuse_release_in (the start of it): fh
+RELEASE_IN = struct.Struct("=Q")

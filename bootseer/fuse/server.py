@@ -1,0 +1,434 @@
+"""The FUSE protocol server: any :class:`~bootseer.fuse.tree.Tree` on a ``/dev/fuse`` connection.
+
+libfuse's connection dies with its process and it cannot serve a connection it has not
+seen ``FUSE_INIT`` on. The kernel needs neither: a connection lives as long as *any* file
+refers to it, and a new file can be attached to it with ``FUSE_DEV_IOC_CLONE``, getting a
+request queue of its own. So whoever mounts (:mod:`bootseer.fuse.connection`: the node
+agent, or a server mounting for itself) keeps the connection's file, and each server
+process serves a clone of it (:func:`serve`). When a server dies, the kernel ends the
+requests it had read but not answered with ``ECONNABORTED``; the ones still queued wait
+for the next server, which clones the file again and answers them. The first server
+answers ``FUSE_INIT`` and saves what it agreed with the kernel (:class:`Negotiated`); a
+later one reads it back, since no INIT comes again.
+
+Takeover needs no memory of the old server because the tree names nodes the same in every
+process (:mod:`bootseer.fuse.tree`), lookups are not counted (FORGET is ignored), and a
+read on a handle the tree never gave out makes the tree re-create it.
+
+What every mount answers alike: ``ENOENT`` for a missing name (cached by the kernel as a
+negative entry for the tree's TTL), ``ENODATA`` for a missing xattr, ``EROFS`` for
+anything that writes, ``EIO`` (logged) for a read that fails; FLUSH, and GETXATTR on a tree
+without xattrs, are ``ENOSYS`` so the kernel stops asking. For an immutable tree, answers
+about metadata are packed once and reused, opens cost no round trip where the kernel
+allows it (see :meth:`_Server.agree`; else they answer ``FOPEN_KEEP_CACHE``), directory
+listings and symlink targets are cached by the kernel. Reads may be up to
+:data:`MAX_PAGES` pages.
+
+Speed matters, since every request costs a trip through this Python process: the structs
+are compiled once and a request is read into a per-thread buffer rather than a new one.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import math
+import os
+import signal
+import stat
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from itertools import islice
+from pathlib import Path
+
+from bootseer.fuse import FuseError
+from bootseer.fuse import proto as p
+from bootseer.fuse.connection import READAHEAD, clone_fd, detach, open_connection
+from bootseer.fuse.tree import Node, Tree
+from bootseer.jsonfile import write_json
+
+log = logging.getLogger(__name__)
+
+#: Reader threads: enough to overlap a few fetches from the store while cached reads go
+#: on; more only contend for the GIL.
+DEFAULT_THREADS = 8
+#: Reads of up to 1 MiB per request (the kernel caps it at its fuse_max_pages_limit).
+MAX_PAGES = 256
+#: Nothing is ever written, so only the kernel's minimum read buffer depends on this.
+MAX_WRITE = 128 << 10
+#: A request is at most max_write plus its headers; one read() gets exactly one request.
+HEADER_ROOM = 4096
+#: Asynchronous requests (readahead) the kernel keeps in flight at once (its default: 12).
+MAX_BACKGROUND = 64
+CONGESTION_THRESHOLD = 48
+WANTED_FLAGS = p.ASYNC_READ | p.PARALLEL_DIROPS | p.MAX_PAGES | p.CACHE_SYMLINKS
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC
+_OK_HEADER = p.OUT_HEADER.size
+#: A write of an answer fails so when its request is gone (interrupted, or the connection
+#: aborted); nobody is waiting for it any more.
+_GONE = (errno.ENOENT, errno.ENODEV)
+
+#: What a tree says with an ``OSError`` and the caller sees as is; any other failure is
+#: ``EIO`` (a store error's errno means nothing to a reader of the mount).
+TREE_ERRORS = frozenset((errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EINVAL,
+                         errno.ENFILE))
+
+Handler = Callable[[int, int, memoryview], None]
+
+
+@dataclass(frozen=True)
+class Negotiated:
+    """What FUSE_INIT settled for a connection: the first server saves it, a taking-over
+    server loads it (the kernel sends INIT once per connection)."""
+
+    minor: int  # protocol 7.<minor> as answered
+    flags: int  # FUSE_INIT flags in force
+    max_readahead: int
+    max_write: int
+    max_pages: int
+    kernel_minor: int  # what the kernel offered
+    kernel_flags: int
+
+    def save(self, path: Path) -> None:
+        write_json(path, asdict(self))
+
+    @classmethod
+    def load(cls, path: Path) -> Negotiated | None:
+        try:
+            return cls(**json.loads(path.read_text()))
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError) as exc:
+            raise FuseError(f"takeover state {path} is unreadable: {exc}") from exc
+
+
+def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
+          threads: int = DEFAULT_THREADS) -> Negotiated | None:
+    """Serve ``tree`` on the FUSE connection of ``fd`` until it is unmounted (or aborted).
+
+    ``fd`` is a mounted connection's file (:mod:`bootseer.fuse.connection`); it is cloned,
+    not read, and left open. ``takeover_state`` is where the connection's
+    :class:`Negotiated` parameters live, for connections that outlive their server:
+    written when this server answers FUSE_INIT, read when it takes over a connection
+    already initialised. A state file left from an earlier mount is harmless: a fresh
+    connection always sends INIT first, and answering it rewrites the file.
+
+    Returns what is in force for the connection (None if it ended before INIT).
+    """
+    negotiated = Negotiated.load(takeover_state) if takeover_state is not None else None
+    if negotiated is not None:
+        log.info("taking over FUSE connection (protocol 7.%d, flags %#x)", negotiated.minor,
+                 negotiated.flags)
+    clone = clone_fd(fd)
+    server = _Server(tree, clone, takeover_state, negotiated)
+    workers = [threading.Thread(target=server.run, name=f"fuse-{i}", daemon=True)
+               for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    # Interrupted here (SIGINT, a SIGTERM handler raising), the clone stays open: workers
+    # may still answer on it, and its number must not go to another file meanwhile. The
+    # process exit closes it, ending what was in flight as a kill would.
+    for worker in workers:
+        worker.join()
+    os.close(clone)
+    if server.failure is not None:
+        raise FuseError(f"serving FUSE failed: {server.failure}") from server.failure
+    return server.negotiated
+
+
+def serve_at(tree: Tree, mountpoint: Path, source: str, *,
+             threads: int = DEFAULT_THREADS) -> None:
+    """Mount a connection at ``mountpoint`` for this process (root: mount(2); anyone else:
+    fusermount3) and serve ``tree`` on it until it is unmounted; SIGTERM and SIGINT
+    unmount it, so the caller's cleanup after this returns still runs. The connection
+    ends with this process: for mounts that must outlive their server, the node agent
+    holds the connection and servers :func:`serve` it."""
+    fd = open_connection(mountpoint, source)
+
+    def stop(signum: int, frame: object) -> None:
+        detach(mountpoint)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        serve(tree, fd, threads=threads)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.close(fd)
+
+
+class _Server:
+    """The request handlers, shared by the reader threads; no state but caches."""
+
+    def __init__(self, tree: Tree, fd: int, state_path: Path | None,
+                 negotiated: Negotiated | None) -> None:
+        self.tree, self.fd, self.state_path = tree, fd, state_path
+        self.no_open = self.no_opendir = False
+        self.negotiated: Negotiated | None = None
+        if negotiated is not None:
+            self.agree(negotiated)
+        self.failure: OSError | None = None
+        ttl = tree.ttl
+        self.valid = (math.floor(ttl), int((ttl % 1) * 1e9))
+        # An immutable tree's answers, packed on first use (a dict store is atomic under the
+        # GIL; two threads packing the same node at once only waste a little work).
+        self.cache = tree.immutable
+        self.entry_outs: dict[int, bytes] = {}
+        self.attr_outs: dict[int, bytes] = {}
+        self.listings: dict[int, list[bytes]] = {}
+        seconds, nanos = self.valid
+        self.negative = p.ENTRY_OUT.pack(0, 0, seconds, seconds, nanos, nanos) + \
+            bytes(p.ATTR.size)
+        open_flags = p.FOPEN_NOFLUSH
+        if tree.immutable:
+            open_flags |= p.FOPEN_KEEP_CACHE
+        if tree.direct_io:
+            open_flags |= p.FOPEN_DIRECT_IO
+        self.open_flags = open_flags
+        max_write = max(MAX_WRITE, negotiated.max_write if negotiated else 0)
+        self.buffer_size = max_write + HEADER_ROOM
+        self.handlers: dict[int, Handler] = {
+            p.INIT: self.init, p.LOOKUP: self.lookup, p.GETATTR: self.getattr,
+            p.READLINK: self.readlink, p.OPEN: self.open, p.READ: self.read,
+            p.RELEASE: self.release, p.OPENDIR: self.opendir, p.READDIR: self.readdir,
+            p.RELEASEDIR: self.ok, p.STATFS: self.statfs, p.GETXATTR: self.getxattr,
+            p.LISTXATTR: self.listxattr, p.ACCESS: self.ok, p.DESTROY: self.ok,
+            p.FLUSH: self.enosys,
+        }
+        for opcode in p.WRITE_OPCODES:
+            self.handlers[opcode] = self.erofs
+        for opcode in p.NO_REPLY_OPCODES:
+            self.handlers[opcode] = self.ignore
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Read and answer requests until the connection is gone (ENODEV)."""
+        buffer = bytearray(self.buffer_size)
+        view = memoryview(buffer)
+        unpack, handlers, enosys = p.IN_HEADER.unpack_from, self.handlers, self.enosys
+        readv, fd, header = os.readv, self.fd, p.IN_HEADER.size
+        while True:
+            try:
+                n = readv(fd, (buffer,))
+            except OSError as exc:
+                if exc.errno == errno.ENODEV:  # unmounted or aborted
+                    return
+                if exc.errno in (errno.ENOENT, errno.EAGAIN):  # request gone before read
+                    continue
+                self.failure = exc
+                return
+            _, opcode, unique, nodeid, _, _, _, _, _ = unpack(buffer)
+            try:
+                handlers.get(opcode, enosys)(unique, nodeid, view[header:n])
+            except OSError as exc:
+                if exc.errno in TREE_ERRORS:
+                    self.error(unique, exc.errno)
+                else:
+                    self._failed(unique, opcode, nodeid, exc)
+            except Exception as exc:
+                self._failed(unique, opcode, nodeid, exc)
+
+    def _failed(self, unique: int, opcode: int, nodeid: int, exc: Exception) -> None:
+        """A request the tree could not answer (the store unreachable, a block corrupt
+        twice): logged, and ``EIO`` for the caller, never short or wrong bytes."""
+        log.error("FUSE request %d (opcode %d, node %d) failed: %s", unique, opcode, nodeid,
+                  exc, exc_info=not isinstance(exc, OSError))
+        self.error(unique, errno.EIO)
+
+    def reply(self, unique: int, body: bytes = b"") -> None:
+        self.send((p.OUT_HEADER.pack(_OK_HEADER + len(body), 0, unique), body))
+
+    def error(self, unique: int, err: int) -> None:
+        self.send((p.OUT_HEADER.pack(_OK_HEADER, -err, unique),))
+
+    def send(self, parts: tuple[bytes, ...]) -> None:
+        """Write one answer (a single write: the kernel takes one message per write)."""
+        try:
+            os.writev(self.fd, parts)
+        except OSError as exc:
+            if exc.errno not in _GONE:
+                log.error("answering a FUSE request failed: %s", exc)
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    def init(self, unique: int, nodeid: int, body: memoryview) -> None:
+        major, minor, max_readahead, flags = p.INIT_IN.unpack_from(body)
+        if major != p.KERNEL_VERSION or minor < p.MIN_MINOR:
+            log.error("kernel FUSE protocol %d.%d is not supported (need %d.%d or later)",
+                      major, minor, p.KERNEL_VERSION, p.MIN_MINOR)
+            self.error(unique, errno.EPROTO)
+            return
+        # The kernel takes the smaller of this and the mount's readahead: asking for more
+        # than it offered keeps what the connection's mount set.
+        negotiated = Negotiated(minor=min(minor, p.MAX_MINOR), flags=flags & WANTED_FLAGS,
+                                max_readahead=max(max_readahead, READAHEAD),
+                                max_write=MAX_WRITE,
+                                max_pages=MAX_PAGES, kernel_minor=minor, kernel_flags=flags)
+        # Saved before answering: once answered, a server killed before saving would leave
+        # a connection no successor could know it is initialised.
+        if self.state_path is not None:
+            negotiated.save(self.state_path)
+        self.agree(negotiated)
+        log.info("FUSE connection initialised: protocol 7.%d, flags %#x (kernel: 7.%d, %#x)",
+                 negotiated.minor, negotiated.flags, minor, flags)
+        self.reply(unique, p.INIT_OUT.pack(
+            p.KERNEL_VERSION, negotiated.minor, negotiated.max_readahead, negotiated.flags,
+            MAX_BACKGROUND, CONGESTION_THRESHOLD, MAX_WRITE, 1, MAX_PAGES, 0, 0))
+
+    def agree(self, negotiated: Negotiated) -> None:
+        """Take on what INIT settled. For a tree whose opens need no state, where the
+        kernel supports it, OPEN and OPENDIR are answered ENOSYS once, and then never sent
+        again: opening costs no round trip (nor does RELEASE), and the kernel's default for
+        such opens is to keep the page cache and cache directories, just what an immutable
+        tree wants."""
+        stateless = self.tree.stateless_open and self.tree.immutable
+        self.no_open = stateless and bool(negotiated.kernel_flags & p.NO_OPEN_SUPPORT)
+        self.no_opendir = self.tree.immutable and \
+            bool(negotiated.kernel_flags & p.NO_OPENDIR_SUPPORT)
+        self.negotiated = negotiated
+
+    def lookup(self, unique: int, parent: int, body: memoryview) -> None:
+        name = os.fsdecode(bytes(body).partition(b"\0")[0])
+        node = self.tree.lookup(parent, name)
+        if node is None:
+            self.reply(unique, self.negative)  # node id 0: the kernel caches the miss
+            return
+        out = self.entry_outs.get(node.ino)
+        if out is None:
+            seconds, nanos = self.valid
+            out = p.ENTRY_OUT.pack(node.ino, 0, seconds, seconds, nanos, nanos) + _attr(node)
+            if self.cache:
+                self.entry_outs[node.ino] = out
+        self.reply(unique, out)
+
+    def getattr(self, unique: int, nodeid: int, body: memoryview) -> None:
+        out = self.attr_outs.get(nodeid)
+        if out is None:
+            node = self.tree.node(nodeid)
+            if node is None:
+                self.error(unique, errno.ENOENT)
+                return
+            out = p.ATTR_OUT.pack(self.valid[0], self.valid[1], 0) + _attr(node)
+            if self.cache:
+                self.attr_outs[nodeid] = out
+        self.reply(unique, out)
+
+    def readlink(self, unique: int, nodeid: int, body: memoryview) -> None:
+        self.reply(unique, self.tree.readlink(nodeid))
+
+    def open(self, unique: int, nodeid: int, body: memoryview) -> None:
+        flags, _ = p.OPEN_IN.unpack_from(body)
+        if flags & _WRITE_FLAGS:
+            self.error(unique, errno.EROFS)
+        elif self.no_open:
+            self.error(unique, errno.ENOSYS)
+        else:
+            handle = self.tree.open(nodeid)
+            self.reply(unique, p.OPEN_OUT.pack(handle, self.open_flags, 0))
+
+    def read(self, unique: int, nodeid: int, body: memoryview) -> None:
+        handle, offset, size = p.READ_IN.unpack_from(body)
+        data = self.tree.read(nodeid, handle, offset, size)
+        self.send((p.OUT_HEADER.pack(_OK_HEADER + len(data), 0, unique), data))
+
+    def release(self, unique: int, nodeid: int, body: memoryview) -> None:
+        handle, = p.RELEASE_IN.unpack_from(body)
+        self.tree.release(nodeid, handle)
+        self.reply(unique)
+
+    def opendir(self, unique: int, nodeid: int, body: memoryview) -> None:
+        node = self.tree.node(nodeid)
+        if node is None or not node.is_dir:
+            self.error(unique, errno.ENOTDIR if node else errno.ENOENT)
+        elif self.no_opendir:
+            self.error(unique, errno.ENOSYS)
+        else:
+            flags = p.FOPEN_KEEP_CACHE | p.FOPEN_CACHE_DIR if self.tree.immutable else 0
+            self.reply(unique, p.OPEN_OUT.pack(0, flags, 0))
+
+    def readdir(self, unique: int, nodeid: int, body: memoryview) -> None:
+        _, offset, size = p.READ_IN.unpack_from(body)
+        records = self.listings.get(nodeid)
+        if records is None:
+            records = self._listing(nodeid)
+            if self.cache:
+                self.listings[nodeid] = records
+        out, total = [], 0
+        for record in islice(records, offset, None):  # offset: records already returned
+            total += len(record)
+            if total > size:
+                break
+            out.append(record)
+        self.reply(unique, b"".join(out))
+
+    def _listing(self, ino: int) -> list[bytes]:
+        """The directory's ``fuse_dirent`` records; each record's offset is the number of
+        records up to and including it."""
+        records = []
+        for offset, (name, node) in enumerate(self.tree.readdir(ino), 1):
+            raw = os.fsencode(name)
+            record = p.DIRENT.pack(node.ino, offset, len(raw), stat.S_IFMT(node.mode) >> 12)
+            record += raw
+            records.append(record + bytes(-len(record) % 8))
+        return records
+
+    def statfs(self, unique: int, nodeid: int, body: memoryview) -> None:
+        size = self.tree.block_size
+        self.reply(unique, p.KSTATFS.pack(0, 0, 0, 0, 0, size, 255, size, 0))
+
+    def getxattr(self, unique: int, nodeid: int, body: memoryview) -> None:
+        if not self.tree.has_xattrs:  # the kernel stops asking (overlayfs asks on every lookup)
+            self.error(unique, errno.ENOSYS)
+            return
+        size, _ = p.XATTR_SIZE.unpack_from(body)
+        name = os.fsdecode(bytes(body[p.XATTR_SIZE.size:]).partition(b"\0")[0])
+        value = self.tree.getxattr(nodeid, name)
+        if value is None:
+            self.error(unique, errno.ENODATA)
+        else:
+            self._sized(unique, size, value)
+
+    def listxattr(self, unique: int, nodeid: int, body: memoryview) -> None:
+        size, _ = p.XATTR_SIZE.unpack_from(body)
+        names = self.tree.listxattr(nodeid)
+        self._sized(unique, size, b"".join(os.fsencode(n) + b"\0" for n in names))
+
+    def _sized(self, unique: int, size: int, value: bytes) -> None:
+        """An xattr answer: its length if asked for (size 0), else the value if it fits."""
+        if size == 0:
+            self.reply(unique, p.XATTR_SIZE.pack(len(value), 0))
+        elif size < len(value):
+            self.error(unique, errno.ERANGE)
+        else:
+            self.reply(unique, value)
+
+    def ok(self, unique: int, nodeid: int, body: memoryview) -> None:
+        self.reply(unique)
+
+    def enosys(self, unique: int, nodeid: int, body: memoryview) -> None:
+        self.error(unique, errno.ENOSYS)
+
+    def erofs(self, unique: int, nodeid: int, body: memoryview) -> None:
+        self.error(unique, errno.EROFS)
+
+    def ignore(self, unique: int, nodeid: int, body: memoryview) -> None:
+        """FORGET and BATCH_FORGET (nothing is counted), INTERRUPT (answers come quickly
+        or, for a slow fetch, are worth waiting for): the kernel expects no answer."""
+
+
+def _attr(node: Node) -> bytes:
+    """The packed ``fuse_attr`` of a node (all three times are its mtime)."""
+    seconds = math.floor(node.mtime)  # before 1970 it wraps, as the kernel reads it signed
+    nanos = min(int((node.mtime - seconds) * 1e9), 999_999_999)
+    rdev = 0
+    if node.rdev:  # the kernel's new_encode_dev
+        major, minor = os.major(node.rdev), os.minor(node.rdev)
+        rdev = ((minor & 0xFF) | (major << 8) | ((minor & ~0xFF) << 12)) & 0xFFFFFFFF
+    seconds &= 0xFFFFFFFFFFFFFFFF
+    return p.ATTR.pack(node.ino, node.size, (node.size + 511) // 512, seconds, seconds,
+                       seconds, nanos, nanos, nanos, node.mode, node.nlink, node.uid,
+                       node.gid, rdev, 0, 0)
