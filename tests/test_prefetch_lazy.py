@@ -28,9 +28,10 @@ from test_prefetch_rootfs import (
 from bootseer.mounts import is_mounted
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch.blockformat import Manifest
+from bootseer.prefetch.blocksource import BlockIntegrityError
 from bootseer.prefetch.convert import convert
 from bootseer.prefetch.image_source import open_image
-from bootseer.prefetch.lazyimage import BlockIntegrityError, LazyImage
+from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.store import BlobStore, open_store
 from bootseer.store.local import LocalStore, pid_alive
 
