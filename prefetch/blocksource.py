@@ -62,6 +62,14 @@ class Run:
     pack: str
     pieces: list[Piece]
 
+    @property
+    def start(self) -> int:
+        return self.pieces[0].offset
+
+    @property
+    def end(self) -> int:
+        return self.pieces[-1].offset + self.pieces[-1].length
+
 
 def adjacent_runs(pieces: Iterable[Piece]) -> list[list[Piece]]:
     """Pieces of one pack, in the order given, cut wherever one does not start where the
@@ -75,27 +83,43 @@ def adjacent_runs(pieces: Iterable[Piece]) -> list[list[Piece]]:
     return runs
 
 
+def runs(manifest: Manifest, indexes: Iterable[int]) -> list[Run]:
+    """The blocks at these manifest indexes, in the image's own packs, as runs."""
+    table = manifest.blocks
+    ordered = sorted(set(indexes), key=lambda i: (table[i].pack, table[i].offset))
+    return [Run(manifest.packs[pack], run)
+            for pack, group in itertools.groupby(ordered, key=lambda i: table[i].pack)
+            for run in adjacent_runs(Piece(i, table[i].offset, table[i].length)
+                                     for i in group)]
+
+
+_decompressors = threading.local()  # a ZstdDecompressor is not thread-safe
+
+
+def verified(piece: bytes | memoryview, location: BlockLocation) -> bytes | None:
+    """The block's bytes if ``piece`` decompresses to them and they match the digest."""
+    decompressor = getattr(_decompressors, "d", None)
+    if decompressor is None:
+        decompressor = _decompressors.d = zstandard.ZstdDecompressor()
+    try:
+        data = decompressor.decompress(piece, max_output_size=location.size)
+    except zstandard.ZstdError:
+        return None
+    if len(data) != location.size or hashlib.sha256(data).hexdigest() != location.digest:
+        return None
+    return data
+
+
 class BlockSource:
     def __init__(self, store: Store, manifest: Manifest, image_id: str) -> None:
         self.store, self.manifest, self.image_id = store, manifest, image_id
         self._lock = threading.Lock()  # for the counts: a FetchCounts is shared by threads
-        self._decompressor = threading.local()  # a ZstdDecompressor is not thread-safe
-
-    def runs(self, indexes: Iterable[int]) -> list[Run]:
-        """The blocks at these manifest indexes, in the image's own packs, as runs."""
-        table = self.manifest.blocks
-        ordered = sorted(set(indexes), key=lambda i: (table[i].pack, table[i].offset))
-        return [Run(self.manifest.packs[pack], run)
-                for pack, group in itertools.groupby(ordered, key=lambda i: table[i].pack)
-                for run in adjacent_runs(Piece(i, table[i].offset, table[i].length)
-                                         for i in group)]
 
     def fetch(self, run: Run, stats: FetchCounts) -> Iterator[tuple[int, bytes | Exception]]:
         """Read ``run`` and yield (index, verified bytes or the error) for each block, in
         order, each as soon as it is ready; count the cost in ``stats``."""
         table = self.manifest.blocks
-        start = run.pieces[0].offset
-        end = run.pieces[-1].offset + run.pieces[-1].length
+        start, end = run.start, run.end
         raw: memoryview | None = None
         failure: Exception | None = None
         try:
@@ -116,7 +140,7 @@ class BlockSource:
             location = table[index]
             data = None
             if raw is not None:
-                data = self._decompress(raw[offset - start : offset - start + length], location)
+                data = verified(raw[offset - start : offset - start + length], location)
             if data is None:
                 try:
                     data = self._refetch(location, stats)
@@ -133,27 +157,13 @@ class BlockSource:
         pack = self.manifest.packs[location.pack]
         log.warning("block %s did not verify or could not be read; fetching it from %s",
                     location.digest, pack)
-        data = self._decompress(
-            self.store.read_range(pack, location.offset, location.length), location)
+        data = verified(self.store.read_range(pack, location.offset, location.length), location)
         self._count(stats, fetch_requests=1, bytes_fetched=location.length)
         if data is None:
             raise BlockIntegrityError(
                 f"image {self.image_id}: block {location.digest} (pack {pack}, bytes "
                 f"{location.offset}-{location.offset + location.length}) is corrupt in the "
                 f"store: it did not match its digest twice")
-        return data
-
-    def _decompress(self, piece: bytes | memoryview, location: BlockLocation) -> bytes | None:
-        """The block's bytes if they decompress and match the digest, else None."""
-        decompressor = getattr(self._decompressor, "d", None)
-        if decompressor is None:
-            decompressor = self._decompressor.d = zstandard.ZstdDecompressor()
-        try:
-            data = decompressor.decompress(piece, max_output_size=location.size)
-        except zstandard.ZstdError:
-            return None
-        if len(data) != location.size or hashlib.sha256(data).hexdigest() != location.digest:
-            return None
         return data
 
     def _count(self, stats: FetchCounts, **deltas: int) -> None:

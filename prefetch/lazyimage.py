@@ -36,7 +36,7 @@ from bootseer.config import Config
 from bootseer.errors import BootseerError
 from bootseer.nodecache import CacheBusy, NodeCache
 from bootseer.prefetch.blockformat import IMAGE_REF_PREFIX, MAX_MANIFEST_BYTES, FileEntry, Manifest
-from bootseer.prefetch.blocksource import BlockSource, FetchCounts, Piece, Run
+from bootseer.prefetch.blocksource import BlockSource, FetchCounts, Piece, Run, runs
 from bootseer.prefetch.hotlist import Recorder
 from bootseer.prefetch.inflight import InFlight
 from bootseer.prefetch.memorytier import MemoryTier
@@ -177,7 +177,7 @@ class LazyImage:
             with self.demand_changed:
                 self.demand_fetches += 1
             try:
-                self._fetch(self.source.runs([*mine, *extra]), self.stats, prefetch=False)
+                self._fetch(runs(self.manifest, [*mine, *extra]), self.stats, prefetch=False)
             finally:
                 with self.demand_changed:
                     self.demand_fetches -= 1

@@ -16,6 +16,7 @@ from bootseer.prefetch.blocksource import (
     Piece,
     Run,
     adjacent_runs,
+    runs,
 )
 from bootseer.prefetch.convert import convert
 from bootseer.prefetch.image_source import open_image
@@ -61,20 +62,21 @@ def test_adjacent_runs_cut_where_a_piece_does_not_follow() -> None:
 
 
 def test_neighbours_are_one_run_and_a_gap_cuts_it(image) -> None:
-    store, manifest, blocks = image
-    source = BlockSource(store, manifest, "sha256:x")
-    (run,) = source.runs(reversed(blocks + blocks))  # any order, duplicates: one run
+    _, manifest, blocks = image
+    (run,) = runs(manifest, reversed(blocks + blocks))  # any order, duplicates: one run
     assert [p.index for p in run.pieces] == blocks
     assert run.pack == manifest.packs[manifest.blocks[blocks[0]].pack]
-    runs = source.runs([blocks[0], blocks[1], blocks[4]])
-    assert [[p.index for p in r.pieces] for r in runs] == [blocks[:2], [blocks[4]]]
+    assert (run.start, run.end) == (run.pieces[0].offset,
+                                    sum(p.length for p in run.pieces) + run.pieces[0].offset)
+    cut = runs(manifest, [blocks[0], blocks[1], blocks[4]])
+    assert [[p.index for p in r.pieces] for r in cut] == [blocks[:2], [blocks[4]]]
 
 
 def test_a_run_is_one_ranged_read_and_every_block_is_verified(image) -> None:
     store, manifest, blocks = image
     source = BlockSource(store, manifest, "sha256:x")
     stats = FetchCounts()
-    (run,) = source.runs(blocks)
+    (run,) = runs(manifest, blocks)
     got = dict(source.fetch(run, stats))
     assert b"".join(got[i] for i in blocks) == BIG
     length = sum(p.length for p in run.pieces)
@@ -87,7 +89,7 @@ def test_a_corrupt_block_is_fetched_once_more_then_fails_alone(image, caplog) ->
     corrupt(store, manifest, blocks[2])
     source = BlockSource(store, manifest, "sha256:x")
     stats = FetchCounts()
-    (run,) = source.runs(blocks)
+    (run,) = runs(manifest, blocks)
     got = dict(source.fetch(run, stats))
     assert isinstance(got[blocks[2]], BlockIntegrityError)
     assert manifest.blocks[blocks[2]].digest in str(got[blocks[2]])
@@ -101,7 +103,7 @@ def test_a_foreign_pack_that_fails_falls_back_to_the_home_packs(image, tmp_path)
     """A hot pack that is missing, or holds wrong bytes, costs refetches, not data."""
     store, manifest, blocks = image
     source = BlockSource(store, manifest, "sha256:x")
-    (home,) = source.runs(blocks[:2])
+    (home,) = runs(manifest, blocks[:2])
     missing = Run("packs/" + "0" * 64, home.pieces)
     stats = FetchCounts()
     assert [d for _, d in source.fetch(missing, stats)] == [BIG[:MIB], BIG[MIB : 2 * MIB]]
@@ -115,7 +117,7 @@ def test_a_foreign_pack_that_fails_falls_back_to_the_home_packs(image, tmp_path)
 def test_an_unreadable_home_pack_fails_every_block_of_the_run(image) -> None:
     store, manifest, blocks = image
     source = BlockSource(store, manifest, "sha256:x")
-    (run,) = source.runs(blocks)
+    (run,) = runs(manifest, blocks)
     (store.root / run.pack).unlink()
     stats = FetchCounts()
     got = list(source.fetch(run, stats))
