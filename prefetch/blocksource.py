@@ -10,7 +10,8 @@ block alone (:class:`BlockIntegrityError` when it is corrupt in the store).
 
 The source knows nothing of caches or of who waits for a block: it hands each block out
 as soon as it is verified, and the caller (:class:`~bootseer.prefetch.lazyimage.LazyImage`)
-keeps it and wakes the readers.
+keeps it and wakes the readers. Its rules, :func:`runs` and :func:`verified`, serve
+whoever else reads packs (:mod:`bootseer.prefetch.hotpack` lays blocks out with them).
 """
 
 from __future__ import annotations

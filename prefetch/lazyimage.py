@@ -11,8 +11,9 @@ translates). :class:`LazyImage` composes the parts, each a module of its own:
   the file that are not local either;
 * the :class:`~bootseer.prefetch.blocksource.BlockSource` fetches what was claimed, one
   ranged read per run of neighbours, each block verified (a corrupt one is fetched once
-  more, then fails with :class:`BlockIntegrityError`: EIO through FUSE); each block is kept
-  (disk cache, memory) before its claim is settled and its waiters wake.
+  more, then fails with :class:`~bootseer.prefetch.blocksource.BlockIntegrityError`: EIO
+  through FUSE); each block is kept (disk cache, memory) before its claim is settled and
+  its waiters wake.
 
 A :class:`~bootseer.prefetch.prefetcher.Prefetcher` fills the same caches ahead of the
 reads, from the image's hot list: it claims blocks in the same in-flight table
