@@ -17,10 +17,9 @@ from __future__ import annotations
 import hashlib
 import logging
 
-import zstandard
-
 from bootseer.errors import IntegrityError
-from bootseer.prefetch.blockformat import PACK_PREFIX, BlockLocation, Manifest
+from bootseer.prefetch.blockformat import PACK_PREFIX, Manifest
+from bootseer.prefetch.blocksource import runs, verified
 from bootseer.prefetch.hotlist import HotLayout
 from bootseer.store import BlobStore
 
@@ -32,17 +31,18 @@ WINDOW_BYTES = 64 << 20
 
 def write_hot_pack(blobs: BlobStore, manifest: Manifest, digests: list[str]) -> HotLayout:
     """Publish a pack of the blocks ``digests`` (in that order); return where each one is."""
-    where = {b.digest: b for b in manifest.blocks}
+    where = {b.digest: i for i, b in enumerate(manifest.blocks)}
     order = [where[d] for d in dict.fromkeys(digests) if d in where]
     pieces: dict[str, tuple[int, int]] = {}
     pack_hash = hashlib.sha256()
     offset = 0
     with blobs.store.open_writer() as writer:
-        for window in _windows(order):
+        for window in _windows(manifest, order):
             data = _read_blocks(blobs, manifest, window)
-            for location in window:
-                writer.write(data[location.digest])
-                pack_hash.update(data[location.digest])
+            for i in window:
+                location = manifest.blocks[i]
+                writer.write(data[i])
+                pack_hash.update(data[i])
                 pieces[location.digest] = (offset, location.length)
                 offset += location.length
         key = PACK_PREFIX + pack_hash.hexdigest()
@@ -54,44 +54,27 @@ def write_hot_pack(blobs: BlobStore, manifest: Manifest, digests: list[str]) -> 
     return HotLayout(key, pieces)
 
 
-def _windows(order: list[BlockLocation]) -> list[list[BlockLocation]]:
-    windows: list[list[BlockLocation]] = [[]]
+def _windows(manifest: Manifest, order: list[int]) -> list[list[int]]:
+    windows: list[list[int]] = [[]]
     size = 0
-    for location in order:
+    for i in order:
         if size >= WINDOW_BYTES:
             windows.append([])
             size = 0
-        windows[-1].append(location)
-        size += location.length
+        windows[-1].append(i)
+        size += manifest.blocks[i].length
     return [w for w in windows if w]
 
 
-def _read_blocks(blobs: BlobStore, manifest: Manifest,
-                 window: list[BlockLocation]) -> dict[str, bytes]:
+def _read_blocks(blobs: BlobStore, manifest: Manifest, window: list[int]) -> dict[int, bytes]:
     """The verified compressed bytes of each block in ``window``, read run by run."""
-    out: dict[str, bytes] = {}
-    ordered = sorted(window, key=lambda b: (b.pack, b.offset))
-    runs: list[list[BlockLocation]] = []
-    for location in ordered:
-        prev = runs[-1][-1] if runs else None
-        if prev is not None and prev.pack == location.pack and \
-                prev.offset + prev.length == location.offset:
-            runs[-1].append(location)
-        else:
-            runs.append([location])
-    decompressor = zstandard.ZstdDecompressor()
-    for run in runs:
-        pack = manifest.packs[run[0].pack]
-        start = run[0].offset
-        raw = blobs.store.read_range(pack, start, run[-1].offset + run[-1].length - start)
-        for location in run:
-            piece = raw[location.offset - start : location.offset - start + location.length]
-            try:
-                data = decompressor.decompress(piece, max_output_size=location.size)
-            except zstandard.ZstdError:
-                data = b""
-            if hashlib.sha256(data).hexdigest() != location.digest:
-                raise IntegrityError(f"block {location.digest} in {pack} does not match its "
-                                     f"digest; not laying it out in a hot pack")
-            out[location.digest] = piece
+    out: dict[int, bytes] = {}
+    for run in runs(manifest, window):
+        raw = blobs.store.read_range(run.pack, run.start, run.end - run.start)
+        for i, offset, length in run.pieces:
+            piece = raw[offset - run.start : offset - run.start + length]
+            if verified(piece, manifest.blocks[i]) is None:
+                raise IntegrityError(f"block {manifest.blocks[i].digest} in {run.pack} does not "
+                                     f"match its digest; not laying it out in a hot pack")
+            out[i] = piece
     return out

@@ -7,7 +7,8 @@ request is small (:data:`FIRST_REQUEST`) and each next one may be twice as large
 ``request_size``: the blocks the start needs first arrive after a short read, the bulk
 comes in large ones. ``concurrency`` requests are in flight at once, issued in list order.
 
-It shares the lazy image's in-flight table (:meth:`LazyImage.claim`): a block a read is
+It shares the lazy image's in-flight table (:meth:`LazyImage.claim`, see
+:mod:`bootseer.prefetch.inflight`): a block a read is
 already fetching is skipped, and a read of a block the prefetcher is fetching waits for
 that fetch, so nothing is fetched twice. Reads go first: while any read is fetching
 blocks of its own, only one prefetch request is in flight. A hot list that no longer
@@ -24,8 +25,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bootseer.prefetch.blocksource import FetchCounts, Piece, adjacent_runs
 from bootseer.prefetch.hotlist import HotList
-from bootseer.prefetch.lazyimage import FetchCounts, LazyImage, Piece
+from bootseer.prefetch.lazyimage import LazyImage
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ class Request:
 
     @property
     def size(self) -> int:
-        return self.pieces[-1][1] + self.pieces[-1][2] - self.pieces[0][1]
+        return self.pieces[-1].offset + self.pieces[-1].length - self.pieces[0].offset
 
 
 def plan(image: LazyImage, hot: HotList, request_size: int) -> list[Request]:
@@ -74,13 +76,13 @@ def plan(image: LazyImage, hot: HotList, request_size: int) -> list[Request]:
                 location.length
         last = requests[-1] if requests else None
         if last is not None and last.pack == pack and \
-                last.pieces[-1][1] + last.pieces[-1][2] == offset and \
+                last.pieces[-1].offset + last.pieces[-1].length == offset and \
                 last.size + length <= limit:
-            last.pieces.append((i, offset, length))
+            last.pieces.append(Piece(i, offset, length))
         else:
             if requests:
                 limit = min(limit * 2, request_size)
-            requests.append(Request(pack, [(i, offset, length)]))
+            requests.append(Request(pack, [Piece(i, offset, length)]))
     return requests
 
 
@@ -111,7 +113,7 @@ class Prefetcher:
     @property
     def digests(self) -> list[str]:
         table = self.image.manifest.blocks
-        return [table[i].digest for r in self.requests for i, _, _ in r.pieces]
+        return [table[p.index].digest for r in self.requests for p in r.pieces]
 
     def start(self) -> Prefetcher:
         """Prefetch in background threads; returns at once."""
@@ -177,18 +179,8 @@ class Prefetcher:
     def _fetch(self, request: Request) -> None:
         if self.before_fetch:  # before claiming: a read must never wait on a held-back block
             self.before_fetch()
-        claimed = [p for p in request.pieces if self.image.claim(p[0])]
+        claimed = [p for p in request.pieces if self.image.claim(p.index)]
         with self._lock:
             self.stats.already_local += len(request.pieces) - len(claimed)
-        for run in _adjacent(claimed):
-            self.image.fetch_pieces(request.pack, run, self.stats, prefetch=True)
-
-
-def _adjacent(pieces: list[Piece]) -> list[list[Piece]]:
-    runs: list[list[Piece]] = []
-    for piece in pieces:
-        if runs and runs[-1][-1][1] + runs[-1][-1][2] == piece[1]:
-            runs[-1].append(piece)
-        else:
-            runs.append([piece])
-    return runs
+        for run in adjacent_runs(claimed):
+            self.image.fetch_pieces(request.pack, run, self.stats)

@@ -28,9 +28,10 @@ from test_prefetch_rootfs import (
 from bootseer.mounts import is_mounted
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch.blockformat import Manifest
+from bootseer.prefetch.blocksource import BlockIntegrityError
 from bootseer.prefetch.convert import convert
 from bootseer.prefetch.image_source import open_image
-from bootseer.prefetch.lazyimage import BlockIntegrityError, LazyImage
+from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.store import BlobStore, open_store
 from bootseer.store.local import LocalStore, pid_alive
 
@@ -152,6 +153,45 @@ def test_concurrent_readers_of_a_block_fetch_it_once(dirs) -> None:
         t.join()
     assert results == [BIG[MIB : MIB + 100]] * 8
     assert store.reads == 1 and image.stats.blocks_fetched == 1 + image.readahead_blocks
+
+
+class FailingStore(CountingStore):
+    """Ranged reads fail while ``broken`` is set (an unreachable store)."""
+
+    broken = False
+
+    def _read_range(self, key: str, offset: int, length: int) -> bytes:
+        data = super()._read_range(key, offset, length)
+        if self.broken:
+            raise OSError(f"{key} is unreachable")
+        return data
+
+
+def test_a_failed_fetch_reaches_every_reader_and_the_next_read_retries(dirs) -> None:
+    store = FailingStore(str(dirs["store"]))
+    convert(open_image(big_image(dirs["image"])), BlobStore(store), name="big", block_size=MIB)
+    image = LazyImage(BlobStore(store), "big", NodeCache(dirs["cache"], 1 << 30))
+    entry = image.lookup("/data/big.bin")
+    store.broken, store.reads = True, 0
+    errors: list[Exception] = []
+
+    def read() -> None:
+        try:
+            image.read(entry, MIB, 100)
+        except OSError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 6 and store.reads == 1  # one fetch, its failure for everyone
+    assert len(image.inflight) == 0 and image.demand_fetches == 0
+    assert image.stats.failed_blocks == 1 + image.readahead_blocks
+    store.broken = False
+    assert image.read(entry, MIB, 100) == BIG[MIB : MIB + 100]
+    assert len(image.inflight) == 0 and store.reads == 2
 
 
 def test_a_corrupt_block_is_refetched_once_then_fails(dirs, caplog) -> None:

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 from test_prefetch_lazy import BIG, MIB, big_image
 
+from bootseer.errors import IntegrityError
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.convert import convert
 from bootseer.prefetch.hotlist import HotBlock, HotList
+from bootseer.prefetch.hotpack import write_hot_pack
 from bootseer.prefetch.image_source import open_image
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.prefetcher import Prefetcher
@@ -94,6 +96,25 @@ def test_saving_lays_the_hot_blocks_out_in_access_order(setup) -> None:
     assert again.recordings == 2 and again.layout.pack == hot.layout.pack
     grown = record(fresh_image(readahead_blocks=0), [2])
     assert len(grown.blocks) == 5 and grown.layout.pack != hot.layout.pack
+
+
+def test_a_hot_pack_holds_the_packs_bytes_in_hot_order_and_no_corrupt_block(setup) -> None:
+    store, blobs, fresh_image = setup
+    image = fresh_image()
+    order = [5, 0, 3]
+    digests = block_digests(image, order)
+    layout = write_hot_pack(blobs, image.manifest, digests + digests[:1])  # twice: once
+    table = {b.digest: b for b in image.manifest.blocks}
+    expected = b"".join(store.read_range(image.manifest.packs[table[d].pack], table[d].offset,
+                                         table[d].length) for d in digests)
+    assert store.get(layout.pack) == expected and list(layout.pieces) == digests
+    location = table[digests[1]]
+    path = store.root / image.manifest.packs[location.pack]
+    data = bytearray(path.read_bytes())
+    data[location.offset + 100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=f"block {location.digest} in packs/"):
+        write_hot_pack(blobs, image.manifest, digests)
 
 
 @pytest.mark.parametrize("with_hot_pack", [True, False])
