@@ -28,7 +28,7 @@ import zstandard
 
 from bootseer.config import Config
 from bootseer.errors import BootseerError, IntegrityError
-from bootseer.nodecache import CacheBusy, NodeCache
+from bootseer.nodecache import NodeCache, NotCached
 from bootseer.prefetch.blockformat import (
     IMAGE_REF_PREFIX,
     MAX_MANIFEST_BYTES,
@@ -92,7 +92,7 @@ def load_manifest(blobs: BlobStore, image_id: str, cache: NodeCache) -> Manifest
         data = blobs.get(image_id, MAX_MANIFEST_BYTES)  # verified against its digest
         try:
             cache.put(digest, data)
-        except (OSError, CacheBusy) as exc:
+        except (OSError, NotCached) as exc:
             log.warning("could not cache the manifest of %s: %s", image_id, exc)
     return Manifest.decode(data)
 
@@ -348,7 +348,7 @@ class LazyImage:
                 continue
             try:
                 self.cache.put(location.digest, data)
-            except (OSError, CacheBusy) as exc:  # a full disk: serve the block, uncached
+            except (OSError, NotCached) as exc:  # a full disk: serve the block, uncached
                 log.warning("could not cache block %s: %s", location.digest, exc)
             if not prefetch:  # prefetched blocks must not push out the ones being read
                 self._recent_put(location.digest, data)
