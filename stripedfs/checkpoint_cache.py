@@ -23,7 +23,8 @@ other source, so nothing leaks either way).
 
 Crash safety: a copy is written to a temporary, fsync'ed (it is read unverified, below),
 renamed into place as an entry, and only then is its record renamed into ``records/``: the
-record is the commit. A record whose entry is gone (evicted, or never added) is never read
+record is the commit. The bytes of the copy a record named before go when no record names
+them any more. A record whose entry is gone (evicted, or never added) is never read
 from, and the next commit removes it. A killed staging leaves at most a temporary under its
 pid (swept) or an entry no record names (the least recently used: evicted first).
 
@@ -53,7 +54,7 @@ from pathlib import Path
 
 from bootseer.config import Config
 from bootseer.errors import BootseerError, IntegrityError
-from bootseer.nodecache import NodeCache
+from bootseer.nodecache import CacheBusy, NodeCache
 from bootseer.store import Store
 from bootseer.store.base import Access, ObjectInfo
 from bootseer.stripedfs.observer import FirstByte, ReadObserver
@@ -162,10 +163,13 @@ class CheckpointCache:
         return record
 
     def discard(self, url: str) -> None:
-        """Forget ``url``'s copy, if any (it is stale or damaged): its record goes; its
-        bytes stay for other records naming them, or until they are evicted."""
+        """Forget ``url``'s copy, if any (it is stale or damaged): its record goes, and its
+        bytes too unless another record names them."""
+        old = self.record(url)
         with self.copies.locked():
             self._record_path(url).unlink(missing_ok=True)
+            named = self._prune_records()
+        self._drop_unnamed(old, named)
 
     # -- writing (``warm``) -------------------------------------------------------------------
 
@@ -186,6 +190,7 @@ class CheckpointCache:
         except BootseerError as exc:  # CacheFull or CacheBusy
             raise StagingError(f"{url}: not staged ({exc}; checkpoint.cache_size)") from exc
         path = self._record_path(url)
+        old = self.record(url)
         with self.copies.locked():
             if sha256 not in self.copies:  # evicted by another staging meanwhile
                 raise StagingError(f"{url}: its copy was evicted while it was committed "
@@ -199,22 +204,35 @@ class CheckpointCache:
                 f.write(json.dumps(asdict(record)))
             _limit_readers(pending, access)  # the record names the content's digest too
             os.replace(pending, path)  # the commit
-            self._prune_records()
+            named = self._prune_records()
+        self._drop_unnamed(old, named)
         return record
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _prune_records(self) -> None:
+    def _drop_unnamed(self, old: CopyRecord | None, named: set[str]) -> None:
+        """Drop the bytes of a record that went (a rewritten checkpoint's), unless a record
+        names them. (After the lock: a staging of the same bytes racing with it can be left
+        with a record whose copy is gone, read from the store and staged again by the next
+        warm, like any evicted copy.)"""
+        if old is not None and old.sha256 not in named:
+            with contextlib.suppress(CacheBusy):  # else they are evicted in their turn
+                self.copies.drop(old.sha256)
+
+    def _prune_records(self) -> set[str]:
         """Remove records whose copy is gone, then the least recently used beyond
-        :data:`MAX_RECORDS`. Called with the NodeCache's lock held."""
+        :data:`MAX_RECORDS`; return the digests the remaining records name. Called with
+        the NodeCache's lock held."""
         live = []
         for used, path, record in self._scan_records():
             if record is None or record.sha256 not in self.copies:
                 path.unlink(missing_ok=True)
             else:
-                live.append((used, path))
-        for _, path in sorted(live)[: max(0, len(live) - MAX_RECORDS)]:
-            path.unlink(missing_ok=True)
+                live.append((used, str(path), record.sha256))
+        live.sort()
+        for _, path, _ in live[: max(0, len(live) - MAX_RECORDS)]:
+            Path(path).unlink(missing_ok=True)
+        return {digest for _, _, digest in live[max(0, len(live) - MAX_RECORDS):]}
 
     def _scan_records(self) -> Iterator[tuple[float, Path, CopyRecord | None]]:
         """(last use, path, record or None if unreadable) of every record file."""

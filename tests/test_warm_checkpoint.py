@@ -21,8 +21,8 @@ from test_prefetch_lazy import bootseer
 import bootseer.checkpoint as ckpt
 from bootseer import ready
 from bootseer.agents.warm import WarmSummary
-from bootseer.store import Store
-from bootseer.stripedfs.files import split_url, store_for
+from bootseer.store import Store, open_store
+from bootseer.stripedfs.files import split_url
 from bootseer.stripedfs.stage import CheckpointResult
 
 SIZE = 9 * MIB + 777  # nine 1 MiB HDFS blocks, several stripes, and a bit
@@ -50,11 +50,22 @@ def node(dirs, monkeypatch) -> dict[str, Path]:
     monkeypatch.setenv("BOOTSEER_CACHE_DIR", str(dirs["cache"]))
     monkeypatch.setenv(ready.READY_FILE_ENV, str(dirs["run"] / "ready"))
     monkeypatch.setattr(ready, "_marked", set())
-    return dirs
+    ckpt.source.cache_clear()  # the API loads its configuration once per process
+    yield dirs
+    ckpt.source.cache_clear()
+
+
+def _copies(dirs) -> Path:
+    """Where the node cache keeps the copies' bytes."""
+    return dirs["cache"] / "checkpoints" / "copies" / "entries"
+
+
+def _records(dirs) -> list[Path]:
+    return list((dirs["cache"] / "checkpoints" / "records").glob("*/*.json"))
 
 
 def _store(url: str) -> Store:
-    return store_for(split_url(url)[0])
+    return open_store(split_url(url)[0])
 
 
 def _no_store_reads(monkeypatch, store: Store) -> None:
@@ -96,7 +107,7 @@ def _state() -> dict[str, torch.Tensor]:
 def _publish_checkpoint(base: str, tmp: Path) -> dict[str, torch.Tensor]:
     """A checkpoint directory: a big raw file, a safetensors file and a DCP checkpoint."""
     state = _state()
-    store = store_for(base)
+    store = open_store(base)
     store.put("raw.bin", ramp(0, SIZE))
     save_file(state, tmp / "model.safetensors")
     store.put("model.safetensors", (tmp / "model.safetensors").read_bytes())
@@ -118,7 +129,7 @@ def test_warmed_checkpoint_is_read_from_the_local_copy(base_url, node, tmp_path,
     out = json.loads(_warm(node, base_url).stdout)
     assert out["via"] == "standalone" and out["complete"]
     (result,) = out["checkpoints"]
-    files = len(list(store_for(base_url).list()))
+    files = len(list(open_store(base_url).list()))
     assert result["files"] == result["fetched_files"] == files >= 4
     assert result["already_local"] == 0 and result["fetched_bytes"] == result["bytes"]
     # No ranged read of the store from here on: everything comes from the copies.
@@ -150,8 +161,8 @@ def test_a_rewritten_checkpoint_is_read_from_the_store_and_staged_again(node,
         assert reads, "the stale copy was read"
     out = json.loads(_warm(node, url).stdout)["checkpoints"][0]
     assert out["fetched_files"] == 1 and out["already_local"] == 0
-    data = list((node["cache"] / "checkpoints" / "data").glob("*/*"))
-    assert len(data) == 1  # the old copy went when the new one was committed
+    data = list(_copies(node).glob("*/*"))
+    assert len(data) == 1 and len(_records(node)) == 1  # the old copy went at the commit
     _no_store_reads(monkeypatch, store)
     assert ckpt.open(url).read() == ramp(1, SIZE)
 
@@ -161,22 +172,21 @@ def test_what_a_killed_staging_leaves_is_never_used(node, monkeypatch) -> None:
     store = _store(url)
     store.put("model.pt", ramp(0, SIZE))
     _warm(node, url)
-    cache = node["cache"] / "checkpoints"
-    (record,) = (cache / "entries").glob("*/*.json")
-    (data,) = (cache / "data").glob("*/*")
+    copies = node["cache"] / "checkpoints" / "copies"
+    (record,) = _records(node)
     # Killed between the two renames: the copy is in place, its record is not.
     record.unlink()
     # Killed while copying: a temporary of a process that is gone.
     dead = subprocess.Popen(["true"])
     dead.wait()
-    (cache / "tmp" / f"{data.name[:16]}.{dead.pid}.0000").write_bytes(ramp(0, SIZE // 2))
+    (copies / "tmp" / f"copy.{dead.pid}.0000").write_bytes(ramp(0, SIZE // 2))
     with monkeypatch.context() as m:
         reads = _count_store_reads(m, store)
         assert ckpt.open(url).read() == ramp(0, SIZE) and reads
     out = json.loads(_warm(node, url).stdout)["checkpoints"][0]
     assert out["fetched_files"] == 1  # staged again; the leftovers were swept
-    assert list((cache / "tmp").iterdir()) == []
-    assert len(list((cache / "data").glob("*/*"))) == 1
+    assert list((copies / "tmp").iterdir()) == []
+    assert len(list(_copies(node).glob("*/*"))) == 1 and len(_records(node)) == 1
 
 
 def test_a_damaged_copy_is_not_used_and_warm_replaces_it(node, monkeypatch) -> None:
@@ -184,7 +194,7 @@ def test_a_damaged_copy_is_not_used_and_warm_replaces_it(node, monkeypatch) -> N
     store = _store(url)
     store.put("model.pt", ramp(0, SIZE))
     _warm(node, url)
-    (data,) = (node["cache"] / "checkpoints" / "data").glob("*/*")
+    (data,) = _copies(node).glob("*/*")
     data.chmod(0o644)
     with open(data, "r+b") as f:  # same size, one byte flipped: only the sha256 tells
         f.seek(5 * MIB)
@@ -194,7 +204,7 @@ def test_a_damaged_copy_is_not_used_and_warm_replaces_it(node, monkeypatch) -> N
     with monkeypatch.context() as m:
         _no_store_reads(m, store)
         assert ckpt.open(url).read() == ramp(0, SIZE)
-    (data,) = (node["cache"] / "checkpoints" / "data").glob("*/*")
+    (data,) = _copies(node).glob("*/*")
     os.truncate(data, MIB)  # a short copy: its size tells at open
     reads = _count_store_reads(monkeypatch, store)
     assert ckpt.open(url).read() == ramp(0, SIZE) and reads
@@ -229,7 +239,7 @@ def test_the_cache_keeps_the_recently_used_copies_within_its_size(node, monkeypa
 
 def test_warm_through_the_agent_stages_in_the_nodes_cache(node, monkeypatch) -> None:
     url = (node["store"] / "ckpt" / "step100").as_uri()
-    store = store_for(url)
+    store = open_store(url)
     store.put("model.pt", ramp(0, SIZE))
     store.put("optim/state.bin", ramp(7, MIB))
     sock = node["run"] / "agent.sock"
@@ -247,6 +257,7 @@ def test_warm_through_the_agent_stages_in_the_nodes_cache(node, monkeypatch) -> 
     assert summary["checkpoints"][0]["fetched_bytes"] == SIZE + MIB
     assert not (node["cache"] / "checkpoints").exists()  # the agent's cache, not ours
     monkeypatch.setenv("BOOTSEER_CACHE_DIR", str(node["agent-cache"]))
+    ckpt.source.cache_clear()
     _no_store_reads(monkeypatch, store)
     assert ckpt.open(f"{url}/optim/state.bin").read() == ramp(7, MIB)
 
