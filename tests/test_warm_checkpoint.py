@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -268,3 +271,72 @@ def test_summary_round_trips_through_json() -> None:
     body = json.loads(json.dumps(summary.to_json()))
     assert body["checkpoints"][0]["complete"] is False and body["complete"] is False
     assert WarmSummary.from_json(body) == summary
+
+
+def _on_disk(dirs) -> int:
+    return sum(p.stat().st_size for p in _copies(dirs).glob("*/*"))
+
+
+def test_two_processes_staging_into_one_cache_stay_under_its_limit(node) -> None:
+    """Two standalone warms at once, 16 MiB each into a 10 MiB cache: they evict each
+    other's copies, never their own, and the limit holds throughout (counted on disk)."""
+    urls = []
+    for name in ("a", "b"):
+        url = (node["store"] / "ckpt" / name).as_uri()
+        store = open_store(url)
+        for n in range(8):
+            store.put(f"part{n}.bin", ramp(ord(name) * 16 + n, 2 * MIB))
+        urls.append(url)
+    env = {**os.environ, "BOOTSEER_STORE": node["store"].as_uri(),
+           "BOOTSEER_CACHE_DIR": str(node["cache"]), "BOOTSEER_CHECKPOINT_CACHE_SIZE": "10m"}
+    warms = [subprocess.Popen([sys.executable, "-m", "bootseer", "warm", "--no-agent", "--json",
+                               "--checkpoint", url], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL) for url in urls]
+    peak = 0
+    while any(w.poll() is None for w in warms):
+        peak = max(peak, _on_disk(node))
+    for warm in warms:
+        assert warm.wait(120) in (0, 3)  # 3: some files did not fit, and it says so
+        out = json.loads(warm.stdout.read())["checkpoints"][0]
+        assert out["fetched_files"] >= 1 and out["fetched_files"] + out["missing"] == 8
+    limit = 10 * MIB
+    assert peak <= limit and _on_disk(node) <= limit
+    usage = int((node["cache"] / "checkpoints" / "copies" / "usage").read_text())
+    assert usage == _on_disk(node)  # the count on disk is the truth
+    for url, name in zip(urls, "ab"):  # whatever stayed, or not, every read is right
+        for n in range(8):
+            assert ckpt.open(f"{url}/part{n}.bin").read() == ramp(ord(name) * 16 + n, 2 * MIB)
+
+
+def test_a_staging_killed_mid_copy_leaves_no_visible_copy(node, monkeypatch) -> None:
+    """SIGKILL while a warm writes its copy: no entry, no record, reads go to the store;
+    the next warm sweeps the dead writer's temporary and stages the file."""
+    size = 256 * MIB
+    url = (node["store"] / "ckpt" / "big.bin").as_uri()
+    store = _store(url)
+    store.put("big.bin", ramp(5, size))
+    env = {**os.environ, "BOOTSEER_STORE": node["store"].as_uri(),
+           "BOOTSEER_CACHE_DIR": str(node["cache"])}
+    warm = subprocess.Popen([sys.executable, "-m", "bootseer", "warm", "--no-agent",
+                             "--checkpoint", url], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    tmp = node["cache"] / "checkpoints" / "copies" / "tmp"
+    deadline = time.monotonic() + 60
+    while not (tmp.is_dir() and any(p.stat().st_size > 0 for p in tmp.iterdir())):
+        assert warm.poll() is None, "the warm finished before it could be killed"
+        assert time.monotonic() < deadline
+    warm.send_signal(signal.SIGKILL)
+    warm.wait()
+    (leftover,) = tmp.iterdir()
+    assert f".{warm.pid}." in leftover.name and leftover.stat().st_size < size
+    assert not list(_copies(node).glob("*/*")) and not _records(node)
+    with monkeypatch.context() as m:
+        reads = _count_store_reads(m, store)
+        with ckpt.open(url) as f:
+            assert f.read(MIB) == ramp(5, MIB) and reads
+    out = json.loads(_warm(node, url).stdout)["checkpoints"][0]
+    assert out["fetched_files"] == 1 and not leftover.exists()
+    _no_store_reads(monkeypatch, store)
+    with ckpt.open(url) as f:
+        f.seek(size - MIB)
+        assert f.read() == ramp(5 + size - MIB, MIB)
