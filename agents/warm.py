@@ -23,7 +23,7 @@ from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.warm import WarmResult, warm_image
 from bootseer.snapshot.stage import StageResult, shard_cache, stage_snapshot
 from bootseer.store import BlobStore
-from bootseer.stripedfs.checkpoint_cache import CheckpointCache
+from bootseer.stripedfs.files import CheckpointSource
 from bootseer.stripedfs.stage import CheckpointResult, stage_checkpoint
 
 
@@ -110,12 +110,12 @@ def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
         envs.append(stage_snapshot(blobs, snapshots, key,
                                    concurrency=config.snapshot.concurrency, on_plan=on_plan,
                                    on_progress=on_progress, before_fetch=before_fetch))
-    copies = CheckpointCache(config.cache_dir / "checkpoints", config.checkpoint.cache_size)
+    source = CheckpointSource(config)  # its stores and cache as configured
     checkpoints = []
     keep: set[str] = set()  # one checkpoint of the request never evicts another
     for url in request.checkpoints:
         turn()
         checkpoints.append(stage_checkpoint(
-            copies, url, concurrency=config.checkpoint.stage_concurrency, keep=keep,
+            source, url, concurrency=config.checkpoint.stage_concurrency, keep=keep,
             on_plan=on_plan, on_progress=on_progress, before_fetch=before_fetch))
     return WarmSummary(image, envs, checkpoints)

@@ -11,17 +11,24 @@ size and mtime; :mod:`bootseer.stripedfs.checkpoint_cache`)::
     tensors = ckpt.load_safetensors("hdfs://namenode:8020/ckpt/step100/model.safetensors")
     dcp.load(state_dict, storage_reader=ckpt.StorageReader("hdfs://namenode:8020/ckpt/step100"))
 
-URLs are store URLs (``file://``, ``hdfs://``, ``webhdfs://``, or a plain path). torch is
-needed only by ``load``, ``load_safetensors`` and ``StorageReader`` (``pip install
+URLs are store URLs (``file://``, ``hdfs://``, ``webhdfs://``, or a plain path). Stores are
+opened with the configured ``hdfs.*`` options and the staged copies are looked for where
+the configuration puts the node's cache (``BOOTSEER_*`` and the config files; loaded once
+per process). The first bytes a reader hands out mark the start's
+``checkpoint_first_byte`` (:class:`bootseer.ready.CheckpointMilestones`). torch is needed
+only by ``load``, ``load_safetensors`` and ``StorageReader`` (``pip install
 bootseer[torch]``).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from bootseer.config import load_config
+from bootseer.ready import CheckpointMilestones
 from bootseer.stripedfs.config import StripeConfig
-from bootseer.stripedfs.files import open_reader, open_striped, split_url, store_for
+from bootseer.stripedfs.files import CheckpointSource, striped_file
 
 if TYPE_CHECKING:
     from bootseer.stripedfs.dcp import StripedStorageReader
@@ -29,9 +36,15 @@ if TYPE_CHECKING:
 __all__ = ["StorageReader", "StripeConfig", "load", "load_safetensors", "open"]
 
 
+@functools.cache
+def source() -> CheckpointSource:
+    """This process's checkpoint source: its configuration, the start's timeline."""
+    return CheckpointSource(load_config().config, observer=CheckpointMilestones())
+
+
 def open(url: str, *, config: StripeConfig | None = None) -> BinaryIO:  # noqa: A001
     """A read-only, seekable binary file over the checkpoint at ``url`` (or its staged copy)."""
-    return open_striped(url, config=config)
+    return striped_file(source().open_url(url, config=config))
 
 
 def load(url: str, map_location: Any = None, *, config: StripeConfig | None = None,
@@ -48,8 +61,7 @@ def load_safetensors(url: str, device: str = "cpu", *,
     """Every tensor of a safetensors file: header first, then all tensor bytes in parallel."""
     from bootseer.stripedfs import safetensors
 
-    directory, name = split_url(url)
-    with open_reader(store_for(directory), name, config=config) as reader:
+    with source().open_url(url, config=config) as reader:
         return safetensors.load(reader, device=device)
 
 
@@ -57,4 +69,4 @@ def StorageReader(url: str, **kwargs: Any) -> StripedStorageReader:  # noqa: N80
     """A ``torch.distributed.checkpoint`` storage reader for the checkpoint dir at ``url``."""
     from bootseer.stripedfs.dcp import StripedStorageReader
 
-    return StripedStorageReader(url, **kwargs)
+    return StripedStorageReader(url, source=source(), **kwargs)

@@ -1,9 +1,10 @@
 """A node's cache on disk: verified entries named by their sha256, one size limit that holds
 across every process of the node, crash-safe.
 
-Image blocks (``<cache_dir>/blocks``) and snapshot shards (``<cache_dir>/snapshots``) are
-each one :class:`NodeCache`, opened at once by the agent, every mount server, a standalone
-``bootseer warm`` and a restore. So nothing about the cache lives in a process: presence
+Image blocks (``<cache_dir>/blocks``), snapshot shards (``<cache_dir>/snapshots``) and
+checkpoint copies (``<cache_dir>/checkpoints/copies``) are each one :class:`NodeCache`,
+opened at once by the agent, every mount server, a standalone ``bootseer warm``, a restore
+and a checkpoint read. So nothing about the cache lives in a process: presence
 is the file, the limit is counted on disk, and what one process adds, every other sees at
 once (a server sees the blocks a warm staged after it started)::
 
@@ -14,14 +15,17 @@ once (a server sees the blocks a warm staged after it started)::
 
 * **Verified.** An entry is renamed into place only after its bytes matched its digest,
   and is checked again when read back (a disk can still damage it later): a damaged entry
-  is dropped and reads as absent. Digests are checked to be 64 hex digits before they
-  become a path: a manifest naming ``../../etc/x`` names nothing.
+  is dropped and reads as absent. (Checkpoint copies, too large to hash before their
+  first byte, are opened unchecked: :meth:`NodeCache.open_unverified`.) Digests are
+  checked to be 64 hex digits before they become a path: a manifest naming
+  ``../../etc/x`` names nothing.
 * **One limit.** Every add counts its bytes into ``usage`` under the lock; an add that
-  takes it over ``max_bytes`` evicts least recently used entries (an entry's mtime is its
-  last use: reads touch it) down to ``low_water`` of the limit. The count is written
-  before an entry appears and after one goes, so a crash can only leave it too high (an
-  eviction then comes early); eviction scans the entries and so recounts, and a missing
-  or unreadable count is recounted the same way.
+  would take it over ``max_bytes`` first evicts least recently used entries (an entry's
+  mtime is its last use: reads touch it) down to ``low_water`` of the limit, never those
+  the adder asked to keep, and is refused (:class:`CacheFull`) if that is not enough. The
+  count is written before an entry appears and after one goes, so a crash can only leave
+  it too high (an eviction then comes early); eviction scans the entries and so recounts,
+  and a missing or unreadable count is recounted the same way.
 * **Crash-safe.** A killed writer leaves at most a temporary under its own pid; it is
   removed once that process is dead (never while it lives), by the next process to open
   the cache or evict.
@@ -60,8 +64,17 @@ LOCK_TIMEOUT = 5.0
 BUSY_BACKOFF = 30.0
 
 
-class CacheBusy(BootseerError):
+class NotCached(BootseerError):
+    """The entry was not added; the caller has its bytes and goes on without caching them."""
+
+
+class CacheBusy(NotCached):
     """The cache's lock stayed taken: the entry was not added (or not dropped)."""
+
+
+class CacheFull(NotCached):
+    """The entry does not fit: larger than the cache, or only evicting entries the caller
+    asked to keep would make room."""
 
 
 class NodeCache:
@@ -83,10 +96,17 @@ class NodeCache:
 
     # -- reading --------------------------------------------------------------------------
 
-    def path(self, digest: str) -> Path:
-        """Where entry ``digest`` lives; ``ValueError`` for anything but 64 hex digits."""
+    @staticmethod
+    def check_digest(digest: object) -> str:
+        """``digest`` if it is 64 lowercase hex digits, the only names entries have;
+        ``ValueError`` otherwise (so a hostile name never becomes a path)."""
         if not isinstance(digest, str) or not _HEX.fullmatch(digest):
             raise ValueError(f"not a sha256 digest: {digest!r}")
+        return digest
+
+    def path(self, digest: str) -> Path:
+        """Where entry ``digest`` lives; ``ValueError`` for anything but 64 hex digits."""
+        digest = self.check_digest(digest)
         return self._entries / digest[:2] / digest
 
     def __contains__(self, digest: str) -> bool:
@@ -119,6 +139,17 @@ class NodeCache:
         _touch(path)
         return io.BufferedReader(_Verified(raw, digest, lambda: self._drop_quietly(digest)))
 
+    def open_unverified(self, digest: str) -> int:
+        """A read-only file descriptor of the entry, for random reads that are *not*
+        checked against its digest (``FileNotFoundError`` if absent): for entries too
+        large to hash before their first byte is needed. They were checked on the way in,
+        like every entry; what a disk damaged since is the caller's to find (the
+        checkpoint cache re-hashes its copies at every ``warm``)."""
+        path = self.path(digest)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        _touch(path)
+        return fd
+
     # -- adding ---------------------------------------------------------------------------
 
     def put(self, digest: str, data: bytes) -> None:
@@ -134,10 +165,8 @@ class NodeCache:
         if final.is_file():
             _touch(final)
             return
-        self._mkdir(self._tmp)
-        tmp = self._tmp / f"{digest}.{os.getpid()}.{secrets.token_hex(4)}"
+        tmp = self.new_temporary(digest)
         sha = hashlib.sha256()
-        size = 0
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
                          os.O_CLOEXEC, self.mode)
@@ -146,17 +175,56 @@ class NodeCache:
                     if not verified:
                         sha.update(chunk)
                     f.write(chunk)
-                    size += len(chunk)
             if not verified and sha.hexdigest() != digest:
                 raise IntegrityError(f"{digest}: the bytes do not match the digest; not "
                                      f"cached")
-            self._commit(tmp, final, size)
+            self.add_file(tmp, digest)
         finally:
             tmp.unlink(missing_ok=True)
 
+    def new_temporary(self, label: str) -> Path:
+        """A fresh path for an entry being written by this process: named by its pid, so
+        it is swept once the process is dead and never while it lives. Write it (create
+        it exclusively), then :meth:`add_file` it, or unlink it."""
+        self._mkdir(self._tmp)
+        return self._tmp / f"{label}.{os.getpid()}.{secrets.token_hex(4)}"
+
+    def add_file(self, tmp: Path, digest: str, *, keep: Iterable[str] = ()) -> None:
+        """Rename the complete temporary ``tmp`` (:meth:`new_temporary`, its bytes checked
+        against ``digest`` by the caller) into place as entry ``digest`` and count it.
+
+        Room is made first, least recently used entries first but none of ``keep`` (the
+        other entries of one request); :class:`CacheFull` if there is no room even so (the
+        entry is not added). So the limit holds at every instant, not only after an
+        eviction. An entry that is there already is only marked used; ``tmp`` stays the
+        caller's to remove.
+        """
+        final = self.path(digest)
+        size = tmp.stat().st_size
+        if size > self.max_bytes:
+            raise CacheFull(f"{size} bytes do not fit in a cache of {self.max_bytes}")
+        with self.locked():
+            if final.is_file():  # another process added it meanwhile
+                _touch(final)
+                return
+            self._mkdir(final.parent)
+            usage = self._read_usage()
+            if usage is None:  # never counted, or lost: count what is there
+                usage = sum(n for _, n, _ in self._scan())
+            if usage + size > self.max_bytes:
+                keep_paths = {self.path(d) for d in keep}
+                usage = self._evict_locked(int(self.max_bytes * self.low_water) - size,
+                                           keep_paths)
+                if usage + size > self.max_bytes:
+                    self._write_usage(usage)
+                    raise CacheFull(f"{size} bytes do not fit in {self.directory}: the "
+                                    f"entries to keep hold {usage} of {self.max_bytes}")
+            self._write_usage(usage + size)  # first: a crash leaves the count high, never low
+            os.replace(tmp, final)
+
     def drop(self, digest: str) -> None:
         """Remove an entry (damaged, or stale) and its bytes from the count."""
-        with self._locked():
+        with self.locked():
             try:
                 size = self.path(digest).stat().st_size
                 self.path(digest).unlink()
@@ -176,34 +244,16 @@ class NodeCache:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _commit(self, tmp: Path, final: Path, size: int) -> None:
-        """Rename a complete temporary into place and count it; evict if that takes the
-        cache over its limit."""
-        with self._locked():
-            if final.is_file():  # another process added it meanwhile
-                _touch(final)
-                return
-            self._mkdir(final.parent)
-            counted = self._read_usage()
-            if counted is None:  # never counted, or lost: count what is there
-                counted = sum(size for _, size, _ in self._scan())
-            usage = counted + size
-            self._write_usage(usage)  # first: a crash leaves the count high, never low
-            os.replace(tmp, final)
-            if usage > self.max_bytes:
-                self._write_usage(self._evict_locked(keep=final))
-
-    def _evict_locked(self, keep: Path) -> int:
-        """Remove least recently used entries (never ``keep``, the one just added) until
-        the cache holds at most ``low_water`` of its limit; return what it holds."""
+    def _evict_locked(self, target: int, keep: set[Path]) -> int:
+        """Remove least recently used entries (none of ``keep``) until the cache holds at
+        most ``target`` bytes, or only entries to keep; return what it holds."""
         self._sweep_temporaries()
         found = sorted(self._scan())
         total = sum(size for _, size, _ in found)
-        target = int(self.max_bytes * self.low_water)
         for _, size, path in found:
             if total <= target:
                 break
-            if path == keep:
+            if path in keep:
                 continue
             path.unlink(missing_ok=True)
             total -= size
@@ -254,7 +304,10 @@ class NodeCache:
             path.mkdir(mode=self._dir_mode)
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def locked(self) -> Iterator[None]:
+        """Hold the cache's lock (not reentrant): adds, drops and evictions wait for it, so
+        bookkeeping kept beside the entries (the checkpoint cache's records) can be kept
+        in step with them. :class:`CacheBusy` if another process holds it too long."""
         if time.monotonic() < self._busy_until:
             raise CacheBusy(f"{self.directory}: its lock was taken for over {LOCK_TIMEOUT} s "
                             f"a moment ago; not waiting again yet")

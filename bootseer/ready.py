@@ -9,9 +9,9 @@ the hot list holds what the start read, not what the job read afterwards.
 
 The same directory carries the start's other milestones for its timeline (``bootseer
 report``): :func:`mark_phase` leaves a ``phase.<name>`` file holding the time the phase
-was reached (``bootseer env run`` marks ``env_ready``, the checkpoint API
-``checkpoint_first_byte``); the host reads them when the container stops. The first mark
-of a phase stays.
+was reached (``bootseer env run`` marks ``env_ready``, the checkpoint API registers
+:class:`CheckpointMilestones` with its readers for ``checkpoint_first_byte``); the host
+reads them when the container stops. The first mark of a phase stays.
 """
 
 from __future__ import annotations
@@ -80,6 +80,15 @@ def mark_phase(phase: str) -> bool:
     finally:
         tmp.unlink(missing_ok=True)
     return True
+
+
+class CheckpointMilestones:
+    """The start's timeline as a checkpoint readers' observer
+    (:class:`bootseer.stripedfs.observer.ReadObserver`): the first bytes any reader hands
+    the job mark ``checkpoint_first_byte``."""
+
+    def first_byte(self, name: str) -> None:
+        mark_phase("checkpoint_first_byte")
 
 
 #: What the host reads of a signal directory at most: the directory is the container's

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from bootseer.config import Config
 from bootseer.errors import BootseerError
-from bootseer.nodecache import CacheBusy, NodeCache
+from bootseer.nodecache import NodeCache, NotCached
 from bootseer.prefetch.blockformat import IMAGE_REF_PREFIX, MAX_MANIFEST_BYTES, FileEntry, Manifest
 from bootseer.prefetch.blocksource import BlockSource, FetchCounts, Piece, Run, runs
 from bootseer.prefetch.hotlist import Recorder
@@ -77,7 +77,7 @@ def load_manifest(blobs: BlobStore, image_id: str, cache: NodeCache) -> Manifest
         data = blobs.get(image_id, MAX_MANIFEST_BYTES)  # verified against its digest
         try:
             cache.put(digest, data)
-        except (OSError, CacheBusy) as exc:
+        except (OSError, NotCached) as exc:
             log.warning("could not cache the manifest of %s: %s", image_id, exc)
     return Manifest.decode(data)
 
@@ -249,7 +249,7 @@ class LazyImage:
     def _keep(self, digest: str, data: bytes, prefetch: bool) -> None:
         try:
             self.cache.put(digest, data)
-        except (OSError, CacheBusy) as exc:  # a full disk: serve the block, uncached
+        except (OSError, NotCached) as exc:  # a full disk: serve the block, uncached
             log.warning("could not cache block %s: %s", digest, exc)
         if prefetch:
             self.memory.put_prefetched(digest, data)

@@ -1,35 +1,44 @@
 """The node's checkpoint cache: local copies of store checkpoints, staged before a job.
 
 ``bootseer warm --checkpoint URL`` copies checkpoint files here (``stripedfs/stage.py``);
-the checkpoint-load API (``bootseer.checkpoint``, via :func:`bootseer.stripedfs.files.open_reader`)
-reads a copy instead of the network when the copy is of the object the store holds now.
+every checkpoint read (:func:`bootseer.stripedfs.files.open_reader`: the API, ``ckpt get``,
+checkpoint mounts) reads a copy instead of the network when the copy is of the object the
+store holds now.
 
 Layout under ``<cache_dir>/checkpoints``::
 
-    entries/ab/<h>.json          the record: what the copy is a copy of (URL; size and
-                                 mtime of the store object) and its content's sha256
-    data/ab/<h>.<sha256[:16]>    the copy, read-only          (h = sha256 of the URL)
-    tmp/<h>.<pid>.<random>       a copy being written (0600, in a 0700 directory)
+    copies/                a NodeCache (bootseer/nodecache.py), the one the node's image
+                           blocks and snapshot shards use: a copy's bytes are the entry
+                           named by their sha256; one limit, checkpoint.cache_size, for
+                           every process; pid-named temporaries swept once their writer
+                           is dead
+    records/ab/<h>.json    the record: what a copy is a copy of (URL; size and mtime of
+                           the store object) and its content's sha256   (h = sha256 of URL)
 
 A copy and its record carry the owner, group and read bits of their source
 (:meth:`bootseer.store.Store.access`): a user who could not read the source finds neither.
+Two sources with the same bytes share one entry, which keeps the readers of the one staged
+first: a user it leaves out reads the store (they could read those very bytes from the
+other source, so nothing leaks either way).
 
-Crash safety: a copy is written to ``tmp/``, fsync'ed, renamed into ``data/``, and only
-then is its record renamed into ``entries/``; the record is the commit. A copy no record
-names (a staging killed between the two renames) and a temporary of a dead process are
-never read, and the next staging removes them. A data file's name includes its content
-hash, so re-staging a URL never writes over the file a reader may have open.
+Crash safety: a copy is written to a temporary, fsync'ed (it is read unverified, below),
+renamed into place as an entry, and only then is its record renamed into ``records/``: the
+record is the commit. The bytes of the copy a record named before go when no record names
+them any more. A record whose entry is gone (evicted, or never added) is never read
+from, and the next commit removes it. A killed staging leaves at most a temporary under its
+pid (swept) or an entry no record names (the least recently used: evicted first).
 
 Validation on open is a ``stat`` of the store object (which the network path does anyway)
 and the copy's size: the record must name the object's current size and mtime, else the
 checkpoint was rewritten and the copy is ignored. The copy's sha256 is *not* recomputed on
 open: that would read the whole multi-GB file before the first byte, the latency staging
-exists to remove, and a crash can only leave unnamed files (see above). It is recomputed by
-every ``warm`` that finds the copy (off the critical path), which drops damaged copies.
+exists to remove, and only verified bytes ever become an entry. It is recomputed by every
+``warm`` that finds the copy (off the critical path), which drops damaged copies.
 
-Size: records are kept under ``checkpoint.cache_size``, least recently used go first (a
-record's mtime is its last use: staging, or an open). A commit and an eviction take a
-lock file, so a standalone ``warm`` and the agent may share the cache; reads take none.
+Bounds: entries by the NodeCache's limit; records by their entries (a commit removes the
+records whose entry is gone) and by :data:`MAX_RECORDS`, least recently used first (a
+record's mtime is its last use: staging, or an open). Records are written only under the
+NodeCache's lock, so they stay in step with adds and evictions of every process.
 """
 
 from __future__ import annotations
@@ -39,23 +48,23 @@ import hashlib
 import json
 import logging
 import os
-import secrets
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bootseer.config import load_config
-from bootseer.errors import BootseerError, ConfigError
-from bootseer.filelock import file_lock
-from bootseer.ready import mark_phase
+from bootseer.config import Config
+from bootseer.errors import BootseerError, IntegrityError
+from bootseer.nodecache import CacheBusy, NodeCache
 from bootseer.store import Store
 from bootseer.store.base import Access, ObjectInfo
-from bootseer.store.local import pid_alive
+from bootseer.stripedfs.observer import FirstByte, ReadObserver
 
 log = logging.getLogger(__name__)
 
-#: Longest a staging waits for another's commit or eviction (they take milliseconds).
-LOCK_TIMEOUT = 120.0
+#: Records kept at most (each well under 1 KiB); beyond it the least recently used go.
+MAX_RECORDS = 1 << 16
+#: Longest record file read: a URL and four fields.
+MAX_RECORD_BYTES = 64 << 10
 
 
 def object_url(store: Store, key: str) -> str:
@@ -71,8 +80,7 @@ class CopyRecord:
     url: str
     size: int  # of the store object, and of the copy
     mtime: float  # of the store object when it was staged
-    sha256: str  # of the copy's content, computed while staging
-    data: str  # the copy's file name under data/<ab>/
+    sha256: str  # of the copy's content: its entry in the NodeCache
 
     def matches(self, info: ObjectInfo) -> bool:
         return self.size == info.size and self.mtime == info.mtime
@@ -84,26 +92,30 @@ class StagingError(BootseerError):
 
 
 class CheckpointCache:
-    """Staged checkpoint copies in ``directory``; at most ``max_bytes`` of them."""
+    """Staged checkpoint copies in ``directory``; at most ``max_bytes`` of them across every
+    process of the node."""
 
     def __init__(self, directory: Path, max_bytes: int) -> None:
         # Nothing is created here: a training script looking for copies may not be allowed
         # to write the node's cache, and finds nothing in a cache that does not exist.
-        self.directory, self.max_bytes = Path(directory), max_bytes
-        self._entries = self.directory / "entries"
-        self._data = self.directory / "data"
-        self.tmp = self.directory / "tmp"
+        self.directory = Path(directory)
+        # Entries get their source's readers when staged (_limit_readers); directories
+        # must let those readers through.
+        self.copies = NodeCache(self.directory / "copies", max_bytes, mode=0o644)
+        self._records = self.directory / "records"
 
-    @staticmethod
-    def _hash(url: str) -> str:
-        return hashlib.sha256(url.encode()).hexdigest()
+    @classmethod
+    def for_config(cls, config: Config) -> CheckpointCache:
+        """The node's cache as ``config`` places it (``cache_dir``, ``checkpoint.cache_size``)."""
+        return cls(config.cache_dir / "checkpoints", config.checkpoint.cache_size)
+
+    @property
+    def max_bytes(self) -> int:
+        return self.copies.max_bytes
 
     def _record_path(self, url: str) -> Path:
-        h = self._hash(url)
-        return self._entries / h[:2] / f"{h}.json"
-
-    def _data_path(self, record: CopyRecord) -> Path:
-        return self._data / record.data[:2] / record.data
+        h = hashlib.sha256(url.encode()).hexdigest()
+        return self._records / h[:2] / f"{h}.json"
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -111,15 +123,16 @@ class CheckpointCache:
         """The committed record of ``url``'s copy, or None (none, or unreadable)."""
         return _load_record(self._record_path(url), url)
 
-    def open_copy(self, url: str, info: ObjectInfo) -> CopyReader | None:
+    def open_copy(self, url: str, info: ObjectInfo, *,
+                  observer: ReadObserver | None = None) -> CopyReader | None:
         """A reader of the copy of ``url`` if it is a copy of the object ``info`` describes
         (the store's ``stat`` now) and is whole; None otherwise."""
         record = self.record(url)
         if record is None or not record.matches(info):
             return None
         try:
-            fd = os.open(self._data_path(record), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:  # evicted since we read the record
+            fd = self.copies.open_unverified(record.sha256)
+        except FileNotFoundError:  # evicted
             return None
         except PermissionError:  # staged for readers this user is not one of
             return None
@@ -127,125 +140,120 @@ class CheckpointCache:
             os.close(fd)
             log.warning("staged copy of %s has the wrong size; reading the store", url)
             return None
-        self.touch(url)
-        return CopyReader(fd, record.size, url)
+        _touch(self._record_path(url))
+        return CopyReader(fd, record.size, url, observer=observer)
 
-    def verify(self, url: str, info: ObjectInfo) -> bool:
-        """True if ``url`` has a copy of the object ``info`` describes whose content still
-        hashes to its record; a copy that does not is removed."""
+    def verify(self, url: str, info: ObjectInfo) -> CopyRecord | None:
+        """The record of ``url``'s copy if it is a copy of the object ``info`` describes and
+        its content still hashes to its name; a damaged copy is dropped."""
         record = self.record(url)
         if record is None or not record.matches(info):
-            return False
-        digest = hashlib.sha256()
+            return None
+        stream = self.copies.open(record.sha256)  # checked against its digest at the end
+        if stream is None:
+            return None
         try:
-            with open(self._data_path(record), "rb") as f:
-                while chunk := f.read(4 << 20):
-                    digest.update(chunk)
-        except FileNotFoundError:
-            return False
-        if digest.hexdigest() != record.sha256:
-            log.warning("staged copy of %s is damaged; removing it", url)
-            self.discard(url)
-            return False
-        self.touch(url)
-        return True
+            with stream:
+                while stream.read(4 << 20):
+                    pass
+        except IntegrityError:  # the NodeCache dropped it
+            log.warning("staged copy of %s is damaged; it was removed", url)
+            return None
+        _touch(self._record_path(url))
+        return record
 
     def discard(self, url: str) -> None:
-        """Remove ``url``'s copy, if any (it is stale or damaged)."""
-        with self._locked():
-            record = self.record(url)
-            if record is not None:
-                self._remove(record)
-
-    def touch(self, url: str) -> None:
-        """Mark ``url``'s copy used now (the LRU order); best effort, readers may not own it."""
-        with contextlib.suppress(OSError):
-            os.utime(self._record_path(url))
+        """Forget ``url``'s copy, if any (it is stale or damaged): its record goes, and its
+        bytes too unless another record names them."""
+        old = self.record(url)
+        with self.copies.locked():
+            self._record_path(url).unlink(missing_ok=True)
+            named = self._prune_records()
+        self._drop_unnamed(old, named)
 
     # -- writing (``warm``) -------------------------------------------------------------------
 
-    def begin(self, url: str) -> Path:
-        """A fresh temporary for a copy of ``url``; :meth:`commit` or unlink it."""
-        self.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return self.tmp / f"{self._hash(url)[:16]}.{os.getpid()}.{secrets.token_hex(4)}"
+    def begin(self) -> Path:
+        """A fresh temporary for a copy; :meth:`commit` or unlink it."""
+        return self.copies.new_temporary("copy")
 
     def commit(self, tmp: Path, url: str, info: ObjectInfo, sha256: str,
-               access: Access | None) -> CopyRecord:
-        """Put the complete, fsync'ed copy ``tmp`` in place as the copy of ``url``,
-        readable by whom ``access`` (the store's say on the object) lets read it."""
-        record = CopyRecord(url, info.size, info.mtime, sha256,
-                            f"{self._hash(url)}.{sha256[:16]}")
-        data = self._data_path(record)
+               access: Access | None, *, keep: Iterable[str] = ()) -> CopyRecord:
+        """Put the complete, fsync'ed copy ``tmp`` (content ``sha256``) in place as the copy
+        of ``url``, readable by whom ``access`` (the store's say on the object) lets read
+        it. Room is made by evicting other copies, never those whose digests are in
+        ``keep``; :class:`StagingError` if there is none."""
+        record = CopyRecord(url, info.size, info.mtime, sha256)
+        _limit_readers(tmp, access)
+        try:
+            self.copies.add_file(tmp, sha256, keep=keep)
+        except BootseerError as exc:  # CacheFull or CacheBusy
+            raise StagingError(f"{url}: not staged ({exc}; checkpoint.cache_size)") from exc
         path = self._record_path(url)
-        with self._locked():
-            old = self.record(url)
-            data.parent.mkdir(parents=True, exist_ok=True)
-            _limit_readers(tmp, access)
-            os.replace(tmp, data)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pending = self.tmp / f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
-            pending.write_text(json.dumps(asdict(record)))
+        old = self.record(url)
+        with self.copies.locked():
+            if sha256 not in self.copies:  # evicted by another staging meanwhile
+                raise StagingError(f"{url}: its copy was evicted while it was committed "
+                                   f"(checkpoint.cache_size is too small for the stagings "
+                                   f"running at once)")
+            self._mkdir(path.parent)
+            pending = self.copies.new_temporary("record")
+            fd = os.open(pending, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                         os.O_CLOEXEC, 0o600)
+            with open(fd, "w") as f:
+                f.write(json.dumps(asdict(record)))
             _limit_readers(pending, access)  # the record names the content's digest too
             os.replace(pending, path)  # the commit
-            if old is not None and old.data != record.data:
-                self._data_path(old).unlink(missing_ok=True)
+            named = self._prune_records()
+        self._drop_unnamed(old, named)
         return record
-
-    def make_room(self, size: int, keep: set[str]) -> bool:
-        """Evict least recently used copies (not those of ``keep``) until ``size`` more
-        bytes fit; False if they cannot."""
-        if size > self.max_bytes:
-            return False
-        with self._locked():
-            records = sorted(self._records(), key=lambda r: r[0])
-            used = sum(r.size for _, r in records)
-            for _, record in records:
-                if used + size <= self.max_bytes:
-                    break
-                if record.url not in keep:
-                    self._remove(record)
-                    used -= record.size
-            return used + size <= self.max_bytes
-
-    def sweep(self) -> int:
-        """Remove what killed stagings left: temporaries of dead processes, and copies no
-        record names. Returns how many files went."""
-        removed = 0
-        with self._locked():
-            for leftover in self.tmp.iterdir() if self.tmp.is_dir() else ():
-                pid = leftover.name.split(".")[-2]
-                if not (pid.isdigit() and pid_alive(int(pid))):
-                    leftover.unlink(missing_ok=True)
-                    removed += 1
-            named = {r.data for _, r in self._records()}
-            for data in self._data.glob("*/*") if self._data.is_dir() else ():
-                if data.name not in named:
-                    data.unlink(missing_ok=True)
-                    removed += 1
-        return removed
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _records(self) -> Iterator[tuple[float, CopyRecord]]:
-        """(last use, record) of every committed copy."""
-        for path in self._entries.glob("*/*.json") if self._entries.is_dir() else ():
+    def _drop_unnamed(self, old: CopyRecord | None, named: set[str]) -> None:
+        """Drop the bytes of a record that went (a rewritten checkpoint's), unless a record
+        names them. (After the lock: a staging of the same bytes racing with it can be left
+        with a record whose copy is gone, read from the store and staged again by the next
+        warm, like any evicted copy.)"""
+        if old is not None and old.sha256 not in named:
+            with contextlib.suppress(CacheBusy):  # else they are evicted in their turn
+                self.copies.drop(old.sha256)
+
+    def _prune_records(self) -> set[str]:
+        """Remove records whose copy is gone, then the least recently used beyond
+        :data:`MAX_RECORDS`; return the digests the remaining records name. Called with
+        the NodeCache's lock held."""
+        live = []
+        for used, path, record in self._scan_records():
+            if record is None or record.sha256 not in self.copies:
+                path.unlink(missing_ok=True)
+            else:
+                live.append((used, str(path), record.sha256))
+        live.sort()
+        for _, path, _ in live[: max(0, len(live) - MAX_RECORDS)]:
+            Path(path).unlink(missing_ok=True)
+        return {digest for _, _, digest in live[max(0, len(live) - MAX_RECORDS):]}
+
+    def _scan_records(self) -> Iterator[tuple[float, Path, CopyRecord | None]]:
+        """(last use, path, record or None if unreadable) of every record file."""
+        for path in self._records.glob("*/*.json") if self._records.is_dir() else ():
             try:
                 used = path.stat().st_mtime
             except FileNotFoundError:
                 continue
-            record = _load_record(path, None)
-            if record is not None:
-                yield used, record
+            yield used, path, _load_record(path, None)
 
-    def _remove(self, record: CopyRecord) -> None:
-        """The record first: a reader never finds a record whose copy is gone for good."""
-        self._record_path(record.url).unlink(missing_ok=True)
-        self._data_path(record).unlink(missing_ok=True)
+    def _mkdir(self, path: Path) -> None:
+        """Record directories: readers go through them to their own records."""
+        for directory in (self._records, path):
+            with contextlib.suppress(FileExistsError):
+                directory.mkdir(mode=0o755)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with file_lock(self.directory / "lock", timeout=LOCK_TIMEOUT):
-            yield
+
+def _touch(path: Path) -> None:
+    """Mark a record used now (the LRU order); best effort, readers may not own it."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
 
 
 def _limit_readers(path: Path, access: Access | None) -> None:
@@ -268,8 +276,16 @@ def _limit_readers(path: Path, access: Access | None) -> None:
 
 
 def _load_record(path: Path, url: str | None) -> CopyRecord | None:
+    """The record in ``path`` (for ``url``, if given), or None: missing, unreadable, or not
+    a record (a digest that is not one names no entry)."""
     try:
-        record = CopyRecord(**json.loads(path.read_text()))
+        with open(path, "rb") as f:
+            fields = json.loads(f.read(MAX_RECORD_BYTES))
+        record = CopyRecord(**fields)
+        if not (isinstance(record.url, str) and isinstance(record.size, int) and
+                isinstance(record.mtime, int | float)):
+            raise TypeError("fields of the wrong type")
+        NodeCache.check_digest(record.sha256)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError) as exc:
@@ -278,24 +294,14 @@ def _load_record(path: Path, url: str | None) -> CopyRecord | None:
     return record if url is None or record.url == url else None
 
 
-def node_cache() -> CheckpointCache | None:
-    """This node's checkpoint cache per the configuration, for readers; None (and the
-    store is read) when the configuration cannot be loaded."""
-    try:
-        config = load_config().config
-    except ConfigError as exc:
-        log.warning("not looking for staged checkpoints: %s", exc)
-        return None
-    return CheckpointCache(config.cache_dir / "checkpoints", config.checkpoint.cache_size)
-
-
 class CopyReader:
     """A staged copy, read with the striped reader's interface (``read``, ``readinto``,
     ``fetch``, ``submit_range``), so every loader takes either without knowing which."""
 
-    def __init__(self, fd: int, size: int, name: str) -> None:
+    def __init__(self, fd: int, size: int, name: str, *,
+                 observer: ReadObserver | None = None) -> None:
         self._fd, self.size, self.name = fd, size, name
-        self._read_once = False
+        self._first_byte = FirstByte(observer, name)
 
     def readinto(self, offset: int, buffer: bytearray | memoryview) -> int:
         """Fill ``buffer`` from ``offset``; returns the byte count (short only at EOF)."""
@@ -309,9 +315,7 @@ class CopyReader:
                 raise StagingError(f"staged copy of {self.name} ends at {offset + done} "
                                    f"bytes, not {self.size}")
             done += n
-        if not self._read_once:  # the start's milestone, as the striped reader marks it
-            self._read_once = True
-            mark_phase("checkpoint_first_byte")
+        self._first_byte()
         return done
 
     def read(self, offset: int, length: int) -> bytes:

@@ -21,24 +21,28 @@ from typing import Any
 
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader
 
-from bootseer.store import Store, open_store
+from bootseer.store import Store
 from bootseer.stripedfs.checkpoint_cache import LocalRange
 from bootseer.stripedfs.config import StripeConfig
-from bootseer.stripedfs.files import Reader, open_reader, striped_file
+from bootseer.stripedfs.files import CheckpointSource, Reader, striped_file
 from bootseer.stripedfs.reader import PendingRange
 
 
 class _StoreFileSystem(FileSystemBase):
     """DCP's file-system interface over a store (read side only)."""
 
-    def __init__(self, store: Store, config: StripeConfig) -> None:
-        self.store, self.config = store, config
+    def __init__(self, source: CheckpointSource, url: str, config: StripeConfig) -> None:
+        self.source, self.config = source, config
+        self.store: Store = source.store(url)
+
+    def open(self, path: str) -> Reader:
+        return self.source.open(self.store, path, config=self.config)
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         if "r" not in mode:
             raise io.UnsupportedOperation("the striped DCP reader only reads")
-        with striped_file(open_reader(self.store, str(path), config=self.config)) as f:
+        with striped_file(self.open(str(path))) as f:
             yield f
 
     def concat_path(self, path: str | os.PathLike, suffix: str) -> str:
@@ -65,14 +69,16 @@ class _StoreFileSystem(FileSystemBase):
 
 
 class StripedStorageReader(FileSystemReader):
-    """Load a DCP checkpoint directory at ``url`` with parallel, batched reads."""
+    """Load a DCP checkpoint directory at ``url`` with parallel, batched reads, through
+    ``source`` (its stores, staged copies and observer: the checkpoint API's)."""
 
-    def __init__(self, url: str, *, config: StripeConfig | None = None,
+    def __init__(self, url: str, *, source: CheckpointSource,
+                 config: StripeConfig | None = None,
                  max_bytes_in_flight: int = 1 << 30) -> None:
         super().__init__(".")
-        self.url = url
+        self.url, self.source = url, source
         self.config = config or StripeConfig()
-        self.fs = _StoreFileSystem(open_store(url), self.config)
+        self.fs = _StoreFileSystem(source, url, self.config)
         self.path = ""
         self.max_bytes_in_flight = max_bytes_in_flight
         self._fetched: dict[tuple[str, int, int], PendingRange | LocalRange] = {}
@@ -84,7 +90,7 @@ class StripedStorageReader(FileSystemReader):
         super().reset(None)
         if checkpoint_id:
             self.url = str(checkpoint_id)
-            self.fs = _StoreFileSystem(open_store(self.url), self.config)
+            self.fs = _StoreFileSystem(self.source, self.url, self.config)
         self.path = ""
 
     @classmethod
@@ -112,7 +118,7 @@ class StripedStorageReader(FileSystemReader):
     def _reader(self, path: str) -> Reader:
         reader = self._readers.get(path)
         if reader is None:
-            reader = self._readers[path] = open_reader(self.fs.store, path, config=self.config)
+            reader = self._readers[path] = self.fs.open(path)
         return reader
 
     def _submit_more(self) -> None:

@@ -29,11 +29,11 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from bootseer.errors import BootseerError, InvalidRangeError
-from bootseer.ready import mark_phase
 from bootseer.store import Store
 from bootseer.stripedfs.config import StripeConfig
 from bootseer.stripedfs.layout import Stripe, StripeLayout
 from bootseer.stripedfs.memory import shared_memory
+from bootseer.stripedfs.observer import FirstByte, ReadObserver
 from bootseer.stripedfs.window import ReadWindow
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class PendingRange:
                     memory.give(data)
         finally:
             self.cancel()
-        mark_phase("checkpoint_first_byte")
+        self._reader._first_byte()
         return out
 
     def cancel(self) -> None:
@@ -159,6 +159,7 @@ class StripedReader:
         config: StripeConfig | None = None,
         size: int | None = None,
         block_size: int | None = None,
+        observer: ReadObserver | None = None,
     ) -> None:
         self.store, self.key = store, key
         self.config = config or StripeConfig()
@@ -175,6 +176,7 @@ class StripedReader:
         # at once, in the thread that holds the lock.
         self._lock = threading.RLock()
         self._closed = False
+        self._first_byte = FirstByte(observer, self.name)
         self.memory.register(self)
 
     @property
@@ -243,11 +245,9 @@ class StripedReader:
         with self._lock:
             self._unuse(pending)
             self.stats.reads += 1
-            first = self.stats.reads == 1
             self.stats.bytes_read += end - offset
             self._drop_before(end if end < self.size else offset)
-        if first:  # once per reader, not on every read of the hot path
-            mark_phase("checkpoint_first_byte")
+        self._first_byte()
         return end - offset
 
     def _claim(self, demand: list[Stripe], missing: int) -> list[_Pending]:

@@ -4,8 +4,9 @@
 Each file is copied into the node's checkpoint cache (:mod:`bootseer.stripedfs.checkpoint_cache`)
 with ranged reads cut like the striped reader's stripes (never across an HDFS block, so
 each comes from one DataNode), ``concurrency`` in flight, written and hashed in order.
-The checkpoint-load API then reads the copies instead of the network, for as long as the
-store's objects are the ones copied.
+Every checkpoint read (:func:`bootseer.stripedfs.files.open_reader`) then reads the copies
+instead of the network, for as long as the store's objects are the ones copied. The stores
+and the cache are the :class:`~bootseer.stripedfs.files.CheckpointSource`'s: as configured.
 """
 
 from __future__ import annotations
@@ -22,9 +23,14 @@ from dataclasses import dataclass
 from bootseer.errors import BootseerError
 from bootseer.store import Store
 from bootseer.store.base import ObjectInfo
-from bootseer.stripedfs.checkpoint_cache import CheckpointCache, StagingError, object_url
+from bootseer.stripedfs.checkpoint_cache import (
+    CheckpointCache,
+    CopyRecord,
+    StagingError,
+    object_url,
+)
 from bootseer.stripedfs.config import StripeConfig
-from bootseer.stripedfs.files import split_url, store_for
+from bootseer.stripedfs.files import CheckpointSource
 from bootseer.stripedfs.layout import Stripe, StripeLayout
 
 log = logging.getLogger(__name__)
@@ -46,48 +52,49 @@ class CheckpointResult:
         return self.missing == 0
 
 
-def checkpoint_files(url: str) -> tuple[Store, list[ObjectInfo]]:
+def checkpoint_files(source: CheckpointSource, url: str) -> tuple[Store, list[ObjectInfo]]:
     """The store holding the checkpoint at ``url`` and its files (one, or a directory's)."""
     try:
-        directory, name = split_url(url)
+        parent, name = source.locate(url)
     except ValueError:  # a root: only a directory
         pass
     else:
-        parent = store_for(directory)
         try:
             return parent, [parent.stat(name)]
         except FileNotFoundError:
             pass  # not a file: a directory?
-    store = store_for(url.rstrip("/"))
+    store = source.store(url.rstrip("/"))
     files = list(store.list())
     if not files:
         raise FileNotFoundError(f"no checkpoint file or directory at {url}")
     return store, files
 
 
-def stage_checkpoint(cache: CheckpointCache, url: str, *, concurrency: int = 8,
+def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int = 8,
                      request_size: int = StripeConfig.stripe_size,
                      keep: set[str] | None = None,
                      on_plan: Callable[[int], None] | None = None,
                      on_progress: Callable[[int], None] | None = None,
                      before_fetch: Callable[[], None] | None = None) -> CheckpointResult:
-    """Copy every file of the checkpoint at ``url`` that has no current, intact copy.
+    """Copy every file of the checkpoint at ``url`` that has no current, intact copy into
+    ``source``'s cache.
 
-    ``keep`` collects the URLs of the copies this warm needs, so staging one checkpoint
+    ``keep`` collects the digests of the copies this warm needs, so staging one checkpoint
     never evicts another of the same request. ``before_fetch`` is called before each
     ranged read and may block (the agent's priorities).
     """
     started = time.monotonic()
+    cache = source.copies
     keep = set() if keep is None else keep
-    store, files = checkpoint_files(url)
+    store, files = checkpoint_files(source, url)
     total = sum(f.size for f in files)
     if on_plan:
         on_plan(total)
-    cache.sweep()
     wanted = []
     for info in files:
-        keep.add(object_url(store, info.key))
-        if cache.verify(object_url(store, info.key), info):
+        record = cache.verify(object_url(store, info.key), info)
+        if record is not None:
+            keep.add(record.sha256)
             if on_progress:
                 on_progress(info.size)
         else:
@@ -97,11 +104,13 @@ def stage_checkpoint(cache: CheckpointCache, url: str, *, concurrency: int = 8,
         file_url = object_url(store, info.key)
         try:
             cache.discard(file_url)  # stale or damaged: never read again
-            if not cache.make_room(info.size, keep):
+            if info.size > cache.max_bytes:
                 raise StagingError(f"{info.size} bytes do not fit in the checkpoint cache "
                                    f"({cache.max_bytes} bytes, checkpoint.cache_size)")
-            _copy(cache, store, info, concurrency=concurrency, request_size=request_size,
-                  on_progress=on_progress, before_fetch=before_fetch)
+            record = _copy(cache, store, info, keep, concurrency=concurrency,
+                           request_size=request_size, on_progress=on_progress,
+                           before_fetch=before_fetch)
+            keep.add(record.sha256)
             fetched.append(info.size)
         except (OSError, BootseerError) as exc:  # counted as missing below
             log.warning("checkpoint %s could not be staged: %s", file_url, exc)
@@ -112,10 +121,11 @@ def stage_checkpoint(cache: CheckpointCache, url: str, *, concurrency: int = 8,
                             seconds=round(time.monotonic() - started, 3))
 
 
-def _copy(cache: CheckpointCache, store: Store, info: ObjectInfo, *, concurrency: int,
-          request_size: int, on_progress: Callable[[int], None] | None,
-          before_fetch: Callable[[], None] | None) -> None:
-    """Copy one object into a temporary, in order, then commit it; nothing on failure."""
+def _copy(cache: CheckpointCache, store: Store, info: ObjectInfo, keep: set[str], *,
+          concurrency: int, request_size: int, on_progress: Callable[[int], None] | None,
+          before_fetch: Callable[[], None] | None) -> CopyRecord:
+    """Copy one object into a temporary, in order, then commit it (evicting none of
+    ``keep``); nothing on failure."""
     url = object_url(store, info.key)
     layout = StripeLayout(info.size, request_size, store.block_size(info.key))
     stripes = iter(layout.stripes(0, info.size))
@@ -128,7 +138,7 @@ def _copy(cache: CheckpointCache, store: Store, info: ObjectInfo, *, concurrency
         store.read_range_into(info.key, stripe.start, memoryview(buffer))
         return buffer
 
-    tmp = cache.begin(url)
+    tmp = cache.begin()
     try:
         # 0600 until commit gives it the source's readers: a partial copy is nobody's.
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -154,6 +164,7 @@ def _copy(cache: CheckpointCache, store: Store, info: ObjectInfo, *, concurrency
             os.fsync(out.fileno())
         if store.stat(info.key) != info:
             raise StagingError(f"{url} changed while it was being staged")
-        cache.commit(tmp, url, info, digest.hexdigest(), store.access(info.key))
+        return cache.commit(tmp, url, info, digest.hexdigest(), store.access(info.key),
+                            keep=keep)
     finally:
         tmp.unlink(missing_ok=True)  # after a commit, already gone

@@ -1,5 +1,6 @@
 """The checkpoint-load API on real HDFS (and the local store): byte-exact striped reads,
-torch.load, safetensors and DCP round trips compared tensor by tensor, a dying DataNode."""
+torch.load, safetensors and DCP round trips compared tensor by tensor, a dying DataNode,
+stores opened with the configured ``hdfs.*`` options."""
 
 from __future__ import annotations
 
@@ -14,12 +15,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 from store_contract import MIB, ramp
+from test_ckpt_cli import audited_users
 
 import bootseer.checkpoint as ckpt
 from bootseer.store import open_store
 from bootseer.stripedfs.reader import StripedReader
 
 SIZE = 9 * MIB + 777  # nine 1 MiB HDFS blocks and a bit
+
+
+@pytest.fixture(autouse=True)
+def _fresh_configuration():
+    """The API loads its configuration once per process: each test its own."""
+    ckpt.source.cache_clear()
+    yield
+    ckpt.source.cache_clear()
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -115,3 +125,28 @@ def test_datanode_stopped_mid_read(hdfs_cluster, scheme: str) -> None:
         assert bytes(got) == ramp(0, size)
     finally:
         hdfs_cluster.start_datanode(1)
+
+
+@pytest.mark.parametrize("scheme", ["hdfs", "webhdfs"])
+def test_the_api_reads_as_the_configured_hdfs_user(hdfs_cluster, scheme: str, tmp_path: Path,
+                                                   monkeypatch) -> None:
+    """``hdfs.user`` (here from ``BOOTSEER_HDFS_USER``) is who every API read acts as, in
+    the NameNode's own audit log: files opened directly and through DCP."""
+    run = uuid.uuid4().hex[:8]
+    root = hdfs_cluster.namenode_rpc_url if scheme == "hdfs" else hdfs_cluster.webhdfs_url
+    url = f"{root}/ckpt-user/{run}"
+    state = _state()
+    dcp.save(state, checkpoint_id=tmp_path / "dcp", no_dist=True)
+    store = open_store(url)
+    store.put("blob.bin", ramp(0, 2 * MIB))
+    for path in sorted((tmp_path / "dcp").iterdir()):
+        store.put(f"dcp/{path.name}", path.read_bytes())
+    user = f"api-{scheme}-{run}"
+    monkeypatch.setenv("BOOTSEER_HDFS_USER", user)
+    with ckpt.open(f"{url}/blob.bin") as f:
+        assert f.read() == ramp(0, 2 * MIB)
+    target = {k: torch.zeros_like(v) for k, v in state.items()}
+    dcp.load(target, storage_reader=ckpt.StorageReader(f"{url}/dcp"), no_dist=True)
+    _assert_same(target, state)
+    assert audited_users(hdfs_cluster, "open", f"/ckpt-user/{run}/blob.bin") == {user}
+    assert audited_users(hdfs_cluster, "open", f"/ckpt-user/{run}/dcp/.metadata") == {user}

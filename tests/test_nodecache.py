@@ -157,3 +157,35 @@ def test_a_stalled_lock_holder_costs_caching_never_reads(tmp_path: Path, monkeyp
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_an_add_makes_room_first_and_never_evicts_what_it_keeps(tmp_path: Path) -> None:
+    """Room is made before an entry appears (the limit holds at every instant); entries
+    the adder keeps are not evicted, and an add that fits only by evicting them is refused
+    and leaves nothing."""
+    from bootseer.nodecache import CacheFull
+
+    cache = NodeCache(tmp_path, 3 * 64 * KIB)
+    blobs = [os.urandom(64 * KIB) for _ in range(5)]
+    digests = [hashlib.sha256(b).hexdigest() for b in blobs]
+
+    def add(n: int, keep=()) -> None:
+        tmp = cache.new_temporary("t")
+        tmp.write_bytes(blobs[n])
+        try:
+            cache.add_file(tmp, digests[n], keep=keep)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    for n in range(3):
+        add(n)
+        os.utime(cache.path(digests[n]), (1000 + n, 1000 + n))
+    add(3, keep=digests[:1])  # the oldest is kept: the next oldest go
+    assert [d in cache for d in digests[:4]] == [True, False, False, True]
+    add(4, keep=digests[:1])
+    with pytest.raises(CacheFull):
+        add(1, keep=[digests[0], digests[3], digests[4]])
+    assert digests[1] not in cache and cache.usage() == _on_disk(tmp_path) <= 3 * 64 * KIB
+    assert not list((tmp_path / "tmp").iterdir())
+    with pytest.raises(CacheFull):  # larger than the whole cache
+        cache.put(hashlib.sha256(b"x" * (4 * 64 * KIB)).hexdigest(), b"x" * (4 * 64 * KIB))

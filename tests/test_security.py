@@ -256,7 +256,7 @@ def _group_member_attacks(node: Node) -> None:
     sock = node.sock
     status, text = _nobody_asks(sock, "POST", "/v1/warm", {"checkpoints": ["file:///etc/shadow"]})
     assert status == 403 and "checkpoint.allowed" in text
-    assert not (node.cache / "checkpoints" / "data").exists()
+    assert not (node.cache / "checkpoints" / "copies" / "entries").exists()
     # Under an allowed prefix: a root-only file is staged root-only, a public one public.
     (node.allowed / "secret.bin").write_bytes(b"s" * 4096)
     (node.allowed / "secret.bin").chmod(0o600)
@@ -265,8 +265,8 @@ def _group_member_attacks(node: Node) -> None:
         status, text = _nobody_asks(sock, "POST", "/v1/warm",
                                     {"checkpoints": [f"file://{node.allowed}/{name}"]})
         assert status == 200 and '"complete": true' in text, text
-    copies = {p.stat().st_mode & 0o777 for p in (node.cache / "checkpoints" / "data").rglob(
-        "*") if p.is_file()}
+    entries = node.cache / "checkpoints" / "copies" / "entries"
+    copies = {p.stat().st_mode & 0o777 for p in entries.rglob("*") if p.is_file()}
     assert copies == {0o400, 0o444}
     reader = ("import sys, bootseer.checkpoint as c\n"
               "try:\n    print(len(c.open(sys.argv[1]).read()))\n"

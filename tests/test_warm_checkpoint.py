@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -21,8 +24,8 @@ from test_prefetch_lazy import bootseer
 import bootseer.checkpoint as ckpt
 from bootseer import ready
 from bootseer.agents.warm import WarmSummary
-from bootseer.store import Store
-from bootseer.stripedfs.files import split_url, store_for
+from bootseer.store import Store, open_store
+from bootseer.stripedfs.files import split_url
 from bootseer.stripedfs.stage import CheckpointResult
 
 SIZE = 9 * MIB + 777  # nine 1 MiB HDFS blocks, several stripes, and a bit
@@ -50,11 +53,22 @@ def node(dirs, monkeypatch) -> dict[str, Path]:
     monkeypatch.setenv("BOOTSEER_CACHE_DIR", str(dirs["cache"]))
     monkeypatch.setenv(ready.READY_FILE_ENV, str(dirs["run"] / "ready"))
     monkeypatch.setattr(ready, "_marked", set())
-    return dirs
+    ckpt.source.cache_clear()  # the API loads its configuration once per process
+    yield dirs
+    ckpt.source.cache_clear()
+
+
+def _copies(dirs) -> Path:
+    """Where the node cache keeps the copies' bytes."""
+    return dirs["cache"] / "checkpoints" / "copies" / "entries"
+
+
+def _records(dirs) -> list[Path]:
+    return list((dirs["cache"] / "checkpoints" / "records").glob("*/*.json"))
 
 
 def _store(url: str) -> Store:
-    return store_for(split_url(url)[0])
+    return open_store(split_url(url)[0])
 
 
 def _no_store_reads(monkeypatch, store: Store) -> None:
@@ -96,7 +110,7 @@ def _state() -> dict[str, torch.Tensor]:
 def _publish_checkpoint(base: str, tmp: Path) -> dict[str, torch.Tensor]:
     """A checkpoint directory: a big raw file, a safetensors file and a DCP checkpoint."""
     state = _state()
-    store = store_for(base)
+    store = open_store(base)
     store.put("raw.bin", ramp(0, SIZE))
     save_file(state, tmp / "model.safetensors")
     store.put("model.safetensors", (tmp / "model.safetensors").read_bytes())
@@ -118,7 +132,7 @@ def test_warmed_checkpoint_is_read_from_the_local_copy(base_url, node, tmp_path,
     out = json.loads(_warm(node, base_url).stdout)
     assert out["via"] == "standalone" and out["complete"]
     (result,) = out["checkpoints"]
-    files = len(list(store_for(base_url).list()))
+    files = len(list(open_store(base_url).list()))
     assert result["files"] == result["fetched_files"] == files >= 4
     assert result["already_local"] == 0 and result["fetched_bytes"] == result["bytes"]
     # No ranged read of the store from here on: everything comes from the copies.
@@ -150,8 +164,8 @@ def test_a_rewritten_checkpoint_is_read_from_the_store_and_staged_again(node,
         assert reads, "the stale copy was read"
     out = json.loads(_warm(node, url).stdout)["checkpoints"][0]
     assert out["fetched_files"] == 1 and out["already_local"] == 0
-    data = list((node["cache"] / "checkpoints" / "data").glob("*/*"))
-    assert len(data) == 1  # the old copy went when the new one was committed
+    data = list(_copies(node).glob("*/*"))
+    assert len(data) == 1 and len(_records(node)) == 1  # the old copy went at the commit
     _no_store_reads(monkeypatch, store)
     assert ckpt.open(url).read() == ramp(1, SIZE)
 
@@ -161,22 +175,21 @@ def test_what_a_killed_staging_leaves_is_never_used(node, monkeypatch) -> None:
     store = _store(url)
     store.put("model.pt", ramp(0, SIZE))
     _warm(node, url)
-    cache = node["cache"] / "checkpoints"
-    (record,) = (cache / "entries").glob("*/*.json")
-    (data,) = (cache / "data").glob("*/*")
+    copies = node["cache"] / "checkpoints" / "copies"
+    (record,) = _records(node)
     # Killed between the two renames: the copy is in place, its record is not.
     record.unlink()
     # Killed while copying: a temporary of a process that is gone.
     dead = subprocess.Popen(["true"])
     dead.wait()
-    (cache / "tmp" / f"{data.name[:16]}.{dead.pid}.0000").write_bytes(ramp(0, SIZE // 2))
+    (copies / "tmp" / f"copy.{dead.pid}.0000").write_bytes(ramp(0, SIZE // 2))
     with monkeypatch.context() as m:
         reads = _count_store_reads(m, store)
         assert ckpt.open(url).read() == ramp(0, SIZE) and reads
     out = json.loads(_warm(node, url).stdout)["checkpoints"][0]
     assert out["fetched_files"] == 1  # staged again; the leftovers were swept
-    assert list((cache / "tmp").iterdir()) == []
-    assert len(list((cache / "data").glob("*/*"))) == 1
+    assert list((copies / "tmp").iterdir()) == []
+    assert len(list(_copies(node).glob("*/*"))) == 1 and len(_records(node)) == 1
 
 
 def test_a_damaged_copy_is_not_used_and_warm_replaces_it(node, monkeypatch) -> None:
@@ -184,7 +197,7 @@ def test_a_damaged_copy_is_not_used_and_warm_replaces_it(node, monkeypatch) -> N
     store = _store(url)
     store.put("model.pt", ramp(0, SIZE))
     _warm(node, url)
-    (data,) = (node["cache"] / "checkpoints" / "data").glob("*/*")
+    (data,) = _copies(node).glob("*/*")
     data.chmod(0o644)
     with open(data, "r+b") as f:  # same size, one byte flipped: only the sha256 tells
         f.seek(5 * MIB)
@@ -194,7 +207,7 @@ def test_a_damaged_copy_is_not_used_and_warm_replaces_it(node, monkeypatch) -> N
     with monkeypatch.context() as m:
         _no_store_reads(m, store)
         assert ckpt.open(url).read() == ramp(0, SIZE)
-    (data,) = (node["cache"] / "checkpoints" / "data").glob("*/*")
+    (data,) = _copies(node).glob("*/*")
     os.truncate(data, MIB)  # a short copy: its size tells at open
     reads = _count_store_reads(monkeypatch, store)
     assert ckpt.open(url).read() == ramp(0, SIZE) and reads
@@ -229,7 +242,7 @@ def test_the_cache_keeps_the_recently_used_copies_within_its_size(node, monkeypa
 
 def test_warm_through_the_agent_stages_in_the_nodes_cache(node, monkeypatch) -> None:
     url = (node["store"] / "ckpt" / "step100").as_uri()
-    store = store_for(url)
+    store = open_store(url)
     store.put("model.pt", ramp(0, SIZE))
     store.put("optim/state.bin", ramp(7, MIB))
     sock = node["run"] / "agent.sock"
@@ -247,6 +260,7 @@ def test_warm_through_the_agent_stages_in_the_nodes_cache(node, monkeypatch) -> 
     assert summary["checkpoints"][0]["fetched_bytes"] == SIZE + MIB
     assert not (node["cache"] / "checkpoints").exists()  # the agent's cache, not ours
     monkeypatch.setenv("BOOTSEER_CACHE_DIR", str(node["agent-cache"]))
+    ckpt.source.cache_clear()
     _no_store_reads(monkeypatch, store)
     assert ckpt.open(f"{url}/optim/state.bin").read() == ramp(7, MIB)
 
@@ -257,3 +271,72 @@ def test_summary_round_trips_through_json() -> None:
     body = json.loads(json.dumps(summary.to_json()))
     assert body["checkpoints"][0]["complete"] is False and body["complete"] is False
     assert WarmSummary.from_json(body) == summary
+
+
+def _on_disk(dirs) -> int:
+    return sum(p.stat().st_size for p in _copies(dirs).glob("*/*"))
+
+
+def test_two_processes_staging_into_one_cache_stay_under_its_limit(node) -> None:
+    """Two standalone warms at once, 16 MiB each into a 10 MiB cache: they evict each
+    other's copies, never their own, and the limit holds throughout (counted on disk)."""
+    urls = []
+    for name in ("a", "b"):
+        url = (node["store"] / "ckpt" / name).as_uri()
+        store = open_store(url)
+        for n in range(8):
+            store.put(f"part{n}.bin", ramp(ord(name) * 16 + n, 2 * MIB))
+        urls.append(url)
+    env = {**os.environ, "BOOTSEER_STORE": node["store"].as_uri(),
+           "BOOTSEER_CACHE_DIR": str(node["cache"]), "BOOTSEER_CHECKPOINT_CACHE_SIZE": "10m"}
+    warms = [subprocess.Popen([sys.executable, "-m", "bootseer", "warm", "--no-agent", "--json",
+                               "--checkpoint", url], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL) for url in urls]
+    peak = 0
+    while any(w.poll() is None for w in warms):
+        peak = max(peak, _on_disk(node))
+    for warm in warms:
+        assert warm.wait(120) in (0, 3)  # 3: some files did not fit, and it says so
+        out = json.loads(warm.stdout.read())["checkpoints"][0]
+        assert out["fetched_files"] >= 1 and out["fetched_files"] + out["missing"] == 8
+    limit = 10 * MIB
+    assert peak <= limit and _on_disk(node) <= limit
+    usage = int((node["cache"] / "checkpoints" / "copies" / "usage").read_text())
+    assert usage == _on_disk(node)  # the count on disk is the truth
+    for url, name in zip(urls, "ab"):  # whatever stayed, or not, every read is right
+        for n in range(8):
+            assert ckpt.open(f"{url}/part{n}.bin").read() == ramp(ord(name) * 16 + n, 2 * MIB)
+
+
+def test_a_staging_killed_mid_copy_leaves_no_visible_copy(node, monkeypatch) -> None:
+    """SIGKILL while a warm writes its copy: no entry, no record, reads go to the store;
+    the next warm sweeps the dead writer's temporary and stages the file."""
+    size = 256 * MIB
+    url = (node["store"] / "ckpt" / "big.bin").as_uri()
+    store = _store(url)
+    store.put("big.bin", ramp(5, size))
+    env = {**os.environ, "BOOTSEER_STORE": node["store"].as_uri(),
+           "BOOTSEER_CACHE_DIR": str(node["cache"])}
+    warm = subprocess.Popen([sys.executable, "-m", "bootseer", "warm", "--no-agent",
+                             "--checkpoint", url], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    tmp = node["cache"] / "checkpoints" / "copies" / "tmp"
+    deadline = time.monotonic() + 60
+    while not (tmp.is_dir() and any(p.stat().st_size > 0 for p in tmp.iterdir())):
+        assert warm.poll() is None, "the warm finished before it could be killed"
+        assert time.monotonic() < deadline
+    warm.send_signal(signal.SIGKILL)
+    warm.wait()
+    (leftover,) = tmp.iterdir()
+    assert f".{warm.pid}." in leftover.name and leftover.stat().st_size < size
+    assert not list(_copies(node).glob("*/*")) and not _records(node)
+    with monkeypatch.context() as m:
+        reads = _count_store_reads(m, store)
+        with ckpt.open(url) as f:
+            assert f.read(MIB) == ramp(5, MIB) and reads
+    out = json.loads(_warm(node, url).stdout)["checkpoints"][0]
+    assert out["fetched_files"] == 1 and not leftover.exists()
+    _no_store_reads(monkeypatch, store)
+    with ckpt.open(url) as f:
+        f.seek(size - MIB)
+        assert f.read() == ramp(5 + size - MIB, MIB)

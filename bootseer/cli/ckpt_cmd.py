@@ -2,7 +2,10 @@
 
 ``mount`` runs the FUSE server in a child process (:mod:`bootseer.mounts`) and returns
 once the mount is live; ``--foreground`` serves in this process. ``put`` and ``get`` copy
-files or whole directories with several transfers at once and one progress bar.
+files or whole directories with several transfers at once and one progress bar; both open
+the store with the configured ``hdfs.*`` options, and ``get`` reads through the one
+checkpoint read path (:func:`bootseer.stripedfs.files.open_reader`): a file staged on this
+node by ``bootseer warm --checkpoint`` comes from its copy while it is current.
 """
 
 from __future__ import annotations
@@ -19,9 +22,8 @@ from bootseer.cli import AppContext, pass_app
 from bootseer.config import ByteSize, FileMode, coerce
 from bootseer.mounts import check_mountpoint, server_log, spawn_mount, unmount
 from bootseer.progress import byte_progress, console
-from bootseer.store import open_store
-from bootseer.stripedfs.files import split_url, store_for
-from bootseer.stripedfs.reader import StripedReader
+from bootseer.store import ObjectInfo, Store, open_configured_store, open_store
+from bootseer.stripedfs.files import CheckpointSource, Reader, split_url
 
 _COPY_PIECE = 16 << 20
 
@@ -101,15 +103,17 @@ def umount(mountpoint: Path) -> None:
 @click.argument("url")
 @click.option("-j", "--jobs", type=int, default=4, show_default=True,
               help="Files transferred at once.")
-def put(local: Path, url: str, jobs: int) -> None:
+@pass_app
+def put(app: AppContext, local: Path, url: str, jobs: int) -> None:
     """Copy a LOCAL file (or directory, recursively) to URL in the store."""
+    config = app.loaded.config
     if local.is_dir():
-        store = open_store(url)
+        store = open_configured_store(config, url)
         files = sorted(p for p in local.rglob("*") if p.is_file())
         pairs = [(p, store, p.relative_to(local).as_posix()) for p in files]
     else:
         directory, name = split_url(url)
-        pairs = [(local, open_store(directory), name)]
+        pairs = [(local, open_configured_store(config, directory), name)]
     total = sum(p.stat().st_size for p, _, _ in pairs)
 
     with byte_progress(f"uploading {len(pairs)} file(s)", total) as advance:
@@ -130,27 +134,29 @@ def put(local: Path, url: str, jobs: int) -> None:
 @ckpt.command("get")
 @click.argument("url")
 @click.argument("local", type=click.Path(path_type=Path))
-def get(url: str, local: Path) -> None:
-    """Copy URL (a file, or a directory recursively) to LOCAL, striped in parallel."""
-    directory, name = split_url(url)
-    parent = store_for(directory)
-    if parent.exists(name):
-        pairs = [(parent, name, local)]
-    else:
-        store = open_store(url)
-        pairs = [(store, info.key, local / info.key) for info in store.list()]
-        if not pairs:
-            raise FileNotFoundError(f"{url}: no such file or directory in the store")
-    readers = [(StripedReader(store, key), dest) for store, key, dest in pairs]
-    total = sum(r.size for r, _ in readers)
-    with byte_progress(f"downloading {len(readers)} file(s)", total) as advance:
-        for reader, dest in readers:
-            _download(reader, dest, advance)
-    console.print(f"downloaded {len(readers)} file(s), {total} bytes, to {local}")
+@pass_app
+def get(app: AppContext, url: str, local: Path) -> None:
+    """Copy URL (a file, or a directory recursively) to LOCAL: its staged copy on this
+    node while it is current, else striped in parallel from the store."""
+    source = CheckpointSource(app.loaded.config)
+    parent, name = source.locate(url)
+    files: list[tuple[Store, ObjectInfo, Path]]
+    try:
+        files = [(parent, parent.stat(name), local)]
+    except FileNotFoundError:
+        store = source.store(url)
+        files = [(store, info, local / info.key) for info in store.list()]
+        if not files:
+            raise FileNotFoundError(f"{url}: no such file or directory in the store") from None
+    total = sum(info.size for _, info, _ in files)
+    with byte_progress(f"downloading {len(files)} file(s)", total) as advance:
+        for store, info, dest in files:
+            _download(source.open(store, info.key), dest, advance)
+    console.print(f"downloaded {len(files)} file(s), {total} bytes, to {local}")
 
 
-def _download(reader: StripedReader, dest: Path, advance) -> None:
-    """Sequential reads through the striped reader (parallel underneath), atomically."""
+def _download(reader: Reader, dest: Path, advance) -> None:
+    """Sequential reads (parallel underneath, for the striped reader), atomically."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
     try:

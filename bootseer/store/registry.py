@@ -82,9 +82,17 @@ def open_store(url: str, **options: Any) -> Store:
     return cls(url, **options)
 
 
-def open_configured_store(config: Config) -> Store:
-    """The store named by ``config.store``, with the backend options the config sets."""
-    options = {}
-    if urlsplit(config.store).scheme in ("hdfs", "webhdfs"):
-        options = {k: v for k, v in vars(config.hdfs).items() if v not in (None, False)}
-    return open_store(config.store, **options)
+def store_options(config: Config, url: str) -> dict[str, Any]:
+    """The backend options ``config`` sets for the store at ``url`` (``hdfs.*`` for
+    ``hdfs://`` and ``webhdfs://``; none for the others)."""
+    if urlsplit(url).scheme in ("hdfs", "webhdfs"):
+        return {k: v for k, v in vars(config.hdfs).items() if v not in (None, False)}
+    return {}
+
+
+def open_configured_store(config: Config, url: str | None = None) -> Store:
+    """The store at ``url`` (default: ``config.store``, the one Bootseer keeps its images
+    and snapshots in), with the backend options the config sets: every store a command or
+    the checkpoint API opens goes through here, so ``hdfs.*`` apply to all of them."""
+    url = config.store if url is None else url
+    return open_store(url, **store_options(config, url))
