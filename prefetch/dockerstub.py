@@ -7,8 +7,9 @@ means what ``docker run IMAGE`` would) plus ``BOOTSEER_IMAGE=NAME``: Docker 20.1
 runtime neither labels nor annotations, but the environment is in the OCI config, so
 ``bootseer-runtime`` finds the lazy image there and swaps the empty root for the agent's
 lazy one. Without that runtime the stub runs nothing (it has no files), which is the right
-failure. The archive loads into Docker (:func:`load_into_docker`, the docker SDK) and into
-podman (``podman load -i``), which needs ``--annotation io.bootseer.image=NAME`` on top.
+failure. The archive loads into Docker (:func:`load_into_docker`, the docker SDK), containerd
+(``ctr image import``) and podman (``podman load -i``, which needs
+``--annotation io.bootseer.image=NAME`` on top: its hook reads no environment).
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ PACKAGES=(
   docker.io                      # dockerd with a private data root, for docker-daemon:
   # agents/: bootseer-hook (hooks.d precreate/poststop) is tested with a real podman
   podman
+  # agents/: bootseer-runtime as the runc v2 shim's BinaryName, tested with a private
+  # containerd (1.6, config version 2; ctr as its client)
+  containerd
 )
 
 missing=()

@@ -1,4 +1,4 @@
-"""bootseer-runtime and bootseer-hook with real engines: runc, dockerd, podman.
+"""bootseer-runtime and bootseer-hook with real engines: runc, dockerd, containerd, podman.
 
 One real lazy image (debootstrap minbase + python3) in one store for the module; each
 engine has a workload of its own and starts twice, each time on a fresh node agent (own
@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,7 @@ from test_prefetch_lazy import bootseer
 from bootseer.agents.client import AgentClient
 from bootseer.agents.mountapi import mount_key
 from bootseer.agents.timeline import StartRecord
+from bootseer.config import tomllib  # tomli before Python 3.11
 from bootseer.prefetch.container import bundle_config
 from bootseer.store import BlobStore, open_store
 
@@ -75,7 +79,7 @@ def lazy(tmp_path_factory) -> dict[str, Path]:
     base = layout / "blobs" / "sha256" / manifest["layers"][0]["digest"].split(":")[1]
     (root / "base").mkdir()
     _run("tar", "-xzf", base, "-C", root / "base")  # tar keeps devices and owners
-    return {"store": root / "store", "base_layer": base, "base": root / "base",
+    return {"store": root / "store", "layout": layout, "base_layer": base, "base": root / "base",
             "sock": root / "run" / "agent.sock", "root": root}
 
 
@@ -286,6 +290,177 @@ def test_docker_without_an_agent_says_why(lazy, dockerd) -> None:
                "none", "bootseer/py:1", "true", check=False)
     assert run.returncode != 0
     assert "bootseer-runtime" in run.stderr and "no agent answers" in run.stderr, run.stderr
+
+
+# -- containerd -----------------------------------------------------------------------
+
+CONTAINERD_SNIPPET = REPO / "deploy" / "containerd-bootseer.toml"
+#: Where every containerd 1.6 shim puts its socket, whatever the daemon's state directory.
+SHIM_SOCKETS = Path("/run/containerd/s")
+#: The stub of lazy image "py" (ctr names Docker archives' tags in full) and a plain image.
+STUB, PLAIN_IMAGE = "docker.io/bootseer/py:1", "localhost/plain:1"
+
+
+def containerd_config(root: Path) -> str:
+    """containerd's config: private paths, then the text of deploy/containerd-bootseer.toml
+    itself (not a copy), its BinaryName pointing at this venv's shim."""
+    snippet, found = re.subn(r'(?m)^(\s*BinaryName\s*=\s*)"[^"\n]*"',
+                             lambda m: f'{m[1]}"{RUNTIME}"', CONTAINERD_SNIPPET.read_text())
+    assert found == 1, f"{CONTAINERD_SNIPPET} sets BinaryName {found} times, not once"
+    return (f'version = 2\nroot = "{root}/root"\nstate = "{root}/state"\n'
+            f'[grpc]\n  address = "{root}/containerd.sock"\n'
+            f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{root}/opt"\n'
+            f'[plugins."io.containerd.grpc.v1.cri".cni]\n'
+            f'  conf_dir = "{root}/cni"\n  bin_dir = "{root}/cni"\n{snippet}')
+
+
+@dataclass(frozen=True)
+class Containerd:
+    """A private containerd, reached with ``ctr``. ``ctr`` does not go through the CRI
+    plugin, so :meth:`run` names a runtime as the CRI plugin's table (loaded from the
+    module's config) defines it: its type, and its BinaryName as ``--runc-binary``."""
+
+    address: Path
+    namespace: str
+    runtimes: dict[str, dict]
+    runc_root: Path  # the shim runs runc --root runc_root/namespace
+    fifo_dir: Path
+
+    @property
+    def runc_state(self) -> Path:
+        return self.runc_root / self.namespace
+
+    def ctr(self, *args: str | Path, check: bool = True) -> subprocess.CompletedProcess:
+        return _run("ctr", "--address", self.address, "--namespace", self.namespace, *args,
+                    check=check)
+
+    def run(self, runtime: str, image: str, container_id: str, *cmd: str,
+            annotations: dict[str, str] | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+        section = self.runtimes[runtime]
+        args: list[str | Path] = ["--runtime", section["runtime_type"],
+                                  "--runc-root", self.runc_root]
+        if binary := section.get("options", {}).get("BinaryName"):
+            args += ["--runc-binary", binary]
+        for key, value in (annotations or {}).items():
+            args += ["--annotation", f"{key}={value}"]
+        return self.ctr("run", "--rm", "--fifo-dir", self.fifo_dir, *args, image,
+                        container_id, *cmd, check=check)
+
+
+def _mounts_under(root: Path) -> list[str]:
+    points = (line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    return [point for point in points if point.startswith(f"{root}/")]
+
+
+@pytest.fixture(scope="module")
+def containerd(lazy):
+    """containerd (Debian's 1.6) with private root, state, socket, runc root and FIFOs,
+    knowing the module's agent socket; its config is built from the deploy snippet (runc
+    the default runtime, "bootseer" this venv's shim). The stub of "py" and a plain image
+    (the lazy image's own layout) are imported. Teardown removes what setup made: the
+    containers, the daemon, mounts left under its root, the root, the namespace's cgroups
+    and the shim socket directories if they were new."""
+    root = lazy["root"] / "containerd"
+    root.mkdir()
+    config, log = root / "config.toml", root / "containerd.log"
+    config.write_text(containerd_config(root))
+    cri = tomllib.loads(config.read_text())["plugins"]["io.containerd.grpc.v1.cri"]
+    engine = Containerd(root / "containerd.sock", f"bootseer-test-{os.getpid()}",
+                        cri["containerd"]["runtimes"], root / "runc", root / "fifo")
+    made = [path for path in (SHIM_SOCKETS.parent, SHIM_SOCKETS) if not path.exists()]
+    proc = None
+    try:
+        try:
+            proc = subprocess.Popen(
+                ["containerd", "--config", str(config)], stdout=open(log, "wb"),
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "BOOTSEER_AGENT_SOCKET": str(lazy["sock"])})
+        except FileNotFoundError as exc:
+            _engine_missing("containerd", f"{exc} (scripts/install-system-deps.sh installs it)")
+        deadline = time.monotonic() + 60
+        while engine.ctr("version", check=False).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _engine_missing("containerd", log.read_text()[-2000:])
+            time.sleep(0.1)
+        # The CRI plugin checks the runtimes table when it loads: "ok" means containerd
+        # takes the snippet as a real config would have it.
+        plugins = engine.ctr("plugins", "ls").stdout
+        status = re.search(r"^io\.containerd\.grpc\.v1\s+cri\s+\S+\s+(\w+)", plugins, re.M)
+        assert status and status[1] == "ok", (
+            f"containerd does not load the CRI plugin with {CONTAINERD_SNIPPET}: "
+            f"{log.read_text()[-2000:]}")
+        stub = root / "stub.tar"
+        bootseer("image", "docker-stub", "py", "--tag", STUB, "--output", str(stub),
+                 store=lazy["store"], cache=lazy["root"] / "stub-cache")
+        engine.ctr("image", "import", stub)
+        plain = root / "plain.tar"
+        _run("tar", "-cf", plain, "-C", lazy["layout"], ".")
+        engine.ctr("image", "import", "--index-name", PLAIN_IMAGE, plain)
+        yield engine
+    finally:
+        if proc is not None:
+            _stop_containerd(engine, proc)
+        for point in reversed(_mounts_under(root)):
+            _run("umount", "-l", point, check=False)
+        shutil.rmtree(root)
+        for cgroup in Path("/sys/fs/cgroup").glob(f"*/{engine.namespace}"):
+            cgroup.rmdir()  # runc removed the containers' own, below it
+        for path in reversed(made):
+            try:
+                path.rmdir()
+            except OSError:
+                pass  # another engine's shim uses it now
+
+
+def _stop_containerd(engine: Containerd, proc: subprocess.Popen) -> None:
+    """Delete what the tests left (a task's shim outlives the daemon), then stop it."""
+    if proc.poll() is None:
+        for container_id in engine.ctr("containers", "ls", "-q", check=False).stdout.split():
+            engine.ctr("tasks", "delete", "--force", container_id, check=False)
+            engine.ctr("containers", "delete", container_id, check=False)
+    proc.terminate()
+    proc.wait(timeout=60)
+
+
+def test_containerd_config_is_the_deploy_snippet(tmp_path: Path) -> None:
+    """The module's containerd runs the deploy snippet's runtimes, BinaryName aside."""
+    def runtimes(text: str) -> dict:
+        return tomllib.loads(text)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"][
+            "runtimes"]
+
+    deployed, tested = runtimes(CONTAINERD_SNIPPET.read_text()), runtimes(
+        containerd_config(tmp_path))
+    assert tested["bootseer"]["options"].pop("BinaryName") == str(RUNTIME)
+    assert deployed["bootseer"]["options"].pop("BinaryName").endswith("/bootseer-runtime")
+    assert tested == deployed and deployed["runc"]["runtime_type"] == "io.containerd.runc.v2"
+
+
+def test_containerd_runs_the_lazy_image_through_the_shim(lazy, containerd, nodes) -> None:
+    """Asked as Kubernetes asks, with annotations (the stub's BOOTSEER_IMAGE agrees); the
+    mount is the container's id qualified by the namespace's runc root."""
+    for n in range(2):
+        client = nodes.start(str(n))
+        run = containerd.run("bootseer", STUB, f"lazy-{n}", "sh", "-c", SCRIPT, annotations={
+            "io.bootseer.image": "py", "io.bootseer.workload": "containerd"})
+        assert run.stdout.strip() == "42 3"
+        _check_start(client, lazy, "containerd", "bootseer-runtime", first=n == 0)
+        assert client.starts()[0].id == mount_key(f"lazy-{n}", str(containerd.runc_state))
+
+
+def test_containerd_unlabelled_runs_as_with_plain_runc(containerd) -> None:
+    """No agent at all: a container that did not ask never needs one."""
+    shim, plain = (containerd.run(runtime, PLAIN_IMAGE, f"plain-{runtime}", "sh", "-c",
+                                  PLAIN, check=False) for runtime in ("bootseer", "runc"))
+    assert (shim.returncode, shim.stdout) == (plain.returncode, plain.stdout)
+    assert shim.returncode == 3 and shim.stdout.startswith("plain 12\n")
+
+
+def test_containerd_without_an_agent_says_why(containerd) -> None:
+    run = containerd.run("bootseer", STUB, "nope", "true", check=False)
+    assert run.returncode != 0
+    assert "bootseer-runtime" in run.stderr and "no agent answers" in run.stderr, run.stderr
+    assert containerd.ctr("containers", "ls", "-q").stdout.strip() == ""
 
 
 # -- podman ---------------------------------------------------------------------------

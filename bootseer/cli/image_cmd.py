@@ -318,7 +318,7 @@ def _summary(stats: dict) -> str:
               help="The Docker engine (default: $DOCKER_HOST, else the default socket).")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the stub as a `docker save` archive here instead of loading it "
-                   "into Docker (for `podman load -i`).")
+                   "into Docker (for `podman load -i`, `ctr image import`).")
 @pass_app
 def docker_stub(app: AppContext, name: str, tag: str | None, docker_host: str | None,
                 output: Path | None) -> None:
