@@ -115,12 +115,14 @@ class Run:
     seconds: float
     steps: list[float]
     cpu_busy: float
+    cpu_busy_before: float  # in the second before: what others on the machine were using
     started: float  # time.time() at the first spawn, to place the agent's phases
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"seconds": round(self.seconds, 3), "steps_s": [round(s, 3) for s in self.steps],
-                "cpu_busy": round(self.cpu_busy, 3), **self.extra}
+                "cpu_busy": round(self.cpu_busy, 3),
+                "cpu_busy_before": round(self.cpu_busy_before, 3), **self.extra}
 
 
 class Bench:
@@ -146,8 +148,11 @@ class Bench:
 
     def cold(self, what: str, commands: list[list[str]], env: dict[str, str] | None = None) -> Run:
         """Drop the page cache, then run ``commands`` one after another, timed; the last
-        one's output must be the workload's."""
+        one's output must be the workload's. The machine's CPU use is sampled for a second
+        before (others' load: this machine is shared) and over the run."""
         drop_page_cache()
+        idle0 = cpu_times()
+        time.sleep(1.0)
         cpu0, started, start = cpu_times(), time.time(), time.perf_counter()
         steps, proc = [], None
         for argv in commands:
@@ -162,7 +167,8 @@ class Bench:
         if proc.returncode != 0 or EXPECTED not in proc.stdout:
             raise RunFailed(f"{what} failed (rc={proc.returncode}): {' '.join(proc.args)}\n"
                             f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
-        return Run(seconds, steps, busy_fraction(cpu0, cpu1), started)
+        return Run(seconds, steps, busy_fraction(cpu0, cpu1), busy_fraction(idle0, cpu0),
+                   started)
 
     def case(self, name: str, measure: Callable[[Path, str], Run | dict[str, Run]],
              runs: int | None = None) -> dict[str, list[Run]]:
@@ -382,13 +388,24 @@ class Bench:
                 values.append(value)
             return values
 
-        def phase(case: str, name: str) -> float | None:
-            return median_of([r.extra["start"]["phases_s"].get(name)
-                              for r in measured.get(case, [])])
+        def breakdown(case: str) -> dict[str, float | None] | None:
+            """Where a lazy start's seconds went, medians: the engine until the runtime
+            shim asked the agent, the lazy mount, the workload, the release and removal."""
+            runs = measured.get(case)
+            if not runs:
+                return None
+            marks = [{"start": 0.0, **r.extra["start"]["phases_s"], "end": r.seconds}
+                     for r in runs]
+            spans = {"engine_to_shim": ("start", "created"), "mount": ("created", "image_ready"),
+                     "workload": ("image_ready", "exited"), "release": ("exited", "end")}
+            return {name: median_of([round(m[b] - m[a], 3) if a in m and b in m else None
+                                     for m in marks]) for name, (a, b) in spans.items()}
 
         hot_bytes = median_of(image_stat("lazy_prefetch", "prefetch", "hot_bytes"))
         floor = (med["local"] + hot_bytes / rate
                  if "local" in med and hot_bytes is not None else None)
+        docker_floor = (med["docker_local"] + hot_bytes / rate
+                        if "docker_local" in med and hot_bytes is not None else None)
 
         def ratio(a: float | None, b: float | None) -> float | None:
             return round(a / b, 3) if a is not None and b else None
@@ -430,6 +447,11 @@ class Bench:
             "record_s": round(record[0].seconds, 3) if record else None,
             "cpu_busy_fraction": {k: round(statistics.median(r.cpu_busy for r in v), 3)
                                   for k, v in measured.items()},
+            "cpu_busy_before_fraction": {
+                k: round(statistics.median(r.cpu_busy_before for r in v), 3)
+                for k, v in measured.items()},
+            "cpu_busy_note": f"whole machine ({os.cpu_count()} CPUs), median per case: during "
+                             "the run, and in the second before it (others' load)",
             "image_bytes": self.info.rootfs_bytes,
             "compressed_layer_bytes": self.info.compressed_bytes,
             "hot_bytes": hot_bytes,
@@ -440,17 +462,25 @@ class Bench:
             "demand_bytes_lazy_prefetch": median_of(demand),
             "prefetched_bytes": median_of(prefetched),
             "prefetch_finished_s": median_of(image_stat("lazy_prefetch", "prefetch", "seconds")),
-            "lazy_prefetch_phases_s": {p: phase("lazy_prefetch", p)
-                                       for p in ("created", "image_ready", "exited")},
-            "lazy_prefetch_phases_note": "medians, seconds since docker run was spawned: "
-                                         "created = the runtime shim asked the agent, "
-                                         "image_ready = lazy mount up, exited = released",
+            "breakdown_s": {case: breakdown(case) for case in ("lazy", "record", "lazy_prefetch",
+                                                                "lazy_warmed")},
+            "breakdown_note": "medians, seconds, from the agent's start record: spawning docker "
+                              "run until bootseer-runtime asked the agent (created), the lazy "
+                              "mount (until image_ready), the workload (until the poststop "
+                              "release), the rest (docker removing the container)",
+            "docker_pull_run_steps_s": {
+                step: median_of([r.steps[i] for r in measured.get("docker_pull_run", [])])
+                for i, step in enumerate(("pull", "run"))},
             "warmed_vs_local": ratio(med.get("lazy_warmed"), med.get("local")),
             "floor_s": round(floor, 3) if floor is not None else None,
             "floor": "local_s + hot_bytes / link rate",
+            "docker_floor_s": round(docker_floor, 3) if docker_floor is not None else None,
+            "docker_floor": "docker_local_s + hot_bytes / link rate: the floor with Docker's "
+                            "own start (image in its storage) in place of plain runc",
             "prefetch_vs_docker": ratio(pre, docker),
             "prefetch_vs_full": ratio(pre, full),
             "prefetch_vs_floor": ratio(pre, floor),
+            "prefetch_vs_docker_floor": ratio(pre, docker_floor),
             "prefetch_vs_lazy": ratio(pre, lazy),
             "lazy_vs_docker": ratio(lazy, docker),
             "docker_local_vs_local": ratio(med.get("docker_local"), med.get("local")),
@@ -485,7 +515,8 @@ def table(result: dict) -> str:
               f"{result['link']['cap_MBps']:g} MB/s ({result['link']['latency']})",
               f"hot {mb(result['hot_bytes'])}; fetched lazy {mb(result['bytes_fetched_lazy'])}, "
               f"lazy+prefetch {mb(result['bytes_fetched_lazy_prefetch'])}; "
-              f"floor {result['floor_s']} s",
+              f"floor {result['floor_s']} s, with docker's own start {result['docker_floor_s']} s",
+              f"lazy_prefetch breakdown: {result['breakdown_s']['lazy_prefetch']}",
               f"prefetch/docker {result['prefetch_vs_docker']}, prefetch/full "
               f"{result['prefetch_vs_full']}, prefetch/floor {result['prefetch_vs_floor']}; "
               f"goals {result['goals']}"]
@@ -511,6 +542,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per command")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per agent request
     work = Path(tempfile.mkdtemp(prefix="bench-image-", dir="/var/tmp"))
     bench = Bench(args, work)
     try:
