@@ -74,7 +74,7 @@ from benchlib import (
 from bootseer.agents.client import AgentClient
 from bootseer.agents.timeline import StartRecord
 from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
-from bootseer_dev.cluster.linkcap import apply_link_cap, remove_link_cap
+from bootseer_dev.cluster.linkcap import apply_link_cap, describe, remove_link_cap
 from bootseer_dev.engines import Dockerd, Registry, deployed_daemon_config, start_agent
 from bootseer_dev.image import build_image, read_build_info, unmount, unpack_image
 
@@ -371,6 +371,9 @@ class Bench:
                      "start: what is left when every hot block is already local")
             measured |= self.case("lazy_warmed", self.lazy_start(prefetch=True, record="never",
                                                                  warm=True))
+        if self.registry is not None:  # proof that the pulls went through the cap
+            sent = re.search(r"Sent (\d+) bytes", describe(self.registry_tc))
+            setup["registry_class_sent_bytes"] = int(sent.group(1)) if sent else None
         return self.result(setup, measured)
 
     def result(self, setup: dict, measured: dict[str, list[Run]]) -> dict:
