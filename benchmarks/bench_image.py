@@ -146,7 +146,7 @@ class Bench:
     def bootseer(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "bootseer", "--store", self.url, *args]
 
-    def cold(self, what: str, commands: list[list[str]], env: dict[str, str] | None = None) -> Run:
+    def cold(self, what: str, commands: list[list[str]]) -> Run:
         """Drop the page cache, then run ``commands`` one after another, timed; the last
         one's output must be the workload's. The machine's CPU use is sampled for a second
         before (others' load: this machine is shared) and over the run."""
@@ -157,7 +157,7 @@ class Bench:
         steps, proc = [], None
         for argv in commands:
             t = time.perf_counter()
-            proc = subprocess.run(argv, env=env or self.env, capture_output=True, text=True,
+            proc = subprocess.run(argv, env=self.env, capture_output=True, text=True,
                                   timeout=self.args.timeout, stdin=subprocess.DEVNULL)
             steps.append(time.perf_counter() - t)
             if proc.returncode != 0:
