@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from benchlib import drop_page_cache
+from benchlib import busy_fraction, cpu_times, drop_page_cache
 
 import bootseer.checkpoint as ckpt
 from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
@@ -49,13 +49,6 @@ from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
 log = logging.getLogger("bench-ckpt")
 MB = 1e6
 MIB = 1 << 20
-
-
-def cpu_times() -> tuple[int, int]:
-    """(busy, total) jiffies of the whole machine, from /proc/stat."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
 
 
 def timed_runs(runs: int, fn: Callable[[], None]) -> tuple[list[float], list[float]]:
@@ -67,7 +60,7 @@ def timed_runs(runs: int, fn: Callable[[], None]) -> tuple[list[float], list[flo
         fn()
         times.append(time.perf_counter() - start)
         cpu1 = cpu_times()
-        busy.append((cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]))
+        busy.append(busy_fraction(cpu0, cpu1))
         log.info("  run %d: %.2f s, CPU %.0f%% busy", i + 1, times[-1], 100 * busy[-1])
     return times, busy
 

@@ -1,29 +1,42 @@
-"""``make bench-image``: start a >= 1 GiB image — full pull vs lazy vs lazy + prefetch vs local.
+"""``make bench-image``: start a >= 1 GiB image — docker pull + run vs Bootseer's lazy start.
 
 The image is real: Debian bookworm minbase + python3 + torch 2.13.0 (CPU) and numpy
 (``bootseer_dev.image.build_image(with_torch=True)``, three layers, ~1.1 GB of files).
-The start is real too: ``python3 -c "import torch; ..."`` in runc, ready when it exits.
-The store is a local HDFS cluster (1 DataNode, replication 1) whose DataNode egress is
-capped with tc at ``--link-mbps`` MB/s; the kernel has no ``sch_netem``, so no latency is
-added (loopback round trips are ~0.1 ms). The store holds both the lazy image
-(``bootseer image convert``) and the image's original gzip layer blobs, under
-``refs/registry/torch`` (what a registry holds, for the full pull).
+The start is real too: ``python3 -c "import torch; ..."``, ready when it exits (its output
+is checked). Two stores sit behind the same link cap, ``--link-mbps`` MB/s, each in a tc
+htb class of its own on ``lo`` (the kernel has no ``sch_netem``, so no latency is added;
+loopback round trips are ~0.1 ms):
 
-Every measured run starts with an empty ``BOOTSEER_CACHE_DIR`` (or a fresh unpack
-directory) and a dropped page cache, and is timed from spawning a fresh process to its
-exit:
+* a local HDFS cluster (1 DataNode, replication 1), its DataNode's egress capped: it holds
+  the lazy image (``bootseer image convert``) and the image's gzip layer blobs as they are
+  (``refs/registry/torch``, for ``full_pull``);
+* a registry (Debian's ``docker-registry``) on a loopback port, that port's egress capped:
+  it holds the same OCI image, pushed with skopeo (same blobs, same digests).
 
-* ``full_pull_s``: ``full_pull.py pull``: download every layer blob (3 at once, sha256
-  checked), extract the layers in order as they arrive, run the start on an overlay
-  (what docker does today);
-* ``lazy_s``: ``bootseer image run torch --no-prefetch --no-record``;
-* ``record_s`` (once): ``image run --record --no-prefetch``: records the hot list and
-  writes the hot pack into the store;
-* ``lazy_prefetch_s``: ``image run --no-record``: prefetch of the recorded hot list;
+Every measured run starts cold (a fresh agent cache, unpack directory or Docker data root,
+and a dropped page cache) and is timed from spawning the first command to the exit of the
+last one:
+
+* ``docker_pull_run_s``: what a user runs today. A fresh ``dockerd`` (empty data root,
+  started untimed), then ``docker pull`` from the registry and ``docker run`` of the
+  workload. Each run also measures ``docker_local_s``: the same ``docker run`` once more,
+  page cache dropped, the image already in Docker (docker's own floor);
+* ``full_pull_s``: ``full_pull.py pull``: download every layer blob from HDFS (3 at once,
+  sha256 checked), extract them in order as they arrive, run on an overlay in runc;
+* the lazy cases, the production path: ``docker run --runtime bootseer`` of the stub image
+  (``bootseer image docker-stub``): ``bootseer-runtime`` asks a ``bootseer agent`` (fresh
+  cache, started untimed) for the container's root, which the agent serves from the HDFS
+  store through its FUSE mount (``fuse_ll``):
+  ``lazy_s`` (no prefetch, no recording), ``record_s`` (once: records the hot list and
+  writes the hot pack), ``lazy_prefetch_s`` (prefetch of the recorded hot list),
+  ``lazy_warmed_s`` (``bootseer warm`` through the agent first, untimed: every hot block
+  local);
 * ``local_s``: ``full_pull.py run`` on the image unpacked beforehand on local disk: the
   floor.
 
-Medians of ``--runs`` runs. Goals: ``lazy_prefetch_s <= 0.25 x full_pull_s``, and
+For each case the machine's CPU busy fraction during the run is recorded (2 cores: near 1.0
+means CPU, not the link, bounds the run). Medians of ``--runs`` runs. Goals:
+``lazy_prefetch_s <= 0.25 x docker_pull_run_s`` and
 ``lazy_prefetch_s <= 1.3 x (local_s + hot_bytes / link rate)``. Writes
 ``bench-results/image.json``.
 """
@@ -37,29 +50,48 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import RunFailed, drop_page_cache, figure, median_of, select_cases
+from benchlib import (
+    RunFailed,
+    busy_fraction,
+    cpu_times,
+    drop_page_cache,
+    figure,
+    median_of,
+    select_cases,
+)
 
+from bootseer.agents.client import AgentClient
+from bootseer.agents.timeline import StartRecord
 from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
+from bootseer_dev.cluster.linkcap import apply_link_cap, describe, remove_link_cap
+from bootseer_dev.engines import Dockerd, Registry, deployed_daemon_config, start_agent
 from bootseer_dev.image import build_image, read_build_info, unmount, unpack_image
 
 log = logging.getLogger("bench-image")
 HERE = Path(__file__).resolve().parent
 FULL_PULL = HERE / "full_pull.py"
+RUNTIME = Path(sys.executable).parent / "bootseer-runtime"
 MB, MIB = 1e6, 1 << 20
 IMAGE = "torch"
+STUB = "bootseer/torch:1"
+REGISTRY_REF = "bench/torch:1"
 WORKLOAD = ["python3", "-c",
             "import torch; x = torch.ones(256, 256); print(float((x @ x).sum()))"]
 EXPECTED = "16777216.0"  # 256 * 256 * 256
-CASES = ("local", "full_pull", "lazy", "lazy_prefetch", "lazy_warmed")
+CASES = ("local", "full_pull", "docker_pull_run", "lazy", "lazy_prefetch", "lazy_warmed")
+LAZY_CASES = {"lazy", "lazy_prefetch", "lazy_warmed"}
+PATH = "bootseer-runtime + agent (fuse_ll)"
 LATENCY = "none added: kernel has no sch_netem"
 
 
@@ -74,6 +106,25 @@ def mounts_below(path: Path) -> list[Path]:
     return sorted(found, key=lambda p: -len(p.parts))  # deepest first
 
 
+@dataclass
+class Run:
+    """One measured run: wall seconds from the first spawn to the last exit, each
+    command's own seconds, the machine's CPU busy fraction meanwhile, and what the case
+    adds (a report, the agent's start record)."""
+
+    seconds: float
+    steps: list[float]
+    cpu_busy: float
+    cpu_busy_before: float  # in the second before: what others on the machine were using
+    started: float  # time.time() at the first spawn, to place the agent's phases
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 3), "steps_s": [round(s, 3) for s in self.steps],
+                "cpu_busy": round(self.cpu_busy, 3),
+                "cpu_busy_before": round(self.cpu_busy_before, 3), **self.extra}
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args, self.work = args, work
@@ -85,59 +136,141 @@ class Bench:
         self.url = f"{self.cluster.namenode_rpc_url}/bench"
         self.env = dict(os.environ)
         self.details: dict[str, list[dict]] = {}
+        self.registry: Registry | None = None
+        self.registry_tc = work / "registry-tc.json"
+        self.dockerd: Dockerd | None = None  # the lazy cases' engine (runtime "bootseer")
+        self.agent_sock = work / "run" / "agent.sock"
 
     # -- running things ----------------------------------------------------------------------
 
     def bootseer(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "bootseer", "--store", self.url, *args]
 
-    def image_run(self, *flags: str, stats: Path) -> list[str]:
-        return self.bootseer("image", "run", *flags, "--stats", str(stats), IMAGE, "--",
-                             *WORKLOAD)
-
-    def timed(self, name: str, i: int, make_argv: Callable[[Path, Path], list[str]],
-              output: str | None, prepare: list[str] | None = None) -> dict:
-        """One cold run: fresh cache dir, dropped page cache, spawn to exit.
-
-        ``make_argv(run_dir, json_path)``: the command, given its fresh scratch directory
-        and where it writes its JSON ``output`` ("stats" or "report"), if any. ``prepare``
-        runs first, untimed, with the same cache directory (``bootseer warm``).
-        """
-        run_dir = self.work / f"{name}-{i}"
-        json_path = self.work / f"{name}-{i}.json"
-        shutil.rmtree(run_dir, ignore_errors=True)
-        json_path.unlink(missing_ok=True)
-        run_dir.mkdir()
-        argv = make_argv(run_dir, json_path)
-        env = self.env | {"BOOTSEER_CACHE_DIR": str(run_dir / "cache")}
-        if prepare:
-            subprocess.run(prepare, env=env, check=True, capture_output=True,
-                           timeout=self.args.timeout)
+    def cold(self, what: str, commands: list[list[str]]) -> Run:
+        """Drop the page cache, then run ``commands`` one after another, timed; the last
+        one's output must be the workload's. The machine's CPU use is sampled for a second
+        before (others' load: this machine is shared) and over the run."""
         drop_page_cache()
-        start = time.perf_counter()
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True,
-                              timeout=self.args.timeout, stdin=subprocess.DEVNULL)
-        seconds = time.perf_counter() - start
+        idle0 = cpu_times()
+        time.sleep(1.0)
+        cpu0, started, start = cpu_times(), time.time(), time.perf_counter()
+        steps, proc = [], None
+        for argv in commands:
+            t = time.perf_counter()
+            proc = subprocess.run(argv, env=self.env, capture_output=True, text=True,
+                                  timeout=self.args.timeout, stdin=subprocess.DEVNULL)
+            steps.append(time.perf_counter() - t)
+            if proc.returncode != 0:
+                break
+        seconds, cpu1 = time.perf_counter() - start, cpu_times()
+        assert proc is not None
         if proc.returncode != 0 or EXPECTED not in proc.stdout:
-            raise RunFailed(f"{name} run {i + 1} failed (rc={proc.returncode}): "
-                            f"{' '.join(argv)}\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
-        row: dict[str, Any] = {"seconds": round(seconds, 3)}
-        if output and json_path.is_file():
-            row[output] = json.loads(json_path.read_text())
-        for mount in mounts_below(run_dir):  # a run must not leave mounts; be sure
-            log.warning("unmounting %s left by the %s run", mount, name)
-            unmount(mount)
-        shutil.rmtree(run_dir)
-        log.info("  %s run %d: %.2f s", name, i + 1, seconds)
-        return row
+            raise RunFailed(f"{what} failed (rc={proc.returncode}): {' '.join(proc.args)}\n"
+                            f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+        return Run(seconds, steps, busy_fraction(cpu0, cpu1), busy_fraction(idle0, cpu0),
+                   started)
 
-    def case(self, name: str, make_argv: Callable[[Path, Path], list[str]], *,
-             output: str | None = None, runs: int | None = None,
-             prepare: list[str] | None = None) -> list[dict]:
-        rows = [self.timed(name, i, make_argv, output, prepare)
-                for i in range(self.args.runs if runs is None else runs)]
-        self.details[name] = rows
-        return rows
+    def case(self, name: str, measure: Callable[[Path, str], Run | dict[str, Run]],
+             runs: int | None = None) -> dict[str, list[Run]]:
+        """``runs`` runs of ``measure(run_dir, what)``, each with a fresh scratch directory
+        (removed after, with anything mounted below it). A measure may time more than one
+        case per run (docker_pull_run also times docker_local): it returns them by name."""
+        out: dict[str, list[Run]] = {}
+        for i in range(self.args.runs if runs is None else runs):
+            run_dir = self.work / f"{name}-{i}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            run_dir.mkdir()
+            result = measure(run_dir, f"{name} run {i + 1}")
+            for case, run in (result.items() if isinstance(result, dict) else [(name, result)]):
+                out.setdefault(case, []).append(run)
+                log.info("  %s run %d: %.2f s, CPU %.0f%% busy", case, i + 1, run.seconds,
+                         100 * run.cpu_busy)
+            for mount in mounts_below(run_dir):  # a run must not leave mounts; be sure
+                log.warning("unmounting %s left by the %s run", mount, name)
+                unmount(mount)
+            shutil.rmtree(run_dir)
+        for case, rows in out.items():
+            self.details[case] = [r.to_json() for r in rows]
+        return out
+
+    # -- the cases -----------------------------------------------------------------------------
+
+    def full_pull_run(self, make_args: Callable[[Path], list[str]]) -> Callable[[Path, str], Run]:
+        """``full_pull.py`` with ``make_args(run_dir)`` (``pull ...`` or ``run ...``), its
+        breakdown kept as the run's report."""
+        def measure(run_dir: Path, what: str) -> Run:
+            report = run_dir / "report.json"
+            run = self.cold(what, [[sys.executable, str(FULL_PULL), *make_args(run_dir),
+                                    "--report", str(report), "--", *WORKLOAD]])
+            run.extra["report"] = json.loads(report.read_text())
+            return run
+        return measure
+
+    def docker_pull_run(self, run_dir: Path, what: str) -> dict[str, Run]:
+        """A fresh engine pulls the image from the registry and runs it; then runs it again
+        from its own storage, cold (docker_local)."""
+        assert self.registry is not None
+        engine = Dockerd.start(run_dir / "docker")
+        try:
+            name = f"{self.registry.address}/{REGISTRY_REF}"
+            docker = ["docker", "-H", engine.host]
+            run = [*docker, "run", "--rm", "--network", "none", name, *WORKLOAD]
+            pulled = self.cold(what, [[*docker, "pull", "--quiet", name], run])
+            again = self.cold(f"{what} (image local)", [run])
+        finally:
+            engine.stop()
+        return {"docker_pull_run": pulled, "docker_local": again}
+
+    def lazy_start(self, *, prefetch: bool, record: str,
+                   warm: bool = False) -> Callable[[Path, str], Run]:
+        """``docker run --runtime bootseer`` of the stub on a fresh node agent (its own
+        cache); the agent's record of the start is kept with the run."""
+        def measure(run_dir: Path, what: str) -> Run:
+            env = self.env | {"BOOTSEER_STORE": self.url,
+                              "BOOTSEER_CACHE_DIR": str(run_dir / "cache"),
+                              "BOOTSEER_IMAGE_PREFETCH": "true" if prefetch else "false",
+                              "BOOTSEER_IMAGE_RECORD_IMAGES": IMAGE}
+            agent = start_agent(self.agent_sock, env, timeout=120)
+            try:
+                if warm:  # through the agent, as on a node: untimed
+                    subprocess.run(self.bootseer("warm", "--image", IMAGE, "--workload",
+                                                 self.args.workload),
+                                   env=env | {"BOOTSEER_AGENT_SOCKET": str(self.agent_sock)},
+                                   check=True, capture_output=True, timeout=self.args.timeout)
+                assert self.dockerd is not None
+                run = self.cold(what, [[
+                    "docker", "-H", self.dockerd.host, "run", "--rm", "--runtime", "bootseer",
+                    "--network", "none", "-e", f"BOOTSEER_WORKLOAD={self.args.workload}",
+                    "-e", f"BOOTSEER_RECORD={record}", STUB, *WORKLOAD]])
+                with AgentClient(self.agent_sock) as client:
+                    start = self.finished_start(client)
+                    left = client.mounts()
+                if left:
+                    raise RunFailed(f"{what}: the agent still serves {left}")
+            finally:
+                agent.send_signal(signal.SIGTERM)
+                agent.wait(60)
+            run.extra["start"] = self.start_detail(start, run.started)
+            return run
+        return measure
+
+    def finished_start(self, client: AgentClient, timeout: float = 60) -> StartRecord:
+        """The agent's one start, once the engine's poststop hook has released it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            starts = client.starts()
+            if len(starts) == 1 and "exited" in starts[0].phases:
+                return starts[0]
+            if time.monotonic() > deadline:
+                raise RunFailed(f"the agent's start did not complete: {starts}")
+            time.sleep(0.1)
+
+    @staticmethod
+    def start_detail(start: StartRecord, started: float) -> dict[str, Any]:
+        """The mount's report and the start's phases, as seconds since ``docker run``."""
+        return {"runtime": start.runtime,
+                "phases_s": {k: round(v - started, 3) for k, v in start.phases.items()},
+                "image": start.detail.get("image") or {}}
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -159,12 +292,20 @@ class Bench:
                          if not k.startswith("BOOTSEER_")})
         log.info("HDFS up in %.1f s at %s", time.perf_counter() - t, self.url)
         setup: dict[str, Any] = {}
-        if {"lazy", "lazy_prefetch"} & set(self.cases):
+        if LAZY_CASES & set(self.cases):
             t = time.perf_counter()
             subprocess.run(self.bootseer("image", "convert", str(self.layout), "--name", IMAGE),
                            env=self.env, check=True, stdout=subprocess.DEVNULL)
             setup["convert_s"] = round(time.perf_counter() - t, 2)
             log.info("converted into the store in %.1f s (uncapped)", setup["convert_s"])
+            self.dockerd = Dockerd.start(self.work / "docker-lazy",
+                                         config=deployed_daemon_config(RUNTIME),
+                                         env={"BOOTSEER_AGENT_SOCKET": str(self.agent_sock)})
+            subprocess.run(self.bootseer("image", "docker-stub", IMAGE, "--tag", STUB,
+                                         "--docker-host", self.dockerd.host),
+                           env=self.env | {"BOOTSEER_CACHE_DIR": str(self.work / "stub-cache")},
+                           check=True, stdout=subprocess.DEVNULL)
+            log.info("stub %s loaded into dockerd (runtime bootseer: %s)", STUB, RUNTIME)
         if "full_pull" in self.cases:
             t = time.perf_counter()
             subprocess.run([sys.executable, str(FULL_PULL), "push", "--store", self.url,
@@ -172,121 +313,182 @@ class Bench:
                            env=self.env, check=True, stdout=subprocess.DEVNULL)
             setup["push_s"] = round(time.perf_counter() - t, 2)
             log.info("pushed the layer blobs in %.1f s (uncapped)", setup["push_s"])
+        if "docker_pull_run" in self.cases:
+            t = time.perf_counter()
+            self.registry = Registry.start(self.work / "registry")
+            self.registry.push(self.layout, REGISTRY_REF)
+            setup["registry_push_s"] = round(time.perf_counter() - t, 2)
+            log.info("pushed to docker-registry at %s in %.1f s (uncapped)",
+                     self.registry.address, setup["registry_push_s"])
+            apply_link_cap(self.cap, [[self.registry.port]], self.registry_tc)
         self.cluster.set_link(self.cap)
-        log.info("link capped at %s", self.cap)
+        log.info("link capped at %s (DataNode%s)", self.cap,
+                 " and registry" if self.registry else "")
         return setup
+
+    def stop(self) -> None:
+        if self.dockerd is not None:
+            self.dockerd.stop()
+        if self.registry is not None:
+            remove_link_cap(self.registry_tc)
+            self.registry.stop()
+        for mount in mounts_below(self.work):
+            log.warning("unmounting %s", mount)
+            unmount(mount)
+        self.cluster.stop()
 
     # -- the benchmark -------------------------------------------------------------------------
 
     def run(self) -> dict:
         self.cases = select_cases(self.args.cases, CASES)
         setup = self.setup()
-        workload = ["--workload", self.args.workload]
-        times: dict[str, list[float]] = {}
-        record: dict | None = None
+        measured: dict[str, list[Run]] = {}
         if "local" in self.cases:
             log.info("local: image already unpacked on local disk")
-            rows = self.case("local", lambda d, out: [
-                sys.executable, str(FULL_PULL), "run", "--rootfs", str(self.rootfs),
-                "--report", str(out), "--", *WORKLOAD], output="report")
-            times["local"] = [r["seconds"] for r in rows]
+            measured |= self.case("local", self.full_pull_run(
+                lambda d: ["run", "--rootfs", str(self.rootfs)]))
         if "full_pull" in self.cases:
-            log.info("full_pull: fetch every layer, unpack, run")
-            rows = self.case("full_pull", lambda d, out: [
-                sys.executable, str(FULL_PULL), "pull", "--store", self.url, "--name", IMAGE,
-                "--dest", str(d / "rootfs"), "--report", str(out), "--", *WORKLOAD],
-                output="report")
-            times["full_pull"] = [r["seconds"] for r in rows]
+            log.info("full_pull: fetch every layer from HDFS, unpack, run in runc")
+            measured |= self.case("full_pull", self.full_pull_run(
+                lambda d: ["pull", "--store", self.url, "--name", IMAGE, "--dest",
+                           str(d / "rootfs")]))
+        if "docker_pull_run" in self.cases:
+            log.info("docker_pull_run: fresh dockerd, docker pull from the registry, docker run")
+            measured |= self.case("docker_pull_run", self.docker_pull_run)
         if "lazy" in self.cases:
-            log.info("lazy: lazy mount, no prefetch")
-            rows = self.case("lazy", lambda d, out: self.image_run(
-                "--no-prefetch", "--no-record", stats=out),
-                             output="stats")
-            times["lazy"] = [r["seconds"] for r in rows]
+            log.info("lazy: docker run --runtime bootseer, no prefetch")
+            measured |= self.case("lazy", self.lazy_start(prefetch=False, record="never"))
+        if "lazy_prefetch" in self.cases or "lazy_warmed" in self.cases:
+            log.info("record: one start that records the hot list and writes the hot pack")
+            measured |= self.case("record", self.lazy_start(prefetch=False, record="always"),
+                                  runs=1)
         if "lazy_prefetch" in self.cases:
-            log.info("record: one run that records the hot list and writes the hot pack")
-            record = self.case("record", lambda d, out: self.image_run(
-                "--record", "--no-prefetch", *workload, stats=out), output="stats", runs=1)[0]
-            log.info("lazy_prefetch: lazy mount, prefetch of the recorded hot list")
-            rows = self.case("lazy_prefetch", lambda d, out: self.image_run(
-                "--no-record", *workload, stats=out), output="stats")
-            times["lazy_prefetch"] = [r["seconds"] for r in rows]
+            log.info("lazy_prefetch: docker run --runtime bootseer, prefetch of the hot list")
+            measured |= self.case("lazy_prefetch", self.lazy_start(prefetch=True,
+                                                                   record="never"))
         if "lazy_warmed" in self.cases:
-            log.info("lazy_warmed: bootseer warm first (untimed), then the start: what is "
-                     "left when every hot block is already local")
-            rows = self.case("lazy_warmed", lambda d, out: self.image_run(
-                "--no-record", *workload, stats=out), output="stats",
-                prepare=self.bootseer("warm", "--image", IMAGE, *workload))
-            times["lazy_warmed"] = [r["seconds"] for r in rows]
-        return self.result(setup, times, record)
+            log.info("lazy_warmed: bootseer warm through the agent first (untimed), then the "
+                     "start: what is left when every hot block is already local")
+            measured |= self.case("lazy_warmed", self.lazy_start(prefetch=True, record="never",
+                                                                 warm=True))
+        if self.registry is not None:  # proof that the pulls went through the cap
+            sent = re.search(r"Sent (\d+) bytes", describe(self.registry_tc))
+            setup["registry_class_sent_bytes"] = int(sent.group(1)) if sent else None
+        return self.result(setup, measured)
 
-    def result(self, setup: dict, times: dict[str, list[float]], record: dict | None) -> dict:
+    def result(self, setup: dict, measured: dict[str, list[Run]]) -> dict:
         rate = self.cap.rate_bytes_per_s
+        times = {k: [r.seconds for r in v] for k, v in measured.items()}
         med = {k: statistics.median(v) for k, v in times.items()}
 
-        def stat(case: str, key: str) -> list:
-            return [r.get("stats", {}).get(key) for r in self.details.get(case, [])]
+        def image_stat(case: str, *keys: str) -> list:
+            """A value of the mount's report, per run (``prefetch``, ``hot_bytes``)."""
+            values = []
+            for run in measured.get(case, []):
+                value: Any = run.extra.get("start", {}).get("image", {})
+                for key in keys:
+                    value = (value or {}).get(key)
+                values.append(value)
+            return values
 
-        def prefetch_stat(case: str, key: str) -> list:
-            return [(r.get("stats", {}).get("prefetch") or {}).get(key)
-                    for r in self.details.get(case, [])]
+        def breakdown(case: str) -> dict[str, float | None] | None:
+            """Where a lazy start's seconds went, medians: the engine until the runtime
+            shim asked the agent, the lazy mount, the workload, the release and removal."""
+            runs = measured.get(case)
+            if not runs:
+                return None
+            marks = [{"start": 0.0, **r.extra["start"]["phases_s"], "end": r.seconds}
+                     for r in runs]
+            spans = {"engine_to_shim": ("start", "created"), "mount": ("created", "image_ready"),
+                     "workload": ("image_ready", "exited"), "release": ("exited", "end")}
+            return {name: median_of([round(m[b] - m[a], 3) if a in m and b in m else None
+                                     for m in marks]) for name, (a, b) in spans.items()}
 
-        hot_bytes = median_of(prefetch_stat("lazy_prefetch", "hot_bytes"))
+        hot_bytes = median_of(image_stat("lazy_prefetch", "prefetch", "hot_bytes"))
         floor = (med["local"] + hot_bytes / rate
                  if "local" in med and hot_bytes is not None else None)
+        docker_floor = (med["docker_local"] + hot_bytes / rate
+                        if "docker_local" in med and hot_bytes is not None else None)
 
         def ratio(a: float | None, b: float | None) -> float | None:
             return round(a / b, 3) if a is not None and b else None
 
-        pre, full, lazy = med.get("lazy_prefetch"), med.get("full_pull"), med.get("lazy")
-        # What a prefetch run moved over the link: demand fetches plus the prefetcher's.
-        demand = stat("lazy_prefetch", "bytes_fetched")
-        prefetched = prefetch_stat("lazy_prefetch", "bytes_fetched")
+        pre, docker = med.get("lazy_prefetch"), med.get("docker_pull_run")
+        full, lazy = med.get("full_pull"), med.get("lazy")
+        demand = image_stat("lazy_prefetch", "bytes_fetched")
+        prefetched = image_stat("lazy_prefetch", "prefetch", "bytes_fetched")
         total = [d + (p or 0) if d is not None else None for d, p in zip(demand, prefetched)]
-        content = median_of(stat("lazy", "image_content_bytes")
-                            + stat("lazy_prefetch", "image_content_bytes"))
+        record = measured.get("record")
         return {
             "benchmark": "image",
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
+            "path": PATH,
+            "path_note": "lazy cases: docker run --runtime bootseer of the stub image; "
+                         "bootseer-runtime asks the node agent for the root, served by its "
+                         "FUSE mount (fuse_ll) from the HDFS store",
             "image": {"name": self.info.name, "manifest_digest": self.info.manifest_digest,
                       "layout": str(self.layout), "build_seconds": self.info.build_seconds,
                       "layers": [{"bytes": x["size"], "tar_bytes": x["tar_size"],
                                   "content_bytes": x["content_bytes"],
-                                  "created_by": x["created_by"]} for x in self.info.layers],
-                      "lazy_content_bytes": content},
+                                  "created_by": x["created_by"]} for x in self.info.layers]},
             "workload": WORKLOAD,
             "ready": "the workload's process exits (stdout checked)",
             "store": {"url": self.url, "datanodes": 1, "replication": 1,
-                      "hdfs_block_size": self.args.block_size * MIB, **setup},
+                      "hdfs_block_size": self.args.block_size * MIB,
+                      "registry": "docker-registry (distribution 2.8), filesystem storage, "
+                                  "127.0.0.1", **setup},
             "link": {"cap_MBps": self.args.link_mbps, "cap_bytes_per_s": rate,
-                     "applies_to": "DataNode egress (data transfer port), tc htb on lo",
+                     "applies_to": "egress of the HDFS DataNode's data transfer port and of "
+                                   "the registry's port: tc htb on lo, one class each",
                      "latency": LATENCY},
             "runs": self.args.runs,
-            "cold": "fresh BOOTSEER_CACHE_DIR / unpack dir and dropped page cache per run",
+            "cold": "per run: fresh agent cache / unpack dir / Docker data root, page cache "
+                    "dropped",
             "cases": self.cases,
-            **{f"{k}_s": figure(v) for k, v in times.items()},
-            "record_s": record["seconds"] if record else None,
+            **{f"{k}_s": figure(v) for k, v in times.items() if k != "record"},
+            "record_s": round(record[0].seconds, 3) if record else None,
+            "cpu_busy_fraction": {k: round(statistics.median(r.cpu_busy for r in v), 3)
+                                  for k, v in measured.items()},
+            "cpu_busy_before_fraction": {
+                k: round(statistics.median(r.cpu_busy_before for r in v), 3)
+                for k, v in measured.items()},
+            "cpu_busy_note": f"whole machine ({os.cpu_count()} CPUs), median per case: during "
+                             "the run, and in the second before it (others' load)",
             "image_bytes": self.info.rootfs_bytes,
             "compressed_layer_bytes": self.info.compressed_bytes,
             "hot_bytes": hot_bytes,
             "hot_bytes_note": "compressed bytes of the hot list (what the prefetch reads)",
-            "bytes_fetched_lazy": median_of(stat("lazy", "bytes_fetched")),
+            "bytes_fetched_lazy": median_of(image_stat("lazy", "bytes_fetched")),
             "bytes_fetched_lazy_prefetch": median_of(total),
             "bytes_fetched_lazy_prefetch_note": "demand fetches + the prefetcher's fetches",
             "demand_bytes_lazy_prefetch": median_of(demand),
             "prefetched_bytes": median_of(prefetched),
-            "prefetch_finished_s": median_of(prefetch_stat("lazy_prefetch", "seconds")),
-            "mount_s_lazy_prefetch": median_of(stat("lazy_prefetch", "mount_seconds")),
+            "prefetch_finished_s": median_of(image_stat("lazy_prefetch", "prefetch", "seconds")),
+            "breakdown_s": {case: breakdown(case) for case in ("lazy", "record", "lazy_prefetch",
+                                                                "lazy_warmed")},
+            "breakdown_note": "medians, seconds, from the agent's start record: spawning docker "
+                              "run until bootseer-runtime asked the agent (created), the lazy "
+                              "mount (until image_ready), the workload (until the poststop "
+                              "release), the rest (docker removing the container)",
+            "docker_pull_run_steps_s": {
+                step: median_of([r.steps[i] for r in measured.get("docker_pull_run", [])])
+                for i, step in enumerate(("pull", "run"))},
             "warmed_vs_local": ratio(med.get("lazy_warmed"), med.get("local")),
             "floor_s": round(floor, 3) if floor is not None else None,
             "floor": "local_s + hot_bytes / link rate",
+            "docker_floor_s": round(docker_floor, 3) if docker_floor is not None else None,
+            "docker_floor": "docker_local_s + hot_bytes / link rate: the floor with Docker's "
+                            "own start (image in its storage) in place of plain runc",
+            "prefetch_vs_docker": ratio(pre, docker),
             "prefetch_vs_full": ratio(pre, full),
-            "prefetch_vs_lazy": ratio(pre, lazy),
             "prefetch_vs_floor": ratio(pre, floor),
-            "lazy_vs_full": ratio(lazy, full),
+            "prefetch_vs_docker_floor": ratio(pre, docker_floor),
+            "prefetch_vs_lazy": ratio(pre, lazy),
+            "lazy_vs_docker": ratio(lazy, docker),
+            "docker_local_vs_local": ratio(med.get("docker_local"), med.get("local")),
             "goals": {
-                "prefetch_le_0.25_full": (pre <= 0.25 * full) if pre and full else None,
+                "prefetch_le_0.25_docker": (pre <= 0.25 * docker) if pre and docker else None,
                 "prefetch_le_1.3_floor": (pre <= 1.3 * floor) if pre and floor else None,
             },
             "details": self.details,
@@ -294,27 +496,32 @@ class Bench:
 
 
 def table(result: dict) -> str:
-    rows = [("case", "median s", "runs s")]
-    for case in (*CASES, "record"):
+    rows = [("case", "median s", "runs s", "CPU busy")]
+    busy = result["cpu_busy_fraction"]
+    for case in (*CASES, "docker_local", "record"):
         fig = result.get(f"{case}_s")
+        cpu = f"{busy[case]:.2f}" if case in busy else "-"
         if isinstance(fig, dict):
-            rows.append((case, f"{fig['median']:.2f}", " ".join(f"{r:.2f}" for r in fig["runs"])))
+            rows.append((case, f"{fig['median']:.2f}", " ".join(f"{r:.2f}" for r in fig["runs"]),
+                         cpu))
         elif fig is not None:
-            rows.append((case, f"{fig:.2f}", "(once)"))
-    width = [max(len(r[i]) for r in rows) for i in range(3)]
+            rows.append((case, f"{fig:.2f}", "(once)", cpu))
+    width = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, width)) for r in rows]
 
     def mb(v: float | None) -> str:
         return "-" if v is None else f"{v / MB:.1f} MB"
 
-    lines += [f"image {mb(result['image_bytes'])} of files, "
+    lines += [f"path: {result['path']}",
+              f"image {mb(result['image_bytes'])} of files, "
               f"{mb(result['compressed_layer_bytes'])} of gzip layers; link "
               f"{result['link']['cap_MBps']:g} MB/s ({result['link']['latency']})",
               f"hot {mb(result['hot_bytes'])}; fetched lazy {mb(result['bytes_fetched_lazy'])}, "
               f"lazy+prefetch {mb(result['bytes_fetched_lazy_prefetch'])}; "
-              f"floor {result['floor_s']} s",
-              f"prefetch/full {result['prefetch_vs_full']}, prefetch/lazy "
-              f"{result['prefetch_vs_lazy']}, prefetch/floor {result['prefetch_vs_floor']}; "
+              f"floor {result['floor_s']} s, with docker's own start {result['docker_floor_s']} s",
+              f"lazy_prefetch breakdown: {result['breakdown_s']['lazy_prefetch']}",
+              f"prefetch/docker {result['prefetch_vs_docker']}, prefetch/full "
+              f"{result['prefetch_vs_full']}, prefetch/floor {result['prefetch_vs_floor']}; "
               f"goals {result['goals']}"]
     return "\n".join(lines)
 
@@ -324,28 +531,27 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-results/image.json"))
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--link-mbps", type=float, default=100.0,
-                        help="DataNode egress cap, MB/s (decimal)")
+                        help="egress cap of the DataNode and of the registry, MB/s (decimal)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (store, unpacked image) for a look")
     parser.add_argument("--cases", default=",".join(CASES),
-                        help=f"comma-separated subset of {','.join(CASES)} "
-                             "(lazy_prefetch includes the recording run)")
+                        help=f"comma-separated subset of {','.join(CASES)} (lazy_prefetch and "
+                             "lazy_warmed include the recording start; docker_pull_run "
+                             "includes docker_local)")
     parser.add_argument("--workload", default="bench-image",
                         help="hot-list workload name for the record and prefetch runs")
     parser.add_argument("--base-port", type=int, default=19500)
     parser.add_argument("--block-size", type=int, default=64, help="HDFS block size, MiB")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per command")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per agent request
     work = Path(tempfile.mkdtemp(prefix="bench-image-", dir="/var/tmp"))
     bench = Bench(args, work)
     try:
         result = bench.run()
     finally:
-        for mount in mounts_below(work):
-            log.warning("unmounting %s", mount)
-            unmount(mount)
-        bench.cluster.stop()
+        bench.stop()
         if args.keep:
             log.info("kept %s", work)
         else:

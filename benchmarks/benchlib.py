@@ -14,6 +14,19 @@ def drop_page_cache() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat: two readings around a
+    run give its CPU busy fraction (near 1.0: the run was bound by CPU, not by the link)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The machine's CPU busy fraction between two :func:`cpu_times` readings."""
+    return (after[0] - before[0]) / max(1, after[1] - before[1])
+
+
 def figure(runs: list[float], digits: int = 3) -> dict[str, Any]:
     """A reported figure: the median and the raw runs it comes from."""
     return {"median": round(statistics.median(runs), digits),

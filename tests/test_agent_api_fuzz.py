@@ -18,10 +18,10 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_agent_warm import start_agent
 from test_prefetch_lazy import big_image, bootseer
 
 from bootseer.mounts import unmount
+from bootseer_dev.engines import start_agent
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=40),

@@ -14,12 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_agent_warm import dirs, start_agent  # noqa: F401 (fixture)
+from test_agent_warm import dirs  # noqa: F401 (fixture)
 from test_prefetch_lazy import bootseer
 
 from bootseer.agents.client import AgentClient, AgentError
 from bootseer.agents.mountapi import ContainerMount, MountRequest
 from bootseer.mounts import is_mounted, unmount
+from bootseer_dev.engines import start_agent
 
 
 @pytest.fixture(scope="module")

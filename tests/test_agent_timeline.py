@@ -10,12 +10,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_agent_warm import agent, dirs, start_agent  # noqa: F401 (fixtures)
+from test_agent_warm import agent, dirs  # noqa: F401 (fixtures)
 from test_prefetch_lazy import bootseer
 
 from bootseer.agents.client import AgentClient
 from bootseer.agents.timeline import PHASES, StartRecord, Timeline
 from bootseer.cli.report_cmd import parse_since
+from bootseer_dev.engines import start_agent
 
 T0 = 1_800_000_000.0
 

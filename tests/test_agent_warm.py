@@ -4,12 +4,8 @@ dead agent's socket left behind."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +13,8 @@ from test_prefetch_lazy import bootseer
 from test_prefetch_warm import recorded_big_image
 from test_snapshot_warm import published_venv
 
-from bootseer.agents.client import AgentClient, AgentUnavailable
+from bootseer.agents.client import AgentClient
+from bootseer_dev.engines import start_agent
 
 
 @pytest.fixture
@@ -26,31 +23,6 @@ def dirs(tmp_path: Path) -> dict[str, Path]:
     for path in paths.values():
         path.mkdir()
     return paths
-
-
-def start_agent(sock: Path, env: dict[str, str]) -> subprocess.Popen:
-    """``bootseer agent`` on ``sock`` with ``env`` added, once it answers there (a socket
-    a killed agent left behind does not count)."""
-    sock.parent.mkdir(parents=True, exist_ok=True)
-    # A file, not a pipe nobody reads: an agent that logs a lot must not block on it.
-    log = sock.parent / f"agent-{time.monotonic_ns()}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "bootseer", "agent", "--socket",
-                                 str(sock)], env={**os.environ, **env}, stdout=out,
-                                stderr=subprocess.STDOUT)
-    proc.log = log  # type: ignore[attr-defined]
-    deadline = time.monotonic() + 30
-    while True:
-        assert proc.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, "the agent did not answer on its socket"
-        if sock.exists():
-            try:
-                with AgentClient(sock) as client:
-                    if client.health()["pid"] == proc.pid:
-                        return proc
-            except AgentUnavailable:
-                pass
-        time.sleep(0.05)
 
 
 @pytest.fixture

@@ -4,10 +4,8 @@ real Docker engine (dockerd with a private data root, via the docker SDK)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,65 +14,23 @@ from test_prefetch_lazy import BIG, big_image
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.store import BlobStore, open_store
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(check, what: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not start: {log.read_text()[-2000:]}")
-        time.sleep(0.1)
+from bootseer_dev.engines import Dockerd, Registry
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """docker-registry (distribution 2.8) on loopback with a filesystem store."""
-    root = tmp_path_factory.mktemp("registry")
-    port = _free_port()
-    config = root / "config.yml"
-    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
-                      f"http:\n  addr: 127.0.0.1:{port}\n")
-    log = root / "registry.log"
-    proc = subprocess.Popen(["docker-registry", "serve", str(config)],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-
-    def up() -> bool:
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    _wait(up, "docker-registry", proc, log)
-    yield f"127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=30)
+    registry = Registry.start(tmp_path_factory.mktemp("registry"))
+    yield registry
+    registry.stop()
 
 
 @pytest.fixture(scope="module")
 def dockerd(tmp_path_factory):
     """A Docker engine of our own: private roots and socket, no firewall or bridge changes."""
-    root = tmp_path_factory.mktemp("docker")
-    sock = root / "docker.sock"
-    log = root / "dockerd.log"
-    proc = subprocess.Popen(
-        ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-         "--pidfile", str(root / "docker.pid"), "-H", f"unix://{sock}",
-         "--iptables=false", "--bridge=none"],
-        stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    host = f"unix://{sock}"
-
-    def up() -> bool:
-        return sock.exists() and subprocess.run(
-            ["docker", "-H", host, "version"], capture_output=True).returncode == 0
-
-    _wait(up, "dockerd", proc, log)
-    yield host
-    proc.terminate()
-    proc.wait(timeout=60)
+    engine = Dockerd.start(tmp_path_factory.mktemp("docker"))
+    yield engine.host
+    engine.stop()
 
 
 def _convert(store: Path, *args: str, env: dict[str, str] | None = None) -> str:
@@ -94,9 +50,7 @@ def _assert_serves_big(store: Path, name: str, cache: Path) -> None:
 
 def test_convert_from_a_registry(registry, tmp_path: Path) -> None:
     layout = big_image(tmp_path / "image")
-    ref = f"docker://{registry}/bootseer/test:1"
-    subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}",
-                    ref], check=True, capture_output=True)
+    ref = "docker://" + registry.push(layout, "bootseer/test:1")
     digest = _convert(tmp_path / "store", ref, "--insecure", "--name", "from-registry")
     assert digest.startswith("sha256:")
     _assert_serves_big(tmp_path / "store", "from-registry", tmp_path / "cache")
@@ -114,7 +68,7 @@ def test_convert_from_a_docker_engine(dockerd, tmp_path: Path) -> None:
 def test_missing_sources_are_clear_errors(registry, tmp_path: Path) -> None:
     for source, message in [
         (str(tmp_path / "nope"), "no such file or directory"),
-        (f"docker://{registry}/no/such:image", "skopeo could not copy"),
+        (f"docker://{registry.address}/no/such:image", "skopeo could not copy"),
     ]:
         result = subprocess.run(
             [sys.executable, "-m", "bootseer", "--store", f"file://{tmp_path}/s", "image",

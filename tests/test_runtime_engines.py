@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 from conftest import IN_CI
-from test_agent_warm import start_agent
 from test_prefetch_lazy import bootseer
 
 from bootseer.agents.client import AgentClient
@@ -34,6 +33,7 @@ from bootseer.agents.timeline import StartRecord
 from bootseer.config import tomllib  # tomli before Python 3.11
 from bootseer.prefetch.container import bundle_config
 from bootseer.store import BlobStore, open_store
+from bootseer_dev.engines import Dockerd, EngineUnavailable, deployed_daemon_config, start_agent
 
 BIN = Path(sys.executable).parent
 RUNTIME, HOOK = BIN / "bootseer-runtime", BIN / "bootseer-hook"
@@ -226,36 +226,17 @@ def test_runc_without_an_agent_fails_the_create_clearly(lazy, tmp_path: Path) ->
 @pytest.fixture(scope="module")
 def dockerd(lazy):
     """dockerd with private roots and socket, no firewall or bridge changes, and the
-    runtime "bootseer" (this venv's shim) knowing the module's agent socket."""
-    root = lazy["root"] / "docker"
-    root.mkdir()
-    sock, log = root / "docker.sock", root / "dockerd.log"
-    config = root / "daemon.json"
-    deployed = json.loads((REPO / "deploy" / "docker-daemon.json").read_text())
-    deployed["runtimes"]["bootseer"]["path"] = str(RUNTIME)
-    config.write_text(json.dumps(deployed))
+    runtime "bootseer" (deploy/docker-daemon.json, with this venv's shim) knowing the
+    module's agent socket."""
     try:
-        proc = subprocess.Popen(
-            ["dockerd", "--config-file", str(config), "--data-root", str(root / "data"),
-             "--exec-root", str(root / "exec"), "--pidfile", str(root / "docker.pid"),
-             "-H", f"unix://{sock}", "--iptables=false", "--bridge=none"],
-            stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-            env={**os.environ, "BOOTSEER_AGENT_SOCKET": str(lazy["sock"])})
-    except FileNotFoundError as exc:
-        _engine_missing("dockerd", f"{exc} (scripts/install-system-deps.sh installs it)")
-    host = f"unix://{sock}"
-    deadline = time.monotonic() + 60
-    while not (sock.exists() and subprocess.run(["docker", "-H", host, "version"],
-                                                 capture_output=True).returncode == 0):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            _engine_missing("dockerd", log.read_text()[-2000:])
-        time.sleep(0.1)
+        engine = Dockerd.start(lazy["root"] / "docker", config=deployed_daemon_config(RUNTIME),
+                               env={"BOOTSEER_AGENT_SOCKET": str(lazy["sock"])})
+    except EngineUnavailable as exc:
+        _engine_missing("dockerd", str(exc))
     # The container that does not ask: the image's base layer as a plain Docker image.
-    _run("docker", "-H", host, "import", lazy["base_layer"], "plain:1")
-    yield host
-    proc.terminate()
-    proc.wait(timeout=60)
+    engine.docker("import", lazy["base_layer"], "plain:1")
+    yield engine.host
+    engine.stop()
 
 
 def test_docker_runs_the_lazy_image_through_a_stub(lazy, dockerd, nodes) -> None:

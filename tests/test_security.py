@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_agent_warm import start_agent
 from test_prefetch_lazy import bootseer
 from test_runtime_engines import HOOK, RUNTIME, _bundle, _run, dockerd, lazy, podman  # noqa: F401
 
 from bootseer.agents.client import AgentClient, AgentError
 from bootseer.agents.mountapi import ContainerMount, MountRequest, mount_key
 from bootseer.mounts import is_mounted, unmount
+from bootseer_dev.engines import start_agent
 
 NOBODY = (65534, 65534)  # nobody, in nogroup: the agent socket's group in these tests
 

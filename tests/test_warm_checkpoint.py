@@ -18,7 +18,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from store_contract import MIB, ramp
-from test_agent_warm import start_agent
 from test_prefetch_lazy import bootseer
 
 import bootseer.checkpoint as ckpt
@@ -27,6 +26,7 @@ from bootseer.agents.warm import WarmSummary
 from bootseer.store import Store, open_store
 from bootseer.stripedfs.files import split_url
 from bootseer.stripedfs.stage import CheckpointResult
+from bootseer_dev.engines import start_agent
 
 SIZE = 9 * MIB + 777  # nine 1 MiB HDFS blocks, several stripes, and a bit
 

@@ -1,6 +1,7 @@
 """Bootseer's development tooling, not part of the product: a local HDFS cluster with
-capped links (:mod:`bootseer_dev.cluster`) and real Debian container images built offline
-(:mod:`bootseer_dev.image`), for the tests, the benchmarks and the demo.
+capped links (:mod:`bootseer_dev.cluster`), real Debian container images built offline
+(:mod:`bootseer_dev.image`) and private starts of dockerd, docker-registry and the node
+agent (:mod:`bootseer_dev.engines`), for the tests, the benchmarks and the demo.
 
 It is its own distribution (``dev/pyproject.toml``), installed into the development
 virtual environment by the Makefile, so that ``pip install .`` of Bootseer ships none of it.
