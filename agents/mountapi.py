@@ -15,6 +15,7 @@ from typing import Any
 
 from bootseer.agents import fields
 from bootseer.agents.fields import COMPONENT, CONTAINER_ID, IMAGE, JOB, RUNTIME
+from bootseer.ready import SIGNAL_DIR
 
 RECORD_MODES = ("auto", "always", "never")
 
@@ -104,7 +105,7 @@ class ContainerMount:
     image_id: str
     rootfs: str  # host path: the overlay to set as the config's root.path (writable)
     signal_dir: str  # host path to bind-mount at ``signal_target`` (ready file, phases)
-    signal_target: str = "/run/bootseer"
+    signal_target: str = SIGNAL_DIR
     #: Variables the container gets (the ready file, the image id for `env run` keys).
     env: dict[str, str] = field(default_factory=dict)
     #: The image's OCI config ("config" of the image config: Env, Cmd, WorkingDir, ...).

@@ -64,7 +64,7 @@ from bootseer.errors import BootseerError
 from bootseer.fuse.connection import mount_fd
 from bootseer.jsonfile import write_json
 from bootseer.mounts import is_mounted, unmount, wait_for_file
-from bootseer.ready import READY_FILE_ENV
+from bootseer.ready import READY_FILE_ENV, SIGNAL_DIR
 from bootseer.snapshot.key import IMAGE_ID_ENV
 from bootseer.store.local import pid_alive
 
@@ -164,6 +164,8 @@ class MountManager:
         self._checkpoint_fds: dict[tuple[str, str], int] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+        #: How servers run Bootseer: this agent's store (and its cache, by environment).
+        self._bootseer = [sys.executable, "-m", "bootseer", "--store", config.store]
 
     # -- the API ---------------------------------------------------------------------
 
@@ -371,21 +373,19 @@ class MountManager:
 
     def _claim(self, mounted: _Mounted, alive: bool) -> None:
         """Hold the priorities the mount's server needs now, from its statistics file."""
-        from bootseer.prefetch.session import stats_path
+        from bootseer.prefetch.session import MountStats, stats_path
 
         claims = self._claims.setdefault(mounted.request.key, _Claims(self.gate))
         if not alive:
             claims.clear()
             return
         try:
-            stats = json.loads(stats_path(self.config.cache_dir,
-                                          self.root / mounted.request.key / "lower")
-                               .read_text())
-        except (OSError, ValueError):
+            stats = MountStats.load(stats_path(self.config.cache_dir,
+                                               self.root / mounted.request.key / "lower"))
+        except (OSError, ValueError, TypeError):
             return  # not written yet: keep what is held
-        prefetch = stats.get("prefetch")
-        claims.set(Priority.STARTING, bool(prefetch) and not prefetch.get("done"))
-        fetches = stats.get("fetch_requests", 0)
+        claims.set(Priority.STARTING, stats.prefetch is not None and not stats.prefetch.done)
+        fetches = stats.reads.fetch_requests
         claims.set(Priority.DEMAND, fetches > claims.demand_fetches)
         claims.demand_fetches = fetches
 
@@ -394,6 +394,7 @@ class MountManager:
     def _mount(self, request: MountRequest, created: float) -> tuple[_Mounted, int]:
         """The container's mounts and the server; also the connection's file."""
         from bootseer.prefetch.container import mount_overlay
+        from bootseer.prefetch.session import MountInfo
 
         directory = self.root / request.key
         if directory.exists():  # a failed earlier attempt: start clean
@@ -407,18 +408,17 @@ class MountManager:
         try:
             fd = mount_fd(parts["lower"], "bootseer-image")
             pid = self._start_server(request, directory, fd, takeover=False)
-            info = json.loads((directory / "info.json").read_text())
+            info = MountInfo.load(directory / "info.json")
             mount_overlay(parts["lower"], parts["upper"], parts["work"], parts["rootfs"])
             checkpoints = self._mount_checkpoints(request, directory)
-            image_config = (info.get("config") or {}).get("config") or {}
+            image_config = info.config.get("config") or {}
             if not isinstance(image_config, dict):
                 raise BootseerError(f"image {request.image}: its config is not an object")
             mount = ContainerMount(
-                id=request.key, image=request.image, image_id=str(info["image_id"]),
+                id=request.key, image=request.image, image_id=info.image_id,
                 rootfs=str(parts["rootfs"]), signal_dir=str(parts["signal"]),
-                env={READY_FILE_ENV: "/run/bootseer/ready",
-                     IMAGE_ID_ENV: str(info["image_id"])},
-                image_config=image_config, recording=bool(info.get("recording")),
+                env={READY_FILE_ENV: f"{SIGNAL_DIR}/ready", IMAGE_ID_ENV: info.image_id},
+                image_config=image_config, recording=info.recording,
                 checkpoints_dir=str(directory / "checkpoints") if request.checkpoints
                 else None)
         except BaseException:
@@ -467,9 +467,9 @@ class MountManager:
         has listed the store directory."""
         cfg = self.config.checkpoint
         ready = directory / f"checkpoint-{name}.ready"
-        argv = [sys.executable, "-m", "bootseer", "ckpt", "mount", "--foreground",
-                "--mode", f"{cfg.mount_mode:o}", "--memory", str(cfg.mount_memory),
-                "--fuse-fd", str(fd), "--takeover-state",
+        argv = [*self._bootseer, "ckpt", "mount", "--foreground", "--mode",
+                f"{cfg.mount_mode:o}", "--memory", str(cfg.mount_memory), "--fuse-fd", str(fd),
+                "--takeover-state",
                 str(directory / f"checkpoint-{name}.fuse.json"), "--ready-file", str(ready),
                 "--", url, str(directory / "checkpoints" / name)]
         return self._spawn(argv, directory / f"checkpoint-{name}.log", fd,
@@ -502,7 +502,7 @@ class MountManager:
         from bootseer.prefetch.session import SessionOptions
 
         cfg = self.config.image
-        mode = self.recording.effective(request.image, request.record)
+        mode = self.recording.effective(request.image, request.record, request.runtime)
         record = None
         if not takeover and mode != "never":
             record = ReadyWhen(directory / "signal" / "ready", None, cfg.record_timeout)
@@ -511,7 +511,7 @@ class MountManager:
             record_auto=mode == "auto", info=directory / "info.json",
             report=directory / "report.json", fuse_fd=fd,
             takeover_state=directory / "fuse.json")
-        argv = options.argv(self.config.store, request.image, directory / "lower")
+        argv = options.argv(self._bootseer, request.image, directory / "lower")
         return self._spawn(argv, directory / "server.log", fd,
                            None if takeover else directory / "info.json",
                            f"image {request.image}")
@@ -520,7 +520,9 @@ class MountManager:
                what: str) -> int:
         """Start a server process of its own session serving connection ``fd``; wait
         until it creates ``ready`` (if given), failing with its log's tail if it exits."""
-        with open(log_path, "ab") as log_file:
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW |
+                         os.O_CLOEXEC, 0o600)
+        with open(log_fd, "ab") as log_file:
             child = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True, pass_fds=(fd,),
@@ -538,10 +540,12 @@ class MountManager:
 
     def _report(self, directory: Path, pid: int) -> dict[str, Any] | None:
         """The server's final statistics (written after it stored the recording)."""
+        from bootseer.prefetch.session import MountStats
+
         try:
             wait_for_file(directory / "report.json", pid, 300.0)
-            return json.loads((directory / "report.json").read_text())
-        except (BootseerError, OSError, ValueError) as exc:
+            return MountStats.load(directory / "report.json").to_json()
+        except (BootseerError, OSError, ValueError, TypeError) as exc:
             log.warning("no report from the mount server of %s: %s", directory.name, exc)
             return None
         finally:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bootseer.agents.mountapi import RECORD_MODES, ContainerMount, MountRequest
+from bootseer.errors import BootseerError
 
 ANNOTATION_PREFIX = "io.bootseer."
 ENV_PREFIX = "BOOTSEER_"
@@ -39,7 +40,7 @@ Spec = dict[str, Any]
 Modifier = Callable[[Spec], None]
 
 
-class SpecError(ValueError):
+class SpecError(BootseerError, ValueError):
     """The config cannot be read as an OCI config, or asks for Bootseer with bad values."""
 
 
@@ -170,8 +171,8 @@ def add_poststop_hook(hook: Hook) -> Modifier:
 
 
 def add_checkpoints_mount(mount: ContainerMount) -> Modifier:
-    """The checkpoint mounts' directory, read-only, as a slave of the host's: when the
-    agent replaces a crashed checkpoint server, the new mount propagates in."""
+    """The checkpoint mounts' directory, read-only, with the mounts in it (``rbind``; a
+    slave of the host's, so nothing the container mounts there reaches the host)."""
     def modify(spec: Spec) -> None:
         if mount.checkpoints_dir is None:
             return

@@ -156,7 +156,14 @@ class RecordingPolicy:
     def allows(self, image: str) -> bool:
         return any(p == "*" or image.startswith(p) for p in self.images if p)
 
-    def effective(self, image: str, asked: str) -> str:
+    def effective(self, image: str, asked: str, runtime: str = "") -> str:
         """The record mode a container gets: what it asked for where recording is granted
-        for ``image``, else ``never`` (asking for less is always allowed)."""
-        return asked if self.allows(image) else "never"
+        for ``image``, else ``never`` (asking for less is always allowed). The operator's
+        own starts (:data:`OPERATOR_RUNTIMES`) get what they ask: only root reaches the
+        mount API, and the runtime is named by the caller's code, never by a container."""
+        return asked if runtime in OPERATOR_RUNTIMES or self.allows(image) else "never"
+
+
+#: Who starts containers on the operator's word rather than a container's: ``bootseer
+#: image run`` (a root command line, its flags its operator's).
+OPERATOR_RUNTIMES = frozenset({"bootseer-image-run"})

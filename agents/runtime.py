@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bootseer.errors import BootseerError
+
 if TYPE_CHECKING:
     from bootseer.agents.mountapi import ContainerMount
     from bootseer.agents.oci import Labels
@@ -107,7 +109,7 @@ def real_runc() -> str:
     return path
 
 
-class ShimError(Exception):
+class ShimError(BootseerError):
     """The container asked for Bootseer and cannot have its lazy root; says why."""
 
 
@@ -164,6 +166,7 @@ def prepare_bundle(call: RuncCall, argv0: str) -> None:
     import json
 
     from bootseer.agents import oci
+    from bootseer.jsonfile import write_json
 
     path = (call.bundle or Path.cwd()) / "config.json"
     try:
@@ -181,10 +184,8 @@ def prepare_bundle(call: RuncCall, argv0: str) -> None:
         # never from anything the container's config says.
         poststop = oci.Hook(str(hook), ["bootseer-hook", "poststop", "--runtime-root",
                                         call.root], [f"BOOTSEER_AGENT_SOCKET={socket}"])
-        tmp = path.with_name(f".{path.name}.bootseer")
-        tmp.write_text(json.dumps(oci.rewrite(spec, mount, poststop)))
-        os.chmod(tmp, path.stat().st_mode & 0o7777)
-        os.replace(tmp, path)
+        write_json(path, oci.rewrite(spec, mount, poststop),
+                   mode=path.stat().st_mode & 0o7777)
     except BaseException:
         try:
             release_mount(socket, mount.id)

@@ -25,6 +25,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 READY_FILE_ENV = "BOOTSEER_READY_FILE"
+#: Where a container finds its signal directory (the ready file, phase marks).
+SIGNAL_DIR = "/run/bootseer"
 
 
 def ready_file() -> Path | None:

@@ -128,17 +128,25 @@ def run_rootfs(rootfs: str | Path, argv: Sequence[str], *, env: Mapping[str, str
     rootfs = Path(rootfs)
     if not (rootfs / "bin").exists() and not (rootfs / "usr").is_dir():
         raise RuncError(f"{rootfs} does not look like a root filesystem (no /bin, no /usr)")
+    config = bundle_config(rootfs, argv, DEFAULT_ENV | dict(env or {}), readonly=readonly,
+                           cwd=cwd, binds=binds)
+    return run_config(config, timeout=timeout, text=text)
+
+
+def run_config(config: dict, *, timeout: float = 60,
+               text: bool = True) -> subprocess.CompletedProcess:
+    """Run the bundle ``config.json`` (:func:`bundle_config`, perhaps changed since) with
+    runc in the foreground; its exit code, stdout and stderr, as :func:`run_rootfs`."""
     runc = _runc()
+    argv = list(config["process"]["args"])
     container = f"bootseer-{uuid.uuid4().hex[:12]}"
     with tempfile.TemporaryDirectory(prefix="bootseer-runc-") as tmp:
         bundle, state = Path(tmp) / "bundle", Path(tmp) / "state"
         bundle.mkdir()
         state.mkdir(mode=0o700)
-        config = bundle_config(rootfs, argv, DEFAULT_ENV | dict(env or {}), readonly=readonly,
-                               cwd=cwd, binds=binds)
         (bundle / "config.json").write_text(json.dumps(config, indent=2))
         cmd = [runc, "--root", str(state), "run", "--bundle", str(bundle), container]
-        log.debug("running %s: %s", container, list(argv))
+        log.debug("running %s: %s", container, argv)
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=text)
         try:
@@ -150,7 +158,7 @@ def run_rootfs(rootfs: str | Path, argv: Sequence[str], *, env: Mapping[str, str
             raise
         finally:
             _delete(runc, state, container)
-    return subprocess.CompletedProcess(list(argv), proc.returncode, stdout, stderr)
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
 def _delete(runc: str, state: Path, container: str) -> None:

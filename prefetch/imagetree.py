@@ -11,20 +11,15 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 
 from bootseer.fuse.tree import ROOT, Node, Tree
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.lazyimage import LazyImage
-from bootseer.prefetch.rootfs import Kind
+from bootseer.prefetch.rootfs import FILE_TYPE, Kind
 
 #: Seconds the kernel may trust a name or attribute: the image is immutable, so only
 #: memory pressure should drop them.
 TTL = 86400
-
-_TYPE = {Kind.FILE: stat.S_IFREG, Kind.HARDLINK: stat.S_IFREG, Kind.DIR: stat.S_IFDIR,
-         Kind.SYMLINK: stat.S_IFLNK, Kind.CHAR: stat.S_IFCHR, Kind.BLOCK: stat.S_IFBLK,
-         Kind.FIFO: stat.S_IFIFO}
 
 
 class ImageTree(Tree):
@@ -93,5 +88,5 @@ class ImageTree(Tree):
 def _node(entry: FileEntry) -> Node:
     rdev = os.makedev(entry.devmajor, entry.devminor) \
         if entry.kind in (Kind.CHAR, Kind.BLOCK) else 0
-    return Node(ino=entry.ino, mode=_TYPE[entry.kind] | entry.mode, size=entry.size,
+    return Node(ino=entry.ino, mode=FILE_TYPE[entry.kind] | entry.mode, size=entry.size,
                 mtime=entry.mtime, nlink=entry.nlink, uid=entry.uid, gid=entry.gid, rdev=rdev)

@@ -96,7 +96,8 @@ class Kind(str, Enum):
     FIFO = "fifo"
 
 
-_FILE_TYPE = {
+#: A kind's file type bits (``stat.S_IF*``), for ``st_mode``.
+FILE_TYPE = {
     Kind.FILE: stat.S_IFREG, Kind.HARDLINK: stat.S_IFREG, Kind.DIR: stat.S_IFDIR,
     Kind.SYMLINK: stat.S_IFLNK, Kind.CHAR: stat.S_IFCHR, Kind.BLOCK: stat.S_IFBLK,
     Kind.FIFO: stat.S_IFIFO,
@@ -125,7 +126,7 @@ class Entry(Generic[T]):
     @property
     def st_mode(self) -> int:
         """File type and permission bits, as ``os.lstat`` would report them."""
-        return _FILE_TYPE[self.kind] | self.mode
+        return FILE_TYPE[self.kind] | self.mode
 
 
 @dataclass(frozen=True)

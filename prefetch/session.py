@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
+from bootseer.errors import BootseerError
 from bootseer.fuse.server import serve as serve_connection
 from bootseer.fuse.server import serve_at
 from bootseer.jsonfile import write_json
@@ -23,12 +25,13 @@ from bootseer.nodecache import NodeCache
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.hotlist import DEFAULT_WORKLOAD, HotList
 from bootseer.prefetch.imagetree import ImageTree
-from bootseer.prefetch.lazyimage import LazyImage
-from bootseer.prefetch.prefetcher import Prefetcher
+from bootseer.prefetch.lazyimage import LazyImage, LazyStats
+from bootseer.prefetch.prefetcher import Prefetcher, PrefetchStats
 from bootseer.prefetch.recording import ReadyWhen, Recording
 from bootseer.store import BlobStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: How often a mount's statistics file is refreshed.
 STATS_INTERVAL = 0.5
@@ -55,13 +58,13 @@ class SessionOptions:
     fuse_fd: int | None = None
     takeover_state: Path | None = None
 
-    def argv(self, store: str, image: str, mountpoint: Path) -> list[str]:
+    def argv(self, bootseer: list[str], image: str, mountpoint: Path) -> list[str]:
         """The command line of a server process (``bootseer image mount --foreground``)
-        that serves ``image`` from ``store`` at ``mountpoint`` with these options: the one
-        place it is built, for ``bootseer image mount`` and the node agent alike. Prefetch
-        request sizes and the cache come from the server's own configuration."""
-        args = [sys.executable, "-m", "bootseer", "--store", store, "image", "mount",
-                "--foreground", "--workload", self.workload,
+        that serves ``image`` at ``mountpoint`` with these options: the one place it is
+        built, for ``bootseer image mount`` and the node agent alike. ``bootseer`` is how
+        the caller runs Bootseer (with its store and config); prefetch request sizes and
+        the cache come from that configuration."""
+        args = [*bootseer, "image", "mount", "--foreground", "--workload", self.workload,
                 "--prefetch" if self.prefetch else "--no-prefetch"]
         if self.record is not None:
             args += ["--record-auto" if self.record_auto else "--record",
@@ -87,19 +90,97 @@ def start_prefetch(image: LazyImage, hot: HotList | None, *, concurrency: int,
     return Prefetcher(image, hot, concurrency=concurrency, request_size=request_size).start()
 
 
-def mount_stats(image: LazyImage, prefetcher: Prefetcher | None = None,
-                recording: Recording | None = None) -> dict:
-    """What a mount has cost and done so far (``bootseer image stats``, the report)."""
-    stats: dict = dataclasses.asdict(image.stats)
-    stats["prefetch"] = dataclasses.asdict(prefetcher.stats) if prefetcher else None
-    if recording is not None:
-        result = recording.result
-        stats["recording"] = {"workload": recording.workload, "ended": recording.reason,
-                              "hot_blocks": len(result.blocks) if result else None,
-                              "recordings": result.recordings if result else None,
-                              "hot_bytes": result.layout.size if result and result.layout
-                              else None}
-    return stats
+@dataclass(frozen=True)
+class MountInfo:
+    """What a server tells whoever started it once the image is loaded (``--info``): what
+    a container's config needs of the image, and whether this start records."""
+
+    image_id: str
+    config: dict[str, Any]  # the image's OCI config (its "config" holds Env, Cmd, ...)
+    content_bytes: int
+    recording: bool
+
+    def save(self, path: Path) -> None:
+        write_json(path, dataclasses.asdict(self))
+
+    @classmethod
+    def load(cls, path: Path) -> MountInfo:
+        body = json.loads(path.read_text())
+        info = cls(str(body["image_id"]), body["config"], int(body["content_bytes"]),
+                   bool(body["recording"]))
+        if not isinstance(info.config, dict):
+            raise BootseerError(f"image {info.image_id}: its config is not an object")
+        return info
+
+
+@dataclass(frozen=True)
+class RecordingSummary:
+    """A start's recording, as far as it went."""
+
+    workload: str
+    ended: str | None  # ready, marker, timeout, exit; None while it runs
+    hot_blocks: int | None  # of the merged hot list, once stored
+    recordings: int | None  # starts the merged list holds
+    hot_bytes: int | None  # its hot pack's size
+
+
+@dataclass(frozen=True)
+class MountStats:
+    """What a mount has cost and done: refreshed while it serves (``bootseer image stats``,
+    the agent's priorities) and its report when it ends. As JSON, the image's read counts
+    sit at the top level beside ``prefetch`` and ``recording``."""
+
+    reads: LazyStats
+    prefetch: PrefetchStats | None = None
+    recording: RecordingSummary | None = None
+    image_id: str | None = None  # in the final report
+    image_content_bytes: int | None = None
+
+    @classmethod
+    def of(cls, image: LazyImage, prefetcher: Prefetcher | None = None,
+           recording: Recording | None = None, *, final: bool = False) -> MountStats:
+        summary = None
+        if recording is not None:
+            result = recording.result
+            summary = RecordingSummary(
+                recording.workload, recording.reason,
+                len(result.blocks) if result else None, result.recordings if result else None,
+                result.layout.size if result and result.layout else None)
+        return cls(dataclasses.replace(image.stats),
+                   dataclasses.replace(prefetcher.stats) if prefetcher else None, summary,
+                   image.image_id if final else None,
+                   image.manifest.content_bytes if final else None)
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = dataclasses.asdict(self.reads)
+        body["prefetch"] = dataclasses.asdict(self.prefetch) if self.prefetch else None
+        if self.recording is not None:
+            body["recording"] = dataclasses.asdict(self.recording)
+        if self.image_id is not None:
+            body["image_id"] = self.image_id
+            body["image_content_bytes"] = self.image_content_bytes
+        return body
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> MountStats:
+        prefetch, recording = body.get("prefetch"), body.get("recording")
+        return cls(_fields(LazyStats, body),
+                   _fields(PrefetchStats, prefetch) if prefetch else None,
+                   _fields(RecordingSummary, recording) if recording else None,
+                   body.get("image_id"), body.get("image_content_bytes"))
+
+    def save(self, path: Path) -> None:
+        write_json(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: Path) -> MountStats:
+        return cls.from_json(json.loads(path.read_text()))
+
+
+def _fields(kind: type[T], body: dict[str, Any]) -> T:
+    """A dataclass from the JSON object of one (fields it does not know are ignored)."""
+    names = {f.name for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
+    return kind(**{k: v for k, v in body.items() if k in names})
 
 
 def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
@@ -118,19 +199,18 @@ def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
     if record:
         recording = Recording(image, options.workload, options.record).start()
     if options.info is not None:
-        write_json(options.info, {"image_id": image.image_id, "config": image.manifest.config,
-                                   "content_bytes": image.manifest.content_bytes,
-                                   "recording": record})
+        MountInfo(image.image_id, image.manifest.config, image.manifest.content_bytes,
+                  record).save(options.info)
     stop_stats = threading.Event()
     if options.stats is not None:
         stats_path = options.stats
 
         def refresh() -> None:
             while not stop_stats.wait(STATS_INTERVAL):
-                write_json(stats_path, mount_stats(image, prefetcher, recording))
+                MountStats.of(image, prefetcher, recording).save(stats_path)
 
         stats_path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(stats_path, mount_stats(image, prefetcher, recording))
+        MountStats.of(image, prefetcher, recording).save(stats_path)
         threading.Thread(target=refresh, name="stats", daemon=True).start()
     tree = ImageTree(image)
     try:
@@ -147,9 +227,7 @@ def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
         if recording is not None:
             recording.finish("exit")
         if options.report is not None:
-            report = mount_stats(image, prefetcher, recording)
-            report["image_id"] = image.image_id
-            write_json(options.report, report)
+            MountStats.of(image, prefetcher, recording, final=True).save(options.report)
 
 
 def stats_path(cache_dir: Path, mountpoint: Path) -> Path:

@@ -17,10 +17,9 @@ PACKAGES=(
   libjaxb-java
   libjettison-java
   iproute2                       # tc: per-DataNode link caps on lo (--link)
-  # FUSE mounts (stripedfs, prefetch): fusepy loads libfuse.so.2; fuse3 brings fusermount3.
-  # Not Debian's `fuse` package: it conflicts with fuse3.
+  # FUSE mounts: bootseer/fuse speaks the protocol itself (no libfuse); fuse3 brings
+  # fusermount3, which mounts for users without CAP_SYS_ADMIN.
   fuse3
-  libfuse2
   # bootseer_dev.image: real Debian images for the lazy-image tests and demo (issue 5)
   debootstrap                    # builds the bookworm minbase root filesystem (layer 1)
   debian-archive-keyring         # debootstrap checks the archive's Release signature with it

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from bootseer.errors import BootseerError
+
 BLOCK = 512
 #: The largest PAX extended header a shard may carry. Bootseer writes one only for a long
 #: path or link target (each at most PATH_MAX, 4096 bytes) and a large size; 64 KiB is
@@ -33,7 +35,7 @@ class TruncatedStream(EOFError):
     """The stream ended inside a member."""
 
 
-class MalformedStream(ValueError):
+class MalformedStream(BootseerError, ValueError):
     """A header this reader does not accept (not a stream Bootseer wrote)."""
 
 

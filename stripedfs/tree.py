@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from bootseer.fuse.tree import ROOT, Node, Tree
 from bootseer.store import Store
 from bootseer.store.base import Access
+from bootseer.stripedfs.checkpoint_cache import CheckpointCache
 from bootseer.stripedfs.config import StripeConfig
 from bootseer.stripedfs.files import Reader, open_reader
 
@@ -59,8 +60,10 @@ class CheckpointTree(Tree):
     block_size = 1 << 20
 
     def __init__(self, store: Store, *, config: StripeConfig | None = None,
-                 ttl: float = 30.0, mode: int = 0o444, direct_io: bool = True) -> None:
-        self.store, self.config, self.ttl, self.direct_io = store, config, ttl, direct_io
+                 copies: CheckpointCache | None = None, ttl: float = 30.0,
+                 mode: int = 0o444, direct_io: bool = True) -> None:
+        self.store, self.config, self.copies = store, config, copies
+        self.ttl, self.direct_io = ttl, direct_io
         self.file_mode = mode & 0o444
         self.dir_mode = self.file_mode | (self.file_mode >> 2)  # search where readable
         self._entries: dict[int, _Entry] = {}
@@ -174,7 +177,8 @@ class CheckpointTree(Tree):
         if entry.is_dir:
             raise OSError(errno.EISDIR, "is a directory")
         try:
-            return open_reader(self.store, entry.path.lstrip("/"), config=self.config)
+            return open_reader(self.store, entry.path.lstrip("/"), config=self.config,
+                               copies=self.copies)
         except FileNotFoundError:
             raise OSError(errno.ENOENT, "gone from the store") from None
 

@@ -219,8 +219,8 @@ def test_the_watcher_claims_starting_while_prefetching_and_demand_while_reads_fe
 def test_checkpoint_mounts_are_the_agents_too_and_come_back_after_a_crash(
         node, tmp_path: Path) -> None:
     """A container's checkpoint directory, mounted by the agent (striped reads), seen at
-    /mnt/checkpoints/<name>; its server killed, the agent mounts it again and the running
-    container reads the new mount."""
+    /mnt/checkpoints/<name>; its server killed, a new one takes the connection over and the
+    running container reads on, the same mount."""
     import hashlib
 
     sock, _, _ = node
@@ -245,8 +245,8 @@ def test_checkpoint_mounts_are_the_agents_too_and_come_back_after_a_crash(
         (listed,) = client.mounts()
         os.kill(listed["checkpoints"]["step"]["pid"], signal.SIGKILL)
         deadline = time.monotonic() + 20
-        while (listed := client.mounts()[0])["checkpoint_restarts"] == 0 or \
-                not listed["checkpoints"]["step"]["serving"]:
+        while (listed := client.mounts()[0])["checkpoints"]["step"]["server_deaths"] == 0 \
+                or not listed["checkpoints"]["step"]["serving"]:
             assert time.monotonic() < deadline, listed
             time.sleep(0.1)
         (Path(mount.signal_dir) / "go2").touch()
@@ -254,7 +254,7 @@ def test_checkpoint_mounts_are_the_agents_too_and_come_back_after_a_crash(
         assert results and results[0].returncode == 0, results
         assert results[0].stdout.split() == [want, want]
         start = client.release("c7")
-    assert start.detail["checkpoint_restarts"] == 1
+    assert start.detail["checkpoint_server_deaths"] == 1
     assert not is_mounted(Path(mount.checkpoints_dir))
     assert not Path(mount.checkpoints_dir).exists()
 

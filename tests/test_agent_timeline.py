@@ -150,12 +150,12 @@ def test_a_runc_start_reports_every_phase_it_reached(dirs, agent, tmp_path) -> N
              store=dirs["store"], cache=dirs["cache"], env=env)
     with AgentClient(sock) as client:
         (start,) = client.starts()
-    assert start.job == "train-42" and start.image == "py" and start.runtime == "runc"
+    assert (start.job, start.image, start.runtime) == ("train-42", "py", "bootseer-image-run")
     assert list(start.phases) == ["created", "image_ready", "env_ready", "ready", "exited"]
     assert all(v >= 0 for v in start.breakdown().values())
     assert start.detail["image"]["blocks_fetched"] > 0 and start.detail["exit_code"] == 0
     report = bootseer("report", store=dirs["store"], cache=dirs["cache"], env=env)
-    assert "py" in report.stdout and "runc" in report.stdout
+    assert "py" in report.stdout and "bootseer-image" in report.stdout
     assert set(PHASES) >= set(start.phases)
 
 

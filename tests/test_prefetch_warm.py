@@ -126,20 +126,20 @@ def test_record_then_prefetch_a_real_python_start_in_runc(dirs, tmp_path: Path) 
     assert "recording" not in stats
 
 
-def test_ready_marker_ends_a_recording_and_default_runs_record_until_three(dirs,
-                                                                           tmp_path) -> None:
+def test_the_ready_file_ends_a_recording_and_default_runs_record_until_three(dirs,
+                                                                             tmp_path) -> None:
     from bootseer_dev.image import build_image
 
     bootseer("image", "convert", str(build_image(with_python=True)), "--name", "py",
              store=dirs["store"], cache=dirs["cache"])
     stats = tmp_path / "s.json"
     for n in (1, 2, 3, 4):
-        bootseer("image", "run", "--ready-marker", "/tmp/up", "--stats", str(stats), "py",
-                 "--", "sh", "-c", "python3 -c 'print(1)'; touch /tmp/up; sleep 0.4",
+        bootseer("image", "run", "--stats", str(stats), "py", "--", "sh", "-c",
+                 "python3 -c 'print(1)'; touch \"$BOOTSEER_READY_FILE\"; sleep 0.4",
                  store=dirs["store"], cache=dirs["cache"] / str(n))
         recording = json.loads(stats.read_text()).get("recording")
         if n <= 3:
-            assert recording["ended"] == "marker" and recording["recordings"] == n
+            assert recording["ended"] == "ready" and recording["recordings"] == n
         else:
             assert recording is None  # three recordings merged: the list has converged
 

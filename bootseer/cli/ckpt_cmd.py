@@ -11,7 +11,6 @@ node by ``bootseer warm --checkpoint`` comes from its copy while it is current.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +21,7 @@ from bootseer.cli import AppContext, pass_app
 from bootseer.config import ByteSize, FileMode, coerce
 from bootseer.mounts import check_mountpoint, server_log, spawn_mount, unmount
 from bootseer.progress import byte_progress, console
-from bootseer.store import ObjectInfo, Store, open_configured_store, open_store
+from bootseer.store import ObjectInfo, Store, open_configured_store
 from bootseer.stripedfs.files import CheckpointSource, Reader, split_url
 
 _COPY_PIECE = 16 << 20
@@ -35,7 +34,8 @@ def ckpt() -> None:
 
 @ckpt.command("mount")
 @click.argument("url")
-@click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
+# Not click.Path: it stats the path, and with --fuse-fd that waits for this very server.
+@click.argument("mountpoint", type=Path)
 @click.option("--foreground", is_flag=True, help="Serve in this process until unmounted.")
 @click.option("--direct-io/--page-cache", default=True, show_default=True,
               help="Bypass the kernel page cache (faster big sequential reads, measured).")
@@ -70,10 +70,16 @@ def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_
     if foreground:
         from bootseer.fuse.server import serve, serve_at
         from bootseer.fuse.tree import ROOT
+        from bootseer.stripedfs.checkpoint_cache import CheckpointCache
         from bootseer.stripedfs.config import StripeConfig
+        from bootseer.stripedfs.files import CheckpointSource
         from bootseer.stripedfs.tree import CheckpointTree
 
-        tree = CheckpointTree(open_store(url), config=StripeConfig(max_memory=memory_cap),
+        config = app.loaded.config
+        # The node's staged copies are root's (the agent's cache): others read the store.
+        copies = CheckpointCache.for_config(config) if os.geteuid() == 0 else None
+        tree = CheckpointTree(CheckpointSource(config).store(url),
+                              config=StripeConfig(max_memory=memory_cap), copies=copies,
                               ttl=metadata_ttl, mode=file_mode, direct_io=direct_io)
         if fuse_fd is None:
             serve_at(tree, mountpoint, f"bootseer:{url}")
@@ -82,10 +88,9 @@ def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_
         ready_file.touch()
         serve(tree, fuse_fd, takeover_state=takeover_state)
         return
-    args = [sys.executable, "-m", "bootseer", "ckpt", "mount", "--foreground", url,
-            str(mountpoint), "--metadata-ttl", str(metadata_ttl),
-            "--direct-io" if direct_io else "--page-cache", "--mode", f"{file_mode:o}",
-            "--memory", str(memory_cap)]
+    args = [*app.bootseer_argv(), "ckpt", "mount", "--foreground", "--metadata-ttl",
+            str(metadata_ttl), "--direct-io" if direct_io else "--page-cache", "--mode",
+            f"{file_mode:o}", "--memory", str(memory_cap), "--", url, str(mountpoint)]
     log_path = server_log(app.loaded.config.cache_dir / "logs", "ckpt-mount")
     pid = spawn_mount(args, mountpoint, url, timeout, log_path)
     console.print(f"mounted {url} at {mountpoint} (pid {pid})")

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import logging
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -20,13 +19,13 @@ import click
 
 from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
+from bootseer.jsonfile import write_json
 from bootseer.mounts import (
     check_mountpoint,
     is_mounted,
     server_log,
     spawn_mount,
     unmount,
-    wait_for_file,
 )
 from bootseer.prefetch.blockformat import DEFAULT_BLOCK_SIZE, IMAGE_REF_PREFIX
 from bootseer.prefetch.hotlist import DEFAULT_WORKLOAD
@@ -34,14 +33,9 @@ from bootseer.prefetch.image_source import open_image
 from bootseer.prefetch.recording import ReadyWhen
 from bootseer.prefetch.session import RECORD_UNTIL, SessionOptions
 from bootseer.progress import byte_progress, console
-from bootseer.ready import READY_FILE_ENV
-from bootseer.snapshot.key import IMAGE_ID_ENV
 from bootseer.units import format_size
 
 log = logging.getLogger(__name__)
-
-#: Where a recorded container finds the directory of its ready file.
-READY_DIR = "/run/bootseer"
 
 
 @click.group()
@@ -86,7 +80,7 @@ def ls(app: AppContext) -> None:
 
 
 def _session_flags(f):
-    """Options shared by ``mount`` and ``run``: which hot list, prefetch, recording."""
+    """``mount``'s options of the session: which hot list, prefetch, recording."""
     for decorator in reversed([
         click.option("--workload", default=DEFAULT_WORKLOAD, show_default=True,
                      help="Workload key: starts of the same image with another entry point "
@@ -167,7 +161,7 @@ def mount(app: AppContext, name: str, mountpoint: Path, workload: str, prefetch:
         options = dataclasses.replace(options, stats=stats_path(cfg.cache_dir, mountpoint))
         serve(app.blobs, name, block_cache(cfg), mountpoint, options)
         return
-    pid = spawn_mount(options.argv(app.loaded.config.store, name, mountpoint), mountpoint,
+    pid = spawn_mount(options.argv(app.bootseer_argv(), name, mountpoint), mountpoint,
                       f"image {name}", timeout,
                       server_log(app.loaded.config.cache_dir / "logs", "image-mount"))
     console.print(f"mounted image {name} at {mountpoint} (pid {pid})")
@@ -201,7 +195,8 @@ def stats(app: AppContext, mountpoint: Path) -> None:
 @image.command("run")
 @click.argument("name")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
-@_session_flags
+@click.option("--workload", default=DEFAULT_WORKLOAD, show_default=True,
+              help="Workload key: which hot list this start prefetches and records.")
 @click.option("--record/--no-record", default=None,
               help="Record this start into the hot list (default: while the hot list has "
                    f"fewer than {RECORD_UNTIL} recordings).")
@@ -212,83 +207,53 @@ def stats(app: AppContext, mountpoint: Path) -> None:
 @click.option("--job", help="The job this start belongs to, for `bootseer report`.")
 @pass_app
 def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
-        prefetch: bool | None, ready_marker: Path | None, record_timeout: float | None,
         record: bool | None, timeout: float, stats_file: Path | None,
         job: str | None) -> None:
     """Run ARGV (instead of the image's Cmd) in a runc container on image NAME, lazily.
 
-    The root is an overlay: a fresh writable layer over the lazy mount. The image's hot
-    list is prefetched while the container starts. A recorded start ends when the
-    container exits, creates $BOOTSEER_READY_FILE (`bootseer ready`), creates
-    --ready-marker (a path inside the container), or after --record-timeout. The
+    The container starts as the runtime shim starts one: the node agent (or, with none
+    running, this process) mounts the image with a fresh writable layer over it,
+    prefetching its hot list (config image.prefetch), and the container's OCI config is
+    rewritten to use it. A recorded start ends when the container exits, creates
+    $BOOTSEER_READY_FILE (`bootseer ready`), or after config image.record_timeout. The
     command's output is printed, then what the start fetched; the exit code is the
-    command's. The start's timeline goes to the node agent (else the node's timeline
-    file) for `bootseer report`.
+    command's. The start's timeline goes where the agent keeps it, for `bootseer report`.
     """
-    from bootseer.prefetch.container import overlay_mount, run_rootfs
+    from bootseer.agents import oci
+    from bootseer.agents.mountapi import MountRequest
+    from bootseer.agents.node import node_mounts
+    from bootseer.prefetch.container import DEFAULT_ENV, bundle_config, run_config
 
-    # The store is opened by the mount server only (for hdfs://, one JVM start, not two):
-    # it says what the image is in the info file once it has loaded it.
+    request = MountRequest(id=f"run-{uuid.uuid4().hex[:16]}", image=name, workload=workload,
+                           record={True: "always", None: "auto", False: "never"}[record],
+                           job=job, runtime="bootseer-image-run")
     started = time.monotonic()
-    phases = {"created": time.time()}
-    with tempfile.TemporaryDirectory(prefix="bootseer-run-") as tmp:
-        work = Path(tmp)
-        lower, signal, root = work / "lower", work / "signal", work / "rootfs"
-        lower.mkdir()
-        signal.mkdir()
-        marker = root / str(ready_marker).lstrip("/") if ready_marker else None
-        options = _options(app, workload, prefetch, record, signal / "ready", marker,
-                           record_timeout, work / "report.json", work / "info.json")
-        pid = spawn_mount(options.argv(app.loaded.config.store, name, lower), lower, f"image {name}", 60.0,
-                          work / "server.log")
+    with node_mounts(app.loaded.config) as mounts:
+        mount = mounts.mount(request)
+        mounted = time.monotonic() - started
+        exit_code = None
         try:
-            mounted = time.monotonic() - started
-            phases["image_ready"] = time.time()
-            info = json.loads((work / "info.json").read_text())
-            image_config = info["config"].get("config") or {}
+            image_config = mount.image_config
             # Docker's rule: arguments replace the image's Cmd; its Entrypoint stays first.
             command = tuple(image_config.get("Entrypoint") or ()) + (
                 argv or tuple(image_config.get("Cmd") or ()))
             if not command:
                 raise BootseerError(f"image {name} has no Cmd: give the command after --")
-            env = dict(item.split("=", 1) for item in image_config.get("Env") or ()
-                       if "=" in item)
-            env[READY_FILE_ENV] = f"{READY_DIR}/ready"  # read only while recording
-            env[IMAGE_ID_ENV] = info["image_id"]  # the base of `bootseer env run` keys
-            with overlay_mount(lower, work / "upper", work / "work", root):
-                result = run_rootfs(root, list(command), env=env, timeout=timeout,
-                                    binds={READY_DIR: signal},
-                                    cwd=image_config.get("WorkingDir") or "/")
+            spec = oci.rewrite(bundle_config(mount.rootfs, command, DEFAULT_ENV), mount)
+            result = run_config(spec, timeout=timeout)
+            exit_code = result.returncode
             ran = time.monotonic() - started
-            from bootseer.agents.timeline import container_phases
-
-            phases.update(container_phases(signal, phases["created"], time.time()))
-            phases["exited"] = time.time()
         finally:
-            unmount(lower)
-        wait_for_file(work / "report.json", pid, 600.0)  # written after the recording
-        stats = json.loads((work / "report.json").read_text())
-    stats["image_content_bytes"] = info["content_bytes"]
+            start = mounts.release(request.key, exit_code)
+    stats = dict(start.detail.get("image") or {})
     stats["run_seconds"] = round(ran, 3)  # from the command to the container's exit
     stats["mount_seconds"] = round(mounted, 3)  # of which until the lazy mount was there
     if stats_file:
-        stats_file.write_text(json.dumps(stats, indent=2) + "\n")
-    _report(app, name, workload, job, phases, stats, result.returncode)
+        write_json(stats_file, stats)
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     console.print(_summary(stats))
     sys.exit(result.returncode)
-
-
-def _report(app: AppContext, name: str, workload: str, job: str | None,
-            phases: dict[str, float], stats: dict, exit_code: int) -> None:
-    from bootseer.agents.starts import report_start
-    from bootseer.agents.timeline import StartRecord
-
-    record = StartRecord(f"run-{uuid.uuid4().hex[:16]}", job=job, image=name,
-                         workload=workload, runtime="runc", phases=phases,
-                         detail={"image": stats, "exit_code": exit_code})
-    report_start(app.loaded.config, record)
 
 
 def _summary(stats: dict) -> str:

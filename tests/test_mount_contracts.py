@@ -1,0 +1,45 @@
+"""The typed contract between a mount server and whoever started it: info and statistics
+files round-trip, and a malformed one is an error rather than a half-read dict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bootseer.errors import BootseerError
+from bootseer.prefetch.lazyimage import LazyStats
+from bootseer.prefetch.prefetcher import PrefetchStats
+from bootseer.prefetch.session import MountInfo, MountStats, RecordingSummary, SessionOptions
+
+
+def test_statistics_round_trip_and_keep_their_flat_shape(tmp_path: Path) -> None:
+    stats = MountStats(LazyStats(blocks_fetched=3, bytes_fetched=7, cache_hits=2),
+                       PrefetchStats(hot_blocks=5, done=True),
+                       RecordingSummary("train", "ready", 5, 2, 1 << 20), "sha256:ab", 99)
+    stats.save(tmp_path / "s.json")
+    body = json.loads((tmp_path / "s.json").read_text())
+    assert body["blocks_fetched"] == 3 and body["prefetch"]["done"] is True
+    assert body["recording"]["ended"] == "ready" and body["image_content_bytes"] == 99
+    assert MountStats.load(tmp_path / "s.json") == stats
+    assert "recording" not in MountStats(LazyStats()).to_json()
+
+
+def test_info_round_trips_and_a_config_that_is_no_object_is_refused(tmp_path: Path) -> None:
+    info = MountInfo("sha256:ab", {"config": {"Cmd": ["sh"]}}, 10, True)
+    info.save(tmp_path / "i.json")
+    assert MountInfo.load(tmp_path / "i.json") == info
+    (tmp_path / "bad.json").write_text(json.dumps({**vars(info), "config": ["x"]}))
+    with pytest.raises(BootseerError, match="not an object"):
+        MountInfo.load(tmp_path / "bad.json")
+
+
+def test_the_server_command_line_is_built_in_one_place(tmp_path: Path) -> None:
+    options = SessionOptions(workload="w", prefetch=False, report=tmp_path / "r.json",
+                             fuse_fd=7, takeover_state=tmp_path / "f.json")
+    argv = options.argv(["bootseer", "--store", "file:///s"], "img", tmp_path / "lower")
+    assert argv[:6] == ["bootseer", "--store", "file:///s", "image", "mount", "--foreground"]
+    assert argv[-3:] == ["--", "img", str(tmp_path / "lower")]
+    assert "--no-prefetch" in argv and "--record" not in argv and "--record-auto" not in argv
+    assert argv[argv.index("--fuse-fd") + 1] == "7"
