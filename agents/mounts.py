@@ -465,13 +465,14 @@ class MountManager:
                                  takeover: bool) -> int:
         """A server for checkpoint mount ``name``; the first one is waited for until it
         has listed the store directory."""
+        from bootseer.stripedfs.server import ServerOptions
+
         cfg = self.config.checkpoint
         ready = directory / f"checkpoint-{name}.ready"
-        argv = [*self._bootseer, "ckpt", "mount", "--foreground", "--mode",
-                f"{cfg.mount_mode:o}", "--memory", str(cfg.mount_memory), "--fuse-fd", str(fd),
-                "--takeover-state",
-                str(directory / f"checkpoint-{name}.fuse.json"), "--ready-file", str(ready),
-                "--", url, str(directory / "checkpoints" / name)]
+        options = ServerOptions(mode=cfg.mount_mode, memory=cfg.mount_memory, fuse_fd=fd,
+                                takeover_state=directory / f"checkpoint-{name}.fuse.json",
+                                ready_file=ready)
+        argv = options.argv(self._bootseer, url, directory / "checkpoints" / name)
         return self._spawn(argv, directory / f"checkpoint-{name}.log", fd,
                            None if takeover else ready, f"checkpoint {url}")
 

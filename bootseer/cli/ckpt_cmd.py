@@ -67,32 +67,19 @@ def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_
         raise click.UsageError("--fuse-fd needs --foreground, --takeover-state, --ready-file")
     if fuse_fd is None:
         check_mountpoint(mountpoint)
-    if foreground:
-        from bootseer.fuse.server import serve, serve_at
-        from bootseer.fuse.tree import ROOT
-        from bootseer.stripedfs.checkpoint_cache import CheckpointCache
-        from bootseer.stripedfs.config import StripeConfig
-        from bootseer.stripedfs.files import CheckpointSource
-        from bootseer.stripedfs.tree import CheckpointTree
+    from bootseer.stripedfs.server import ServerOptions
 
-        config = app.loaded.config
-        # The node's staged copies are root's (the agent's cache): others read the store.
-        copies = CheckpointCache.for_config(config) if os.geteuid() == 0 else None
-        tree = CheckpointTree(CheckpointSource(config).store(url),
-                              config=StripeConfig(max_memory=memory_cap), copies=copies,
-                              ttl=metadata_ttl, mode=file_mode, direct_io=direct_io)
-        if fuse_fd is None:
-            serve_at(tree, mountpoint, f"bootseer:{url}")
-            return
-        tree.node(ROOT)  # the store answers: list it before saying so
-        ready_file.touch()
-        serve(tree, fuse_fd, takeover_state=takeover_state)
+    options = ServerOptions(mode=file_mode, memory=memory_cap, metadata_ttl=metadata_ttl,
+                            direct_io=direct_io, fuse_fd=fuse_fd,
+                            takeover_state=takeover_state, ready_file=ready_file)
+    if foreground:
+        from bootseer.stripedfs.server import serve
+
+        serve(app.loaded.config, url, mountpoint, options)
         return
-    args = [*app.bootseer_argv(), "ckpt", "mount", "--foreground", "--metadata-ttl",
-            str(metadata_ttl), "--direct-io" if direct_io else "--page-cache", "--mode",
-            f"{file_mode:o}", "--memory", str(memory_cap), "--", url, str(mountpoint)]
     log_path = server_log(app.loaded.config.cache_dir / "logs", "ckpt-mount")
-    pid = spawn_mount(args, mountpoint, url, timeout, log_path)
+    pid = spawn_mount(options.argv(app.bootseer_argv(), url, mountpoint), mountpoint, url,
+                      timeout, log_path)
     console.print(f"mounted {url} at {mountpoint} (pid {pid})")
 
 
