@@ -18,6 +18,7 @@ from bootseer.agents.mountapi import ContainerMount, MountRequest
 from bootseer.agents.mounts import MountManager
 from bootseer.agents.timeline import StartRecord, Timeline, timeline_path
 from bootseer.config import Config
+from bootseer.errors import BootseerError
 
 
 class Mounts(Protocol):
@@ -32,15 +33,21 @@ class Mounts(Protocol):
 @contextmanager
 def node_mounts(config: Config) -> Iterator[Mounts]:
     """The agent (if one answers on ``agent.socket``), else a manager in this process whose
-    starts go into the node's timeline file."""
+    starts go into the node's timeline file. An agent serving another store than
+    ``config``'s is an error: its mounts would not be the images asked for."""
     if config.agent.socket.exists():
         client = AgentClient(config.agent.socket)
         try:
-            client.health()
+            health = client.health()
         except AgentUnavailable:
             client.__exit__(None, None, None)
         else:
             with client:
+                if health.get("store") != config.store:
+                    raise BootseerError(
+                        f"the node agent (socket {config.agent.socket}) serves the store "
+                        f"{health.get('store')}, not {config.store}: give the agent's store "
+                        f"(or none), or point agent.socket at another agent")
                 yield client
             return
     timeline = Timeline(timeline_path(config))

@@ -157,6 +157,9 @@ def test_a_runc_start_reports_every_phase_it_reached(dirs, agent, tmp_path) -> N
     report = bootseer("report", store=dirs["store"], cache=dirs["cache"], env=env)
     assert "py" in report.stdout and "bootseer-image" in report.stdout
     assert set(PHASES) >= set(start.phases)
+    elsewhere = bootseer("image", "run", "py", "--", "true", store=dirs["store"] / "other",
+                         cache=dirs["cache"], env=env, check=False)
+    assert elsewhere.returncode == 1 and "serves the store" in elsewhere.stderr
 
 
 MARKS = """
