@@ -12,8 +12,9 @@ its engine's namespace, :func:`bootseer.agents.mountapi.mount_key`)::
     signal/   bound at /run/bootseer in the container: ready file, phase marks
     state.json  what a restarted agent needs to adopt the mount
 
-The agent mounts the FUSE connection itself (:func:`bootseer.prefetch.fuse_ll.mount_fd`) and keeps
-its /dev/fuse file; the server process serves a clone of it. That is what makes a mount
+The agent mounts each FUSE connection itself (:func:`bootseer.fuse.connection.mount_fd`):
+the image's and each checkpoint directory's, and keeps their /dev/fuse files; a server
+process serves a clone of each. That is what makes a mount
 outlive its server: a server that dies is seen by the watcher within
 :data:`WATCH_INTERVAL` and replaced by one that takes the connection over. Only the
 requests the dead server had read and not answered fail (``ECONNABORTED``; page reads

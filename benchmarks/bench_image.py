@@ -26,7 +26,7 @@ last one:
 * the lazy cases, the production path: ``docker run --runtime bootseer`` of the stub image
   (``bootseer image docker-stub``): ``bootseer-runtime`` asks a ``bootseer agent`` (fresh
   cache, started untimed) for the container's root, which the agent serves from the HDFS
-  store through its FUSE mount (``fuse_ll``):
+  store through its FUSE mount (``bootseer.fuse``):
   ``lazy_s`` (no prefetch, no recording), ``record_s`` (once: records the hot list and
   writes the hot pack), ``lazy_prefetch_s`` (prefetch of the recorded hot list),
   ``lazy_warmed_s`` (``bootseer warm`` through the agent first, untimed: every hot block
@@ -91,7 +91,7 @@ WORKLOAD = ["python3", "-c",
 EXPECTED = "16777216.0"  # 256 * 256 * 256
 CASES = ("local", "full_pull", "docker_pull_run", "lazy", "lazy_prefetch", "lazy_warmed")
 LAZY_CASES = {"lazy", "lazy_prefetch", "lazy_warmed"}
-PATH = "bootseer-runtime + agent (fuse_ll)"
+PATH = "bootseer-runtime + agent (bootseer.fuse)"
 LATENCY = "none added: kernel has no sch_netem"
 
 
@@ -426,7 +426,7 @@ class Bench:
             "path": PATH,
             "path_note": "lazy cases: docker run --runtime bootseer of the stub image; "
                          "bootseer-runtime asks the node agent for the root, served by its "
-                         "FUSE mount (fuse_ll) from the HDFS store",
+                         "FUSE mount (bootseer.fuse) from the HDFS store",
             "image": {"name": self.info.name, "manifest_digest": self.info.manifest_digest,
                       "layout": str(self.layout), "build_seconds": self.info.build_seconds,
                       "layers": [{"bytes": x["size"], "tar_bytes": x["tar_size"],
