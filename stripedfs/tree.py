@@ -66,12 +66,13 @@ class CheckpointTree(Tree):
         self.ttl, self.direct_io = ttl, direct_io
         self.file_mode = mode & 0o444
         self.dir_mode = self.file_mode | (self.file_mode >> 2)  # search where readable
-        self._entries: dict[int, _Entry] = {}
-        self._children: dict[int, list[tuple[str, int]]] = {}
+        #: The listing: entries and each directory's children, replaced whole.
+        self._tree: tuple[dict[int, _Entry], dict[int, list[tuple[str, int]]]] = ({}, {})
         self._loaded_at = float("-inf")
         self._access: dict[str, Access] = {}
         self._readers: dict[int, tuple[int, Reader]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # readers and access answers: held for moments
+        self._refresh = threading.Lock()  # held while the store lists: never by a read
 
     # -- metadata --------------------------------------------------------------------------
 
@@ -123,9 +124,11 @@ class CheckpointTree(Tree):
         return found
 
     def _listing(self) -> tuple[dict[int, _Entry], dict[int, list[tuple[str, int]]]]:
-        with self._lock:
-            if time.monotonic() - self._loaded_at < self.ttl:
-                return self._entries, self._children
+        if time.monotonic() - self._loaded_at < self.ttl:
+            return self._tree
+        with self._refresh:
+            if time.monotonic() - self._loaded_at < self.ttl:  # another thread listed
+                return self._tree
             entries: dict[int, _Entry] = {ROOT: _Entry("/", True)}
             children: dict[int, dict[str, int]] = {ROOT: {}}
             for info in self.store.list():
@@ -140,11 +143,11 @@ class CheckpointTree(Tree):
                     if number not in entries:
                         entries[number] = _Entry(parent, True, 0, info.mtime)
                     child = parent
-            self._entries = entries
-            self._children = {k: sorted(v.items()) for k, v in children.items()}
-            self._access = {}
+            self._tree = (entries, {k: sorted(v.items()) for k, v in children.items()})
+            with self._lock:
+                self._access = {}
             self._loaded_at = time.monotonic()
-            return self._entries, self._children
+            return self._tree
 
     # -- content ---------------------------------------------------------------------------
 
