@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +115,20 @@ class AgentClient:
         if response.status_code != 200:
             raise AgentError(f"agent: {response.text}")
         return response.json()
+
+
+@contextmanager
+def answering_agent(socket_path: Path) -> Iterator[AgentClient | None]:
+    """The node agent's client if one answers on ``socket_path``, else None: the one place
+    a command decides between asking the agent and doing the work in its own process. A
+    socket without an agent behind it (one that died) counts as none."""
+    if not socket_path.exists():
+        yield None
+        return
+    with AgentClient(socket_path) as client:
+        try:
+            client.health()
+        except AgentUnavailable:
+            yield None
+            return
+        yield client

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-from bootseer.agents.client import AgentClient, AgentUnavailable
+from bootseer.agents.client import answering_agent
 from bootseer.agents.mountapi import ContainerMount, MountRequest
 from bootseer.agents.mounts import MountManager
 from bootseer.agents.timeline import StartRecord, Timeline, timeline_path
@@ -35,20 +35,15 @@ def node_mounts(config: Config) -> Iterator[Mounts]:
     """The agent (if one answers on ``agent.socket``), else a manager in this process whose
     starts go into the node's timeline file. An agent serving another store than
     ``config``'s is an error: its mounts would not be the images asked for."""
-    if config.agent.socket.exists():
-        client = AgentClient(config.agent.socket)
-        try:
-            health = client.health()
-        except AgentUnavailable:
-            client.__exit__(None, None, None)
-        else:
-            with client:
-                if health.get("store") != config.store:
-                    raise BootseerError(
-                        f"the node agent (socket {config.agent.socket}) serves the store "
-                        f"{health.get('store')}, not {config.store}: give the agent's store "
-                        f"(or none), or point agent.socket at another agent")
-                yield client
+    with answering_agent(config.agent.socket) as agent:
+        if agent is not None:
+            store = agent.health().get("store")
+            if store != config.store:
+                raise BootseerError(
+                    f"the node agent (socket {config.agent.socket}) serves the store {store}, "
+                    f"not {config.store}: give the agent's store (or none), or point "
+                    f"agent.socket at another agent")
+            yield agent
             return
     timeline = Timeline(timeline_path(config))
 

@@ -13,7 +13,7 @@ import logging
 
 import httpx
 
-from bootseer.agents.client import AgentClient, AgentUnavailable
+from bootseer.agents.client import answering_agent
 from bootseer.agents.timeline import StartRecord, Timeline, timeline_path
 from bootseer.config import Config
 from bootseer.errors import BootseerError
@@ -23,16 +23,14 @@ log = logging.getLogger(__name__)
 
 def report_start(config: Config, record: StartRecord) -> str | None:
     """Record ``record``; where it went ("agent" or "file"), None if nowhere."""
-    if config.agent.socket.exists():
-        try:
-            with AgentClient(config.agent.socket) as agent:
+    with answering_agent(config.agent.socket) as agent:
+        if agent is not None:
+            try:
                 agent.record_start(record)
-            return "agent"
-        except AgentUnavailable as exc:
-            log.info("%s; keeping the start's timeline locally", exc)
-        except (BootseerError, httpx.HTTPError) as exc:
-            log.warning("the agent did not take the start's timeline (%s); keeping it "
-                        "locally", exc)
+                return "agent"
+            except (BootseerError, httpx.HTTPError) as exc:
+                log.warning("the agent did not take the start's timeline (%s); keeping it "
+                            "locally", exc)
     try:
         timeline = Timeline(timeline_path(config))
         try:

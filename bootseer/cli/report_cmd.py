@@ -67,16 +67,14 @@ def report(app: AppContext, since: str, as_json: bool, png: Path | None) -> None
 
 
 def _load(app: AppContext, since: float) -> list[StartRecord]:
-    from bootseer.agents.client import AgentClient, AgentUnavailable
+    from bootseer.agents.client import answering_agent
     from bootseer.agents.timeline import Timeline, timeline_path
 
     cfg = app.loaded.config
-    if cfg.agent.socket.exists():
-        try:
-            with AgentClient(cfg.agent.socket) as agent:
-                return agent.starts(since)
-        except AgentUnavailable:
-            pass  # a dead agent's socket: the file has everything it recorded
+    with answering_agent(cfg.agent.socket) as agent:
+        if agent is not None:
+            return agent.starts(since)
+    # No agent (or a dead one's socket): the file has everything it recorded.
     path = timeline_path(cfg)
     if not path.exists():
         return []

@@ -124,18 +124,17 @@ def _print(summary: WarmSummary, cfg: Config, all_blocks: bool, warnings_only: b
 def _warm_via_agent(app: AppContext, request: WarmRequest, advance: Advance,
                     required: bool) -> WarmSummary | None:
     """The agent's summary, or None when no agent answers and it was not required."""
-    from bootseer.agents.client import AgentClient, AgentUnavailable
+    from bootseer.agents.client import answering_agent
 
     socket = app.loaded.config.agent.socket
-    try:
-        with AgentClient(socket) as client:
-            return client.warm(request, on_plan=advance.add_total, on_progress=advance)
-    except AgentUnavailable as exc:
-        if required:
-            raise BootseerError(f"{exc} (start one with `bootseer agent`, or drop --agent)")\
-                from exc
-        console.print(f"no agent answers on {socket}; warming in this process")
-        return None
+    with answering_agent(socket) as agent:
+        if agent is not None:
+            return agent.warm(request, on_plan=advance.add_total, on_progress=advance)
+    if required:
+        raise BootseerError(f"no agent answers on {socket} (start one with `bootseer agent`, "
+                            f"or drop --agent)")
+    console.print(f"no agent answers on {socket}; warming in this process")
+    return None
 
 
 @click.command()
