@@ -61,6 +61,7 @@ import uvloop
 from aiohttp import web
 
 from bootseer import __version__
+from bootseer.agents import fields, jobreport
 from bootseer.agents.metrics import AgentMetrics
 from bootseer.agents.mountapi import MountRequest
 from bootseer.agents.mounts import MountManager, MountMismatch, UnknownMount
@@ -106,6 +107,8 @@ class Agent:
         self._images: dict[str, tuple[LazyImage, int]] = {}
         self._lock = threading.Lock()
         self.timeline = Timeline(timeline_path(config))
+        self.node = fields.name(config.agent.node_name or socket.gethostname(),
+                                "agent.node_name", fields.COMPONENT)
         self._merging = threading.Lock()  # start records are merged one at a time
         self.metrics = AgentMetrics()
         self.gate = PriorityGate()  # demand reads > containers starting > warm requests
@@ -184,9 +187,16 @@ class Agent:
         return web.json_response(await self._run("query", self.mounts.list))
 
     def record(self, start: StartRecord) -> StartRecord:
-        """Merge ``start`` into the timeline and count what it added in the metrics."""
+        """Merge ``start`` into the timeline and count what it added in the metrics; a
+        start of a job is published for the job's report whenever it changed."""
         before, after = self._record(start)
         self.metrics.observe(before, after)
+        if after.job is not None and after != before:
+            try:
+                jobreport.publish(self.blobs.store, self.node, after)
+            except Exception as exc:  # a report must never fail a start
+                log.warning("could not publish start %s of job %s: %s", after.id, after.job,
+                            exc)
         return after
 
     async def record_start(self, request: web.Request) -> web.Response:

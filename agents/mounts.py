@@ -95,6 +95,9 @@ class _Mounted:
     failed: bool = False  # the server died and could not be replaced
     #: The FUSE server of each checkpoint mount, by name (``bootseer ckpt mount``).
     checkpoints: dict[str, _Server] = field(default_factory=dict)
+    #: The signal directory's mtime at the watcher's last look (not kept in state.json:
+    #: a new agent looks again, and a phase's first time wins).
+    signal_mtime: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"request": self.request.to_json(), "mount": self.mount.to_json(),
@@ -315,12 +318,29 @@ class MountManager:
             _reap(mounted.pid)
             alive = pid_alive(mounted.pid)
             self._claim(mounted, alive)
+            self._report_phases(mounted)
             if not alive and not mounted.failed:
                 self._replace_server(mounted)
             for name, server in list(mounted.checkpoints.items()):
                 _reap(server.pid)
                 if not pid_alive(server.pid) and not server.failed:
                     self._replace_checkpoint_server(mounted, name)
+
+    def _report_phases(self, mounted: _Mounted) -> None:
+        """Record the phases the workload marked since the last look (when the signal
+        directory changed), so a running start's timeline, and its job's report, show
+        them before the container exits."""
+        signal = self.root / mounted.request.key / "signal"
+        try:
+            mtime = signal.stat().st_mtime
+        except OSError:
+            return  # released meanwhile
+        if mtime == mounted.signal_mtime:
+            return
+        mounted.signal_mtime = mtime
+        phases = container_phases(signal, mounted.created, time.time())
+        if phases:
+            self._record(StartRecord(mounted.request.key, phases=phases))
 
     def _replace_checkpoint_server(self, mounted: _Mounted, name: str) -> None:
         """A checkpoint mount's server died: start one that takes its connection over.

@@ -140,6 +140,9 @@ class AgentConfig:
     socket: Path = field(default_factory=default_agent_socket)
     group: str = "bootseer"  # the socket's group (mode 0660), if the group exists
     metrics_listen: str = ""  # "host:port" to also serve /metrics on TCP; "" = socket only
+    #: This node's name in job reports (``jobs/<job>/starts/<node>/`` in the store); "":
+    #: the host name.
+    node_name: str = ""
 
 
 @dataclass

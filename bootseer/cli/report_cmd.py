@@ -48,9 +48,15 @@ def parse_since(text: str, now: float | None = None) -> float:
 @click.option("--json", "as_json", is_flag=True, help="Print the starts as JSON.")
 @click.option("--png", "png", type=click.Path(dir_okay=False, path_type=Path),
               help="Also draw the breakdown as a chart into this PNG file.")
+@click.option("--job", help="The whole job instead of this node: every node's latest start "
+                            "of JOB, as the nodes' agents published them to the store.")
 @pass_app
-def report(app: AppContext, since: str, as_json: bool, png: Path | None) -> None:
+def report(app: AppContext, since: str, as_json: bool, png: Path | None,
+           job: str | None) -> None:
     """Startup time per phase (image, environment, checkpoint, ready) of recent starts."""
+    if job is not None:
+        _report_job(app, job, as_json, png)
+        return
     starts = _load(app, parse_since(since))
     if as_json:
         click.echo(json.dumps([s.to_json() for s in starts], indent=2))
@@ -64,6 +70,52 @@ def report(app: AppContext, since: str, as_json: bool, png: Path | None) -> None
     if png is not None:
         draw(starts, png)
         console.print(f"chart written to {png}")
+
+
+def _report_job(app: AppContext, job: str, as_json: bool, png: Path | None) -> None:
+    """A job's latest restart across its nodes: who held it back, and in which phase."""
+    from bootseer.agents import jobreport
+
+    try:
+        starts = jobreport.load(app.store, job)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--job") from None
+    if not starts:
+        raise BootseerError(f"no node has published a start of job {job} to "
+                            f"{app.loaded.config.store} (node agents publish the starts of "
+                            f"containers labelled io.bootseer.job={job})")
+    summary = jobreport.summarize(job, starts)
+    if as_json:
+        click.echo(json.dumps(summary.to_json(), indent=2))
+    else:
+        Console(width=160).print(job_table(summary))
+    if png is not None:
+        restart = jobreport.latest_restart(starts)
+        draw([item.start for item in restart], png, [item.node for item in restart])
+        console.print(f"chart written to {png}")
+
+
+def job_table(summary) -> Table:  # jobreport.JobSummary
+    table = Table(title=f"job {summary.job}: {summary.nodes} nodes, latest restart "
+                        f"(seconds from the phase before)")
+    for name in ("", "p50", "p99", "max"):
+        table.add_column(name, justify="right" if name else "left")
+    rows = [(title, summary.phases.get(phase)) for phase, title in COLUMNS]
+    rows.append(("exited", summary.phases.get("exited")))
+    for title, spread in rows:
+        if spread is not None:
+            table.add_row(title, _seconds(spread.p50), _seconds(spread.p99),
+                          _seconds(spread.max))
+    if summary.startup is not None:
+        table.add_section()
+        table.add_row("startup", _seconds(summary.startup.p50), _seconds(summary.startup.p99),
+                      _seconds(summary.startup.max), style="bold")
+    table.add_section()
+    for laggard in summary.slowest:
+        title = dict(COLUMNS).get(laggard.slowest_phase, laggard.slowest_phase)
+        table.add_row(f"slow: {laggard.node}", "", "", _seconds(laggard.seconds))
+        table.add_row(f"  most in {title}", "", "", _seconds(laggard.phase_seconds))
+    return table
 
 
 def _load(app: AppContext, since: float) -> list[StartRecord]:
@@ -120,8 +172,9 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def draw(starts: list[StartRecord], path: Path) -> None:
-    """Stacked horizontal bars, one per start, one colour per phase."""
+def draw(starts: list[StartRecord], path: Path, labels: list[str] | None = None) -> None:
+    """Stacked horizontal bars, one per start, one colour per phase; each labelled with
+    its image and time, or with ``labels`` (a job's node names)."""
     try:
         import matplotlib
     except ImportError:
@@ -130,7 +183,8 @@ def draw(starts: list[StartRecord], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * max(1, len(starts))))
-    labels, shown = [], set()
+    names, shown = labels or [], set()
+    labels = []
     for row, s in enumerate(starts):
         parts, left = s.breakdown(), 0.0
         for number, (phase, title) in enumerate(COLUMNS):
@@ -142,7 +196,8 @@ def draw(starts: list[StartRecord], path: Path) -> None:
             shown.add(title)
             left += width
         began = time.localtime(min(s.phases.values(), default=0))
-        labels.append(f"{s.image or '?'} {time.strftime('%H:%M:%S', began)}")
+        labels.append(names[row] if names else
+                      f"{s.image or '?'} {time.strftime('%H:%M:%S', began)}")
     ax.set_yticks(range(len(starts)), labels)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the container was created")
