@@ -239,7 +239,11 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
                 argv or tuple(image_config.get("Cmd") or ()))
             if not command:
                 raise BootseerError(f"image {name} has no Cmd: give the command after --")
-            spec = oci.rewrite(bundle_config(mount.rootfs, command, DEFAULT_ENV), mount)
+            # As an engine does: the image's Env (filled in by the rewrite), and where it
+            # sets no PATH or HOME, the defaults.
+            spec = oci.rewrite(bundle_config(mount.rootfs, command, {}), mount)
+            spec["process"]["env"] = [f"{k}={v}" for k, v in
+                                      (DEFAULT_ENV | oci.env_map(spec)).items()]
             result = run_config(spec, timeout=timeout)
             exit_code = result.returncode
             ran = time.monotonic() - started
