@@ -1,0 +1,131 @@
+"""Bytes over shared links, at flow level: every active flow gets its max-min fair rate.
+
+A transfer of a restart (a node reading its hot pack from a DataNode, a checkpoint stripe,
+an image layer from the registry) is a :class:`Flow` of some bytes over a path of
+:class:`Link` s: the origin's uplink, the node's NIC, whatever lies between. Packets are
+not modelled; rates are. Whenever a flow starts or ends, every flow's rate is recomputed
+by progressive filling (the max-min fair allocation: raise all rates together, freeze the
+flows of each link that fills, go on with the rest), which is what TCP flows sharing
+bottlenecks converge to, and what the lab's tc-capped links enforce.
+
+The event loop is SimPy's: ``yield network.transfer(bytes, path)`` from a SimPy process
+waits until those bytes have arrived. Times are seconds, sizes bytes, capacities bytes per
+second; no latency is modelled (the lab adds none either: its kernel has no netem).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+#: Bytes a flow may have left and still count as done (float rounding of rate × time).
+EPSILON = 1e-6
+
+
+@dataclass(eq=False)
+class Link:
+    """A capacity shared by the flows crossing it; counts the bytes it carried."""
+
+    name: str
+    capacity: float  # bytes per second
+    carried: float = 0.0
+
+
+@dataclass(eq=False)
+class Flow:
+    size: float
+    path: tuple[Link, ...]
+    done: simpy.Event
+    remaining: float = field(init=False)
+    rate: float = 0.0
+    started: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.remaining = self.size
+
+
+class Network:
+    """The flows in progress on a set of links, advanced by one SimPy process."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.flows: list[Flow] = []
+        self._changed = env.event()
+        self._updated = env.now
+        env.process(self._run())
+
+    def transfer(self, size: float, path: list[Link] | tuple[Link, ...]) -> simpy.Event:
+        """An event that fires when ``size`` bytes have crossed every link of ``path``."""
+        if size < 0 or not path or any(link.capacity <= 0 for link in path):
+            raise ValueError("a transfer has a size >= 0 and a path of links with capacity")
+        done = self.env.event()
+        if size == 0:
+            done.succeed(0.0)
+            return done
+        self._advance()
+        self.flows.append(Flow(float(size), tuple(path), done, started=self.env.now))
+        self._reallocate()
+        if not self._changed.triggered:
+            self._changed.succeed()
+        return done
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _run(self):
+        while True:
+            if not self.flows:
+                yield self._changed
+                self._changed = self.env.event()
+                continue
+            next_done = min(f.remaining / f.rate for f in self.flows)
+            yield self.env.timeout(next_done) | self._changed
+            if self._changed.triggered:
+                self._changed = self.env.event()
+            self._advance()
+            finished = [f for f in self.flows if f.remaining <= EPSILON * max(1.0, f.size)]
+            if finished:
+                self.flows = [f for f in self.flows if f not in finished]
+                for flow in finished:
+                    flow.done.succeed(self.env.now - flow.started)
+                self._reallocate()
+
+    def _advance(self) -> None:
+        """Move every flow on by its rate since the last change."""
+        elapsed = self.env.now - self._updated
+        self._updated = self.env.now
+        if elapsed <= 0:
+            return
+        for flow in self.flows:
+            moved = min(flow.remaining, flow.rate * elapsed)
+            flow.remaining -= moved
+            for link in flow.path:
+                link.carried += moved
+
+    def _reallocate(self) -> None:
+        for flow, rate in max_min_rates(self.flows).items():
+            flow.rate = rate
+
+
+def max_min_rates(flows: list[Flow]) -> dict[Flow, float]:
+    """The max-min fair rate of every flow (progressive filling)."""
+    rates = {flow: 0.0 for flow in flows}
+    active = set(flows)
+    spare = {link: link.capacity for flow in flows for link in flow.path}
+    while active:
+        # All active flows rise together until a link fills: the smallest spare capacity
+        # per active flow crossing it.
+        crossing: dict[Link, int] = {}
+        for flow in active:
+            for link in flow.path:
+                crossing[link] = crossing.get(link, 0) + 1
+        step = min(spare[link] / n for link, n in crossing.items())
+        for flow in active:
+            rates[flow] += step
+            for link in flow.path:
+                spare[link] -= step
+        # Flows crossing a full link keep their rate; the rest rise further. (At least one
+        # link is full after each step, so this ends; rounding cannot stall it.)
+        full = {link for link in crossing if spare[link] <= EPSILON * link.capacity}
+        active = {flow for flow in active if not full.intersection(flow.path)}
+    return rates
