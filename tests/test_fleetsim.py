@@ -70,3 +70,31 @@ def test_bad_transfers_are_refused() -> None:
         network.transfer(1, [])
     with pytest.raises(ValueError):
         network.transfer(1, [Link("dead", 0)])
+
+
+def test_a_restart_of_one_node_reproduces_the_start_it_was_calibrated_from() -> None:
+    from bootseer_dev.fleetsim.restart import Fleet, Origin, Phase, simulate
+
+    link = 50 * MB
+    phases = [Phase.calibrated("image_ready", 5.0, 100 * MB, "hdfs", link),
+              Phase.calibrated("env_ready", 3.0, 50 * MB, "hdfs", link),
+              Phase.calibrated("ready", 1.0, 0, "hdfs", link)]
+    assert [p.seconds for p in phases] == [pytest.approx(3.0), pytest.approx(2.0), 1.0]
+    fleet = Fleet(1, nic_rate=link, origins=(Origin("hdfs", 1, 1000 * MB),))
+    (times,) = simulate(fleet, phases).phases
+    assert times == {"image_ready": pytest.approx(5.0), "env_ready": pytest.approx(8.0),
+                     "ready": pytest.approx(9.0)}
+
+
+@pytest.mark.parametrize("nodes", [1, 4, 64])
+def test_nodes_share_one_origin_and_striped_reads_balance_many(nodes: int) -> None:
+    from bootseer_dev.fleetsim.restart import Fleet, Origin, Phase, simulate
+
+    one = Fleet(nodes, 1000 * MB, (Origin("registry", 1, 50 * MB),))
+    outcome = simulate(one, [Phase("image_ready", 2.0, 10 * MB, "registry")])
+    assert outcome.ready() == [pytest.approx(2.0 + nodes * 10 / 50)] * nodes
+    many = Fleet(nodes, 1000 * MB, (Origin("hdfs", 4, 25 * MB),))
+    outcome = simulate(many, [Phase("ready", 0.0, 100 * MB, "hdfs", spread=4)])
+    assert outcome.summary()["max_s"] == pytest.approx(nodes * 100 / 100)
+    assert outcome.summary()["origin_max_over_mean"] == pytest.approx(1.0)
+    assert sum(outcome.served["hdfs"]) == pytest.approx(nodes * 100 * MB)
