@@ -45,12 +45,14 @@ class NodeStart:
 
 
 def key(job: str, node: str, start_id: str) -> str:
-    return posixpath.join(_job_dir(job), node, f"{start_id}.json")
+    return posixpath.join(job_dir(job), "starts", node, f"{start_id}.json")
 
 
-def _job_dir(job: str) -> str:
-    """Where a job's starts go: its name quoted (HDFS names cannot hold ``:``)."""
-    return posixpath.join(PREFIX, quote(job, safe="._-"), "starts")
+def job_dir(job: str) -> str:
+    """Where a job's records go in the store: its name quoted (HDFS names cannot hold
+    ``:``)."""
+    fields.name(job, "job", fields.JOB)
+    return posixpath.join(PREFIX, quote(job, safe="._-"))
 
 
 def publish(store: Store, node: str, start: StartRecord) -> str | None:
@@ -67,7 +69,7 @@ def load(store: Store, job: str) -> list[NodeStart]:
     """Every start published for ``job``, by node."""
     fields.name(job, "job", fields.JOB)
     found: list[NodeStart] = []
-    prefix = _job_dir(job) + "/"
+    prefix = job_dir(job) + "/starts/"
     for info in store.list(prefix):
         node, _, name = info.key[len(prefix):].partition("/")
         if not name.endswith(".json") or "/" in name:

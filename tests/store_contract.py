@@ -263,6 +263,21 @@ class StoreContract:
             store.delete("no/such/key")
         assert not store.exists("no/such/key")
 
+    def test_replication_is_set_where_the_store_has_it(self, store: Store) -> None:
+        with pytest.raises(FileNotFoundError):
+            store.replication("no/such")
+        with pytest.raises(FileNotFoundError):
+            store.set_replication("no/such", 2)
+        store.put("replicated", b"x" * 1000)
+        if store.replication("replicated") is None:  # one local copy: nothing to spread
+            assert store.set_replication("replicated", 3) is False
+            return
+        assert store.set_replication("replicated", 2) is True
+        assert store.replication("replicated") == 2
+        assert store.set_replication("replicated", 1) and store.replication("replicated") == 1
+        with pytest.raises(ValueError):
+            store.set_replication("replicated", 0)
+
     def test_create_only_publish(self, store: Store) -> None:
         store.put("a/b", b"first", overwrite=False)
         with pytest.raises(FileExistsError):

@@ -72,6 +72,7 @@ def _register_commands() -> None:
     from bootseer.cli.config_cmd import config
     from bootseer.cli.env_cmd import env
     from bootseer.cli.image_cmd import image
+    from bootseer.cli.job_cmd import job
     from bootseer.cli.report_cmd import report
     from bootseer.cli.store_cmd import store
     from bootseer.cli.warm_cmd import ready, warm
@@ -81,6 +82,7 @@ def _register_commands() -> None:
     cli.add_command(config)
     cli.add_command(env)
     cli.add_command(image)
+    cli.add_command(job)
     cli.add_command(ready)
     cli.add_command(report)
     cli.add_command(store)

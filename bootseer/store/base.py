@@ -214,6 +214,19 @@ class Store(ABC):
         then only root may read what Bootseer copies or mounts from it."""
         return None
 
+    def replication(self, key: str) -> int | None:
+        """How many copies of ``key``'s blocks the backend keeps (HDFS), or None where it
+        has no such notion."""
+        self.stat(key)  # a missing key is FileNotFoundError everywhere
+        return None
+
+    def set_replication(self, key: str, replicas: int) -> bool:
+        """Keep ``replicas`` copies of ``key``'s blocks, so that many readers spread over
+        as many servers (HDFS: ``setReplication``; the NameNode copies in the background).
+        False where the store has nothing to spread (one local copy)."""
+        self.stat(key)
+        return False
+
     def block_size(self, key: str) -> int | None:
         """The backend's block size for ``key`` (HDFS), or None where there are no blocks.
 

@@ -59,6 +59,10 @@ class PathInfo:
     block_size: int | None = None
 
 
+#: HDFS's own ceiling (``dfs.replication.max``, default 512).
+MAX_REPLICAS = 512
+
+
 class HadoopStyleStore(Store):
     """A :class:`Store` rooted at a directory of a Hadoop-compatible file system."""
 
@@ -108,6 +112,14 @@ class HadoopStyleStore(Store):
     def _fs_walk(self, path: str) -> Iterator[PathInfo]:
         """Every file below ``path``, recursively (nothing if ``path`` does not exist)."""
 
+    @abstractmethod
+    def _fs_replication(self, path: str) -> int | None:
+        """The replication factor of file ``path``; None if it does not exist."""
+
+    @abstractmethod
+    def _fs_set_replication(self, path: str, replicas: int) -> bool:
+        """Set the replication factor of file ``path``; False if it does not exist."""
+
     # -- the Store surface --------------------------------------------------------------------
 
     def _path(self, key: str) -> str:
@@ -118,6 +130,19 @@ class HadoopStyleStore(Store):
         if info is None or info.is_dir:
             raise FileNotFoundError(f"no object {key!r} in the store {self.url}")
         return ObjectInfo(key, info.size, info.mtime)
+
+    def replication(self, key: str) -> int | None:
+        replicas = self._fs_replication(self._path(key))
+        if replicas is None:
+            raise FileNotFoundError(f"no object {key!r} in the store {self.url}")
+        return replicas
+
+    def set_replication(self, key: str, replicas: int) -> bool:
+        if not 1 <= replicas <= MAX_REPLICAS:
+            raise ValueError(f"replication {replicas}: give 1 to {MAX_REPLICAS}")
+        if not self._fs_set_replication(self._path(key), replicas):
+            raise FileNotFoundError(f"no object {key!r} in the store {self.url}")
+        return True
 
     def access(self, key: str) -> Access:
         """HDFS's own permissions (owner, group, mode, and search permission on every

@@ -104,6 +104,12 @@ class HdfsStore(HadoopStyleStore):
     def _fs_rename(self, src: str, dst: str) -> bool:
         return self._libhdfs.rename(src, dst)
 
+    def _fs_replication(self, path: str) -> int | None:
+        return self._libhdfs.replication(path)
+
+    def _fs_set_replication(self, path: str, replicas: int) -> bool:
+        return self._libhdfs.set_replication(path, replicas)
+
     def _fs_delete(self, path: str) -> bool:
         # libhdfs reports a missing path as EIO, not ENOENT: look before deleting.
         if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
@@ -146,9 +152,9 @@ class _FileInfo(ctypes.Structure):
 
 
 class _Libhdfs:
-    """The two libhdfs calls pyarrow does not expose: a non-clobbering ``hdfsRename`` and
-    ``hdfsGetPathInfo`` (for the block size and permissions), on the libhdfs and JVM
-    pyarrow loaded."""
+    """The libhdfs calls pyarrow does not expose: a non-clobbering ``hdfsRename``,
+    ``hdfsGetPathInfo`` (block size, permissions, replication) and ``hdfsSetReplication``,
+    on the libhdfs and JVM pyarrow loaded."""
 
     _lib: ctypes.CDLL | None = None
     _lock = threading.Lock()
@@ -173,6 +179,9 @@ class _Libhdfs:
                 lib.hdfsRename.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p]
                 lib.hdfsGetPathInfo.restype = ctypes.POINTER(_FileInfo)
                 lib.hdfsGetPathInfo.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+                lib.hdfsSetReplication.restype = ctypes.c_int
+                lib.hdfsSetReplication.argtypes = [ctypes.c_void_p, ctypes.c_char_p,
+                                                   ctypes.c_int16]
                 lib.hdfsFreeFileInfo.restype = None
                 lib.hdfsFreeFileInfo.argtypes = [ctypes.POINTER(_FileInfo), ctypes.c_int]
                 cls._lib = lib
@@ -189,6 +198,18 @@ class _Libhdfs:
             return info.contents.block_size or None
         finally:
             self._lib_handle.hdfsFreeFileInfo(info, 1)
+
+    def replication(self, path: str) -> int | None:
+        info = self._lib_handle.hdfsGetPathInfo(self._fs, path.encode())
+        if not info:
+            return None
+        try:
+            return int(info.contents.replication)
+        finally:
+            self._lib_handle.hdfsFreeFileInfo(info, 1)
+
+    def set_replication(self, path: str, replicas: int) -> bool:
+        return self._lib_handle.hdfsSetReplication(self._fs, path.encode(), replicas) == 0
 
     def perm(self, path: str) -> Perm | None:
         info = self._lib_handle.hdfsGetPathInfo(self._fs, path.encode())

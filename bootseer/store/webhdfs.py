@@ -71,6 +71,19 @@ class WebHdfsStore(HadoopStyleStore):
         status = self.client.status(path, strict=False)
         return None if status is None else _path_info(path, status)
 
+    def _fs_replication(self, path: str) -> int | None:
+        status = self.client.status(path, strict=False)
+        return None if status is None or status["type"] != "FILE" else int(status["replication"])
+
+    def _fs_set_replication(self, path: str, replicas: int) -> bool:
+        if self._fs_replication(path) is None:  # HdfsCLI checks too, with a vaguer error
+            return False
+        try:
+            self.client.set_replication(path, replicas)
+        except HdfsError as exc:
+            raise OSError(f"{self.url}: setting the replication of {path}: {exc}") from exc
+        return True
+
     def _fs_perm(self, path: str) -> Perm | None:
         status = self.client.status(path, strict=False)
         if status is None:
