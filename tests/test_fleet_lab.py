@@ -125,10 +125,10 @@ def test_each_agent_runs_and_answers_in_its_node_namespace(lab) -> None:
     for i, rec in enumerate(lab.state.agents):
         node = lab.spec.node(i)
         assert os.stat(f"/proc/{rec.pid}/ns/net").st_ino == netns.inode(node.netns)
-        pid = _in_node(lab, i, "import sys; from pathlib import Path; "
+        # As a client on node i finds it: through the node's config (BOOTSEER_CONFIG).
+        pid = _in_node(lab, i, "from bootseer.config import load_config; "
                        "from bootseer.agents.client import AgentClient; "
-                       "print(AgentClient(Path(sys.argv[1])).health()['pid'])",
-                       str(lab.node_files(i).socket))
+                       "print(AgentClient(load_config().config.agent.socket).health()['pid'])")
         assert int(pid) == rec.pid
 
 

@@ -182,8 +182,10 @@ class Lab:
 
     def run(self, i: int, argv: list[str], timeout: float = 300,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        """argv in node i's network namespace, with the store's client environment."""
-        full_env = agent_env(self.client_env()) | (env or {})
+        """argv "on node i": in its network namespace, with the store's client
+        environment and the node's config (BOOTSEER_CONFIG: its store, cache, agent)."""
+        full_env = agent_env(self.client_env()) | {
+            "BOOTSEER_CONFIG": str(self.node_files(i).config)} | (env or {})
         return subprocess.run([*netns.enter_argv(self.spec.node(i).netns), *argv],
                               capture_output=True, text=True, timeout=timeout, env=full_env,
                               stdin=subprocess.DEVNULL)
