@@ -200,6 +200,10 @@ def test_down_leaves_nothing_even_after_a_node_process_was_killed(lab) -> None:
     # A process the lab did not record (as a container would be) in node 1's namespace.
     stray = subprocess.Popen([*netns.enter_argv(lab.spec.node(1).netns), "sleep", "600"],
                              start_new_session=True)
+    # A mount in a node's cache dir (as a container's lazy root would be).
+    mount_point = lab.node_files(0).cache_dir / "containers" / "c1"
+    mount_point.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "fleet-test", mount_point], check=True)
     assert lab.down()
     stray.wait(timeout=10)
     _assert_nothing_left(before, lab.spec.state_dir, inodes)
