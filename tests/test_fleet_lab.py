@@ -6,12 +6,15 @@ Starts HDFS (in the lab's own namespaces, on base port 19500): run it under
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +22,13 @@ import pytest
 from conftest import IN_CI
 
 from bootseer_dev import netns
-from bootseer_dev.fleet import Lab, LabSpec, shaping
+from bootseer_dev.fleet import Lab, LabSpec, index_dir, shaping
 from bootseer_dev.fleet.spec import METRICS_PORT
 
 #: The file a node reads from HDFS (several blocks of the lab's 1 MiB block size).
 FILE_SIZE = 6 << 20
+#: The payload of the wheel a node installs from the lab's index.
+PAYLOAD_SIZE = 2 << 20
 PY = sys.executable
 
 
@@ -122,8 +127,8 @@ def test_every_link_is_capped_both_ways(lab) -> None:
 
 def test_each_agent_runs_and_answers_in_its_node_namespace(lab) -> None:
     lab, _, _ = lab
-    for i, rec in enumerate(lab.state.agents):
-        node = lab.spec.node(i)
+    for i in range(lab.spec.nodes):
+        rec, node = lab.agent_record(i), lab.spec.node(i)
         assert os.stat(f"/proc/{rec.pid}/ns/net").st_ino == netns.inode(node.netns)
         # As a client on node i finds it: through the node's config (BOOTSEER_CONFIG).
         pid = _in_node(lab, i, "from bootseer.config import load_config; "
@@ -185,6 +190,50 @@ def test_hdfs_read_passes_the_node_and_datanode_caps(lab) -> None:
     assert after["node-0"][1] - before["node-0"][1] < 256 * 1024  # node 0 read nothing
 
 
+def _wheel(directory: Path, payload: bytes) -> Path:
+    """A minimal, valid pure-Python wheel "fleetdemo" 1.0 carrying payload."""
+    files = {"fleetdemo/__init__.py": b"", "fleetdemo/payload.bin": payload,
+             "fleetdemo-1.0.dist-info/METADATA":
+                 b"Metadata-Version: 2.1\nName: fleetdemo\nVersion: 1.0\n",
+             "fleetdemo-1.0.dist-info/WHEEL":
+                 b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                 b"Tag: py3-none-any\n"}
+    def digest(data: bytes) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+    record = "".join(f"{name},sha256={digest(data)},{len(data)}\n"
+                     for name, data in files.items()) + "fleetdemo-1.0.dist-info/RECORD,,\n"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "fleetdemo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as whl:  # stored: the payload's bytes cross the link
+        for name, data in files.items():
+            whl.writestr(name, data)
+        whl.writestr("fleetdemo-1.0.dist-info/RECORD", record)
+    return path
+
+
+def test_origins_serve_nodes_through_their_caps(lab, tmp_path) -> None:
+    lab, _, _ = lab
+    get = ("import sys, urllib.request as u; o = u.build_opener(u.ProxyHandler({})); "
+           "print(o.open(sys.argv[1], timeout=10).status)")
+    assert _in_node(lab, 0, get, f"http://{lab.spec.registry_address}/v2/") == "200"
+    payload = os.urandom(PAYLOAD_SIZE)
+    _wheel(index_dir(lab.spec) / "simple" / "fleetdemo", payload)
+    before = lab.link_bytes("index"), lab.link_bytes("node-1")
+    # --isolated: no pip.conf or PIP_* from this machine (find-links elsewhere).
+    result = lab.run(1, [PY, "-m", "pip", "--isolated", "install", "--no-deps",
+                         "--no-cache-dir", "--disable-pip-version-check",
+                         "--index-url", lab.spec.index_url,
+                         "--trusted-host", lab.spec.index.address,
+                         "--target", str(tmp_path / "site"), "fleetdemo"], timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    after = lab.link_bytes("index"), lab.link_bytes("node-1")
+    assert (tmp_path / "site" / "fleetdemo" / "payload.bin").read_bytes() == payload
+    index_out, node_in = after[0][0] - before[0][0], after[1][1] - before[1][1]
+    assert PAYLOAD_SIZE <= index_out and PAYLOAD_SIZE <= node_in <= PAYLOAD_SIZE * 1.1, \
+        (index_out, node_in)
+
+
 def test_status_reports_caps_agents_and_scale_down(lab) -> None:
     lab, _, _ = lab
     st = lab.status()
@@ -196,7 +245,7 @@ def test_status_reports_caps_agents_and_scale_down(lab) -> None:
 
 def test_down_leaves_nothing_even_after_a_node_process_was_killed(lab) -> None:
     lab, before, inodes = lab
-    os.kill(lab.state.agents[0].pid, signal.SIGKILL)
+    os.kill(lab.agent_record(0).pid, signal.SIGKILL)
     # A process the lab did not record (as a container would be) in node 1's namespace.
     stray = subprocess.Popen([*netns.enter_argv(lab.spec.node(1).netns), "sleep", "600"],
                              start_new_session=True)

@@ -3,7 +3,8 @@
 Bootseer exists for jobs that restart on many nodes at once against one store; this lab
 puts that on one machine. Each node is a network namespace with a capped veth to a lab
 switch and a node agent of its own; each HDFS server (NameNode, DataNodes) is a namespace
-too, every DataNode with a cap of its own. All addresses are in 198.18.0.0/15 and nothing
+too, every DataNode with a cap of its own, and so are the baselines' origins (a
+docker-registry and a wheel index), each capped. All addresses are in 198.18.0.0/15 and nothing
 routes out of it. See README.md beside this file.
 
     from bootseer_dev.fleet import Lab, LabSpec
@@ -18,7 +19,9 @@ Command line: python -m bootseer_dev.fleet up|status|down.
 
 from .lab import Lab, LabError, LabStatus, MemberStatus
 from .nodes import AgentStartError, NodeFiles
+from .origins import OriginStartError, index_dir
 from .spec import LAB_NET, LabSpec, LabSpecError, Member
 
 __all__ = ["LAB_NET", "AgentStartError", "Lab", "LabError", "LabSpec", "LabSpecError",
-           "LabStatus", "Member", "MemberStatus", "NodeFiles"]
+           "LabStatus", "Member", "MemberStatus", "NodeFiles", "OriginStartError",
+           "index_dir"]

@@ -20,11 +20,12 @@ from bootseer_dev.netns import NetnsError
 
 from .lab import Lab, LabError
 from .nodes import AgentStartError
+from .origins import OriginStartError
 from .spec import LabSpec, default_state_dir
 from .topology import TopologyError
 
-_ERRORS = (LabError, AgentStartError, ClusterError, LinkCapError, NetnsError, TopologyError,
-           ValueError)
+_ERRORS = (LabError, AgentStartError, ClusterError, LinkCapError, NetnsError,
+           OriginStartError, TopologyError, ValueError)
 
 state_dir_option = click.option(
     "--state-dir", type=click.Path(path_type=Path), default=None,
@@ -36,7 +37,8 @@ state_dir_option = click.option(
 def main(verbose: bool) -> None:
     """A multi-node lab on one machine (root): N emulated GPU nodes, each a network
     namespace with a tc-capped link and its own node agent, and an HDFS dev cluster whose
-    NameNode and DataNodes (each capped) live in namespaces of their own, all on one lab
+    NameNode and DataNodes (each capped), a docker-registry and a wheel index (each
+    capped) live in namespaces of their own, all on one lab
     switch in 198.18.0.0/15 with no route out. No added latency (no sch_netem here)."""
     log_to_stderr(verbose)
     if not verbose:  # one line per agent health check would drown the lab's own log
@@ -53,6 +55,10 @@ def main(verbose: bool) -> None:
               help="Each node's NIC cap, both directions (e.g. 25MB/s, 200mbit).")
 @click.option("--datanode-link", default="40MB/s", show_default=True,
               help="Each DataNode's link cap, both directions.")
+@click.option("--origins/--no-origins", default=True, show_default=True,
+              help="Also run a docker-registry and a wheel index, each on its own link.")
+@click.option("--origin-link", default="40MB/s", show_default=True,
+              help="The registry's and the index's link caps, both directions.")
 @click.option("--store", default="", help="The agents' store URL. Default: the lab's HDFS "
               "(hdfs://198.18.0.1:PORT/bootseer).")
 @click.option("--name", default="lab", show_default=True,
@@ -62,12 +68,13 @@ def main(verbose: bool) -> None:
 @click.option("--block-size", default="8m", show_default=True, help="HDFS block size.")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
               help="Seconds HDFS and the agents may take to come up.")
-def up(state_dir, nodes, datanodes, node_link, datanode_link, store, name, hdfs_base_port,
-       block_size, timeout) -> None:
+def up(state_dir, nodes, datanodes, node_link, datanode_link, origins, origin_link, store,
+       name, hdfs_base_port, block_size, timeout) -> None:
     """Build the lab and start its HDFS and agents (a failure takes down what was made)."""
     try:
         spec = LabSpec(nodes=nodes, datanodes=datanodes, node_link=parse_link(node_link),
-                       datanode_link=parse_link(datanode_link), name=name,
+                       datanode_link=parse_link(datanode_link), origins=origins,
+                       origin_link=parse_link(origin_link), name=name,
                        state_dir=state_dir or default_state_dir(),
                        hdfs_base_port=hdfs_base_port, block_size=parse_size(block_size),
                        store=store)

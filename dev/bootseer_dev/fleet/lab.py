@@ -1,12 +1,13 @@
 """A lab of N emulated GPU nodes and an HDFS dev cluster on one machine: up, status, down.
 
-`up` builds the network (`topology`), caps every node's and DataNode's link both ways
-(`shaping`), starts the dev cluster's NameNode and DataNodes each in its namespace on its
-lab address (`bootseer_dev.cluster` placed by ClusterSpec.netns), then one node agent per
-node (`nodes`). Everything is recorded in the state dir as it is made (`state`); a
-failure half-way takes down what was made. `down` removes exactly what the record names,
-plus whatever process still runs in one of the lab's namespaces (a FUSE server an agent
-started, a container): nothing else can be in namespaces the lab created.
+`up` builds the network (`topology`), caps every node's, DataNode's and origin's link
+both ways (`shaping`), starts the dev cluster's NameNode and DataNodes each in its
+namespace on its lab address (`bootseer_dev.cluster` placed by ClusterSpec.netns), the
+registry and the wheel index (`origins`), then one node agent per node (`nodes`).
+Everything is recorded in the state dir as it is made (`state`); a failure half-way takes
+down what was made. `down` removes exactly what the record names, plus whatever process
+still runs in one of the lab's namespaces (a FUSE server an agent started, a container):
+nothing else can be in namespaces the lab created.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from pathlib import Path
 
 from bootseer_dev import netns
 from bootseer_dev.cluster import Cluster, ClusterSpec, ClusterStatus
-from bootseer_dev.cluster.process import is_alive_and_ours, terminate
+from bootseer_dev.cluster.process import ProcessRecord, is_alive_and_ours, terminate
 from bootseer_dev.cluster.units import format_rate
 
 from . import shaping, topology
 from .nodes import NodeFiles, agent_env, agent_health, start_agents
+from .origins import start_origins
 from .spec import LabSpec, Member
 from .state import Iface, LabState
 
@@ -66,6 +68,7 @@ class LabStatus:
     name: str
     state_dir: str
     store: str
+    origins: str                  # "registry ADDR, index URL" or "none"
     scale_down: str
     members: list[MemberStatus] = field(default_factory=list)
     hdfs: ClusterStatus | None = None
@@ -79,6 +82,7 @@ class LabStatus:
         lines = [f"lab       : {self.name} ({'healthy' if self.healthy else 'NOT healthy'}), "
                  f"state {self.state_dir}",
                  f"store     : {self.store}",
+                 f"origins   : {self.origins}",
                  f"scale-down: {self.scale_down}",
                  "no latency: this kernel lacks sch_netem; links are rate caps only"]
         for m in self.members:
@@ -161,6 +165,13 @@ class Lab:
         cluster = self.cluster
         return cluster.env() if cluster else {}
 
+    def agent_record(self, i: int) -> ProcessRecord:
+        """The record of node i's agent (its pid)."""
+        for rec in self.state.processes:
+            if rec.role == f"agent-n{i}":
+                return rec
+        raise LabError(f"no agent of node {i} is recorded")
+
     def node_files(self, i: int) -> NodeFiles:
         return NodeFiles.of(self.spec, i)
 
@@ -214,6 +225,8 @@ class Lab:
                 self.state.hdfs_state = str(cluster.state_dir)
                 self.state.save()
                 cluster.start(timeout_s=timeout_s)
+            if self.spec.origins:
+                start_origins(self.spec, self.state, timeout_s)
             start_agents(self.spec, self.state, agent_env(self.client_env()), timeout_s)
         except BaseException:
             log.error("lab %s did not come up; taking down what was made", self.spec.name)
@@ -230,7 +243,7 @@ class Lab:
         state = LabState.load(self.state.path)
         if not self.state.path.is_file():
             return False
-        for rec in state.agents:
+        for rec in state.processes:
             terminate(rec)
         if state.hdfs_state and (Path(state.hdfs_state) / "spec.json").is_file():
             Cluster.from_state_dir(state.hdfs_state).stop()
@@ -259,8 +272,10 @@ class Lab:
     # ------------------------------------------------------------------ status
     def status(self) -> LabStatus:
         st = LabStatus(name=self.spec.name, state_dir=str(self.spec.state_dir),
-                       store=self.spec.store_url(), scale_down=self.spec.scale_down())
-        agents = {rec.role: rec for rec in self.state.agents}
+                       store=self.spec.store_url(), scale_down=self.spec.scale_down(),
+                       origins=(f"registry {self.spec.registry_address}, index "
+                                f"{self.spec.index_url}" if self.spec.origins else "none"))
+        agents = {rec.role: rec for rec in self.state.processes}
         for member in self.spec.members():
             ms = MemberStatus(role=member.role, netns=member.netns, address=member.address,
                               cap=str(member.cap) if member.cap else "none",

@@ -108,7 +108,7 @@ def start_agents(spec: LabSpec, state: LabState, env: dict[str, str],
                 "--config", str(files.config), "agent", "--socket", str(files.socket)]
         # The socket path names this lab's node: it is the marker that proves a pid ours.
         rec = launch(f"agent-n{i}", argv, files.log, str(files.socket), env=env)
-        state.add(state.agents, rec)
+        state.add(state.processes, rec)
         started.append((files, rec))
     deadline = time.monotonic() + timeout_s
     for files, rec in started:

@@ -2,8 +2,9 @@
 
 Every address comes from 198.18.0.0/15, the range RFC 2544 reserves for benchmarking, as
 one layer-2 segment (the lab switch): the NameNode at 198.18.0.1, DataNode j at
-198.18.1.(j+1), node i at 198.19.0.0 + i + 1. Each member's only route is that /15 on its
-one link, so no packet can leave the lab.
+198.18.1.(j+1), the registry at 198.18.2.1 and the wheel index at 198.18.2.2 (the
+baselines' origins), node i at 198.19.0.0 + i + 1. Each member's only route is that /15
+on its one link, so no packet can leave the lab.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ LAB_NET = ipaddress.IPv4Network("198.18.0.0/15")
 _NAMENODE = ipaddress.IPv4Address("198.18.0.1")
 _DATANODES = ipaddress.IPv4Address("198.18.1.0")
 _NODES = ipaddress.IPv4Address("198.19.0.0")
+_REGISTRY = ipaddress.IPv4Address("198.18.2.1")
+_INDEX = ipaddress.IPv4Address("198.18.2.2")
+#: The origins' ports: docker-registry's usual one, and the wheel index's HTTP.
+REGISTRY_PORT = 5000
+INDEX_PORT = 8080
 MAX_DATANODES = 254
 MAX_NODES = 65000
 #: The production NIC the lab stands for (the issue's 25 Gb/s node NICs), in bytes/s.
@@ -61,6 +67,8 @@ class LabSpec:
     datanodes: int = 1
     node_link: LinkCap = field(default_factory=lambda: LinkCap(25e6))
     datanode_link: LinkCap = field(default_factory=lambda: LinkCap(40e6))
+    origins: bool = True     # a registry and a wheel index, each on its own capped link
+    origin_link: LinkCap = field(default_factory=lambda: LinkCap(40e6))
     name: str = "lab"
     state_dir: Path = field(default_factory=lambda: default_state_dir())
     hdfs_base_port: int = 9000
@@ -79,7 +87,7 @@ class LabSpec:
         if not self.name.isalnum() or len(self.name) > 8:
             raise LabSpecError(f"lab name {self.name!r}: 1-8 letters or digits (it prefixes "
                                "namespace names)")
-        for cap in (self.node_link, self.datanode_link):
+        for cap in (self.node_link, self.datanode_link, self.origin_link):
             if cap.delay_s:
                 raise LabSpecError("a link delay needs sch_netem, which this kernel lacks: "
                                    "give a rate only")
@@ -101,11 +109,31 @@ class LabSpec:
         return Member(f"node-{i}", f"bsl-{self.name}-n{i}", str(_NODES + i + 1), f"n{i}",
                       self.node_link)
 
+    @property
+    def registry(self) -> Member:
+        return Member("registry", f"bsl-{self.name}-reg", str(_REGISTRY), "reg",
+                      self.origin_link)
+
+    @property
+    def index(self) -> Member:
+        return Member("index", f"bsl-{self.name}-idx", str(_INDEX), "idx", self.origin_link)
+
     def members(self) -> list[Member]:
-        """Everything on the switch: the HDFS servers (if any), then the nodes."""
+        """Everything on the switch: the HDFS servers and origins (if any), the nodes."""
         store = [self.namenode, *map(self.datanode, range(self.datanodes))] \
             if self.datanodes else []
-        return store + [self.node(i) for i in range(self.nodes)]
+        origins = [self.registry, self.index] if self.origins else []
+        return store + origins + [self.node(i) for i in range(self.nodes)]
+
+    @property
+    def registry_address(self) -> str:
+        """``host:port`` of the lab's registry (plain HTTP: engines call it insecure)."""
+        return f"{self.registry.address}:{REGISTRY_PORT}"
+
+    @property
+    def index_url(self) -> str:
+        """The lab's wheel index, for ``pip install --index-url``."""
+        return f"http://{self.index.address}:{INDEX_PORT}/simple/"
 
     def store_url(self) -> str:
         if self.store:
@@ -129,12 +157,13 @@ class LabSpec:
     def to_json(self) -> str:
         data = asdict(self)
         data.update(state_dir=str(self.state_dir), node_link=self.node_link.to_json(),
-                    datanode_link=self.datanode_link.to_json())
+                    datanode_link=self.datanode_link.to_json(),
+                    origin_link=self.origin_link.to_json())
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> LabSpec:
         data = json.loads(text)
-        for key in ("node_link", "datanode_link"):
+        for key in ("node_link", "datanode_link", "origin_link"):
             data[key] = LinkCap.from_json(data[key])
         return cls(**data)

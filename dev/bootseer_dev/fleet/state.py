@@ -34,7 +34,7 @@ class LabState:
     namespaces: list[str] = field(default_factory=list)
     links: list[Iface] = field(default_factory=list)     # veths (one end each) and bridges
     qdiscs: list[Iface] = field(default_factory=list)    # root htb qdiscs we added
-    agents: list[ProcessRecord] = field(default_factory=list)
+    processes: list[ProcessRecord] = field(default_factory=list)  # agents, origins
     hdfs_state: str | None = None                        # the dev cluster's state dir
     mount_roots: list[str] = field(default_factory=list)  # dirs the agents mount under
 
@@ -54,7 +54,7 @@ class LabState:
         return cls(path=path, namespaces=list(data["namespaces"]),
                    links=[Iface(**i) for i in data["links"]],
                    qdiscs=[Iface(**i) for i in data["qdiscs"]],
-                   agents=[ProcessRecord(**r) for r in data["agents"]],
+                   processes=[ProcessRecord(**r) for r in data["processes"]],
                    hdfs_state=data["hdfs_state"], mount_roots=list(data["mount_roots"]))
 
     def add(self, items: list, item) -> None:
