@@ -234,6 +234,29 @@ def test_origins_serve_nodes_through_their_caps(lab, tmp_path) -> None:
         (index_out, node_in)
 
 
+def test_a_container_starts_on_a_node_through_its_agent_and_runc(lab) -> None:
+    from bootseer.agents.client import AgentClient
+    from bootseer_dev.image import build_image
+
+    lab, _, _ = lab
+    bootseer = [PY, "-m", "bootseer"]
+    convert = lab.run(0, [*bootseer, "image", "convert", str(build_image(with_python=True)),
+                          "--name", "py"])
+    assert convert.returncode == 0, convert.stderr[-3000:]
+    before = lab.link_bytes("node-1")
+    run = lab.run(1, [*bootseer, "image", "run", "--job", "lab-job", "py", "--",
+                      "python3", "-c", "print(6 * 7)"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[0] == "42"
+    node_in = lab.link_bytes("node-1")[1] - before[1]
+    with AgentClient(lab.node_files(1).socket) as client:
+        (start,) = client.starts()
+    assert (start.job, start.image, start.runtime) == ("lab-job", "py", "bootseer-image-run")
+    fetched = start.detail["image"]["bytes_fetched"]
+    # The image's blocks came from the lab's HDFS through node 1's ingress cap.
+    assert 0 < fetched <= node_in, (fetched, node_in)
+
+
 def test_status_reports_caps_agents_and_scale_down(lab) -> None:
     lab, _, _ = lab
     st = lab.status()
