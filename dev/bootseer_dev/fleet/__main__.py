@@ -91,7 +91,11 @@ def up(state_dir, nodes, datanodes, node_link, datanode_link, origins, origin_li
 def status(state_dir, as_json) -> None:
     """Members, caps, bytes through each cap, agents, HDFS. Exit 1 if unhealthy."""
     try:
-        st = Lab.attach(state_dir or default_state_dir()).status()
+        lab = Lab.attach(state_dir or default_state_dir())
+        if not lab.state.path.is_file():
+            click.echo(f"the lab in {lab.spec.state_dir} is down")
+            sys.exit(1)
+        st = lab.status()
     except _ERRORS as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps(asdict(st) | {"healthy": st.healthy}, indent=2) if as_json
