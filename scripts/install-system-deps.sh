@@ -16,7 +16,10 @@ PACKAGES=(
   libjsr311-api-java
   libjaxb-java
   libjettison-java
-  iproute2                       # tc: per-DataNode link caps on lo (--link)
+  iproute2                       # tc: per-DataNode link caps on lo (--link); the fleet
+                                 # lab's ip netns, veths, bridge and htb caps
+  # bootseer_dev.fleet: the multi-node lab (nsenter comes with util-linux, essential)
+  procps                         # sysctl in each lab namespace (IPv6 off: IPv4 lab only)
   # FUSE mounts: bootseer/fuse speaks the protocol itself (no libfuse); fuse3 brings
   # fusermount3, which mounts for users without CAP_SYS_ADMIN.
   fuse3

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Dockerd", "EngineUnavailable", "Registry", "deployed_daemon_config", "free_port",
-           "start_agent"]
+           "registry_config", "start_agent"]
 
 #: Seconds a component may take to answer after it was started.
 START_TIMEOUT = 60.0
@@ -84,6 +84,17 @@ def _stop(proc: subprocess.Popen, timeout: float) -> None:
         proc.wait()
 
 
+def registry_config(root: Path, addr: str) -> Path:
+    """``root/config.yml`` for a docker-registry with its filesystem store in
+    ``root/data``, serving plain HTTP on ``addr`` (``host:port``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    config = root / "config.yml"
+    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n"
+                      f"    rootdirectory: {root}/data\n"
+                      f"http:\n  addr: {addr}\n")
+    return config
+
+
 @dataclass
 class Registry:
     """docker-registry serving ``root/data`` over plain HTTP on 127.0.0.1:``port`` (Docker
@@ -95,12 +106,8 @@ class Registry:
 
     @classmethod
     def start(cls, root: Path) -> Registry:
-        root.mkdir(parents=True, exist_ok=True)
         port = free_port()
-        config = root / "config.yml"
-        config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n"
-                          f"    rootdirectory: {root}/data\n"
-                          f"http:\n  addr: 127.0.0.1:{port}\n")
+        config = registry_config(root, f"127.0.0.1:{port}")
         log = root / "registry.log"
         proc = _spawn(["docker-registry", "serve", str(config)], log)
 

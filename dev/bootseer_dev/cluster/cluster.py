@@ -1,5 +1,8 @@
 """Bring a real Apache Hadoop 2.7.3 HDFS cluster up and down on 127.0.0.1.
 
+(Or on other addresses, each server in a network namespace of its own, as the fleet lab
+places it: ClusterSpec.namenode_host, datanode_hosts and netns.)
+
 One NameNode and N DataNodes, each a JVM in its own process group with its log in the state
 dir. "Up" means what a client needs: the NameNode answers JMX and counts N live DataNodes.
 Every start formats a fresh, empty filesystem: the cluster is a test fixture, not a store
@@ -8,6 +11,7 @@ of record. Restarting a single DataNode (fault tests) keeps its blocks.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -24,6 +28,7 @@ from pathlib import Path
 
 from bootseer.filelock import file_lock
 
+from .. import netns
 from . import linkcap
 from .config import datanode_overrides, write_configs
 from .jars import ensure_jars, server_classpath
@@ -120,14 +125,17 @@ class BlockLocation:
     datanodes: tuple[int, ...]
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+def _port_free(port: int, host: str = "127.0.0.1", namespace: str | None = None) -> bool:
+    def bind() -> bool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+        return True
+
+    return netns.call_in(namespace, bind) if namespace else bind()
 
 
 class Cluster:
@@ -168,16 +176,16 @@ class Cluster:
 
     @property
     def namenode_rpc_url(self) -> str:
-        return f"hdfs://127.0.0.1:{self.spec.namenode_rpc_port}"
+        return f"hdfs://{self.spec.namenode_host}:{self.spec.namenode_rpc_port}"
 
     @property
     def webhdfs_url(self) -> str:
-        return f"webhdfs://127.0.0.1:{self.spec.namenode_http_port}"
+        return f"webhdfs://{self.spec.namenode_host}:{self.spec.namenode_http_port}"
 
     @property
     def namenode_http_url(self) -> str:
-        """http://127.0.0.1:PORT -- what hdfs.InsecureClient wants."""
-        return f"http://127.0.0.1:{self.spec.namenode_http_port}"
+        """http://HOST:PORT -- what hdfs.InsecureClient wants."""
+        return f"http://{self.spec.namenode_host}:{self.spec.namenode_http_port}"
 
     def log_path(self, role: str) -> Path:
         return self.log_dir / f"{role}.log"
@@ -201,8 +209,14 @@ class Cluster:
                 f"-Dhadoop.log.dir={self.log_dir}", f"-Dhadoop.home.dir={self.state_dir}",
                 marker_for(self.state_dir, role), "-cp", cp, main, *args]
 
+    def _in_netns(self, role: str) -> list[str]:
+        """The prefix that starts `role` in its network namespace (none on loopback)."""
+        name = self.spec.netns.get(role)
+        return netns.enter_argv(name) if name else []
+
     def _launch(self, role: str, main: str, args: list[str], heap_mb: int) -> ProcessRecord:
-        rec = launch(role, self._java(role, main, args, heap_mb), self.log_path(role),
+        rec = launch(role, self._in_netns(role) + self._java(role, main, args, heap_mb),
+                     self.log_path(role),
                      marker_for(self.state_dir, role), env=self._server_env())
         rec.save(self.pid_dir)
         return rec
@@ -220,8 +234,13 @@ class Cluster:
 
     # ----------------------------------------------------------------- JMX / health
     def _get_json(self, path: str, timeout: float = 2.0) -> dict:
-        with _HTTP.open(f"{self.namenode_http_url}{path}", timeout=timeout) as resp:
-            return json.loads(resp.read())
+        def get() -> dict:
+            with _HTTP.open(f"{self.namenode_http_url}{path}", timeout=timeout) as resp:
+                return json.loads(resp.read())
+
+        # In the lab the NameNode is reachable only from inside its network namespace.
+        name = self.spec.netns.get("namenode")
+        return netns.call_in(name, get) if name else get()
 
     def jmx(self, query: str = "Hadoop:service=NameNode,name=FSNamesystemState") -> dict:
         """The first bean matching `query` from the NameNode's /jmx servlet."""
@@ -305,6 +324,15 @@ class Cluster:
                 raise ClusterError(f"cluster not ready after {timeout_s:.0f}s ({last})\n{tails}")
             time.sleep(0.2)
 
+    def _role_ports(self) -> list[tuple[str, str, int]]:
+        """(role, host, port) of every port the cluster listens on."""
+        nn = [("namenode", self.spec.namenode_host, p)
+              for p in (self.spec.namenode_rpc_port, self.spec.namenode_http_port)]
+        dns = [(f"datanode-{i}", self.spec.datanode_host(i), p)
+               for i in range(self.spec.datanodes)
+               for p in dataclasses.astuple(self.spec.datanode_ports(i))]
+        return nn + dns
+
     # ----------------------------------------------------------------- start / stop
     def _running_records(self) -> list[ProcessRecord]:
         recs = []
@@ -352,9 +380,10 @@ class Cluster:
         elif self._tc_path.exists():
             linkcap.remove_link_cap(self._tc_path)
 
-        busy = [p for p in self.spec.all_ports() if not _port_free(p)]
+        busy = [f"{host}:{p}" for role, host, p in self._role_ports()
+                if not _port_free(p, host, self.spec.netns.get(role))]
         if busy:
-            raise ClusterError(f"ports {busy} on 127.0.0.1 are in use (another cluster? pick "
+            raise ClusterError(f"ports {busy} are in use (another cluster? pick "
                                "other ports, e.g. --base-port)")
         if self.spec.link:
             reason = linkcap.tc_available()
@@ -456,7 +485,8 @@ class Cluster:
         if rec and is_alive_and_ours(rec):
             raise ClusterError(f"DataNode {i} is already running (pid {rec.pid})")
         deadline = time.monotonic() + 10
-        while not all(_port_free(x) for x in (p.xfer, p.http, p.ipc)):
+        host, name = self.spec.datanode_host(i), self.spec.netns.get(f"datanode-{i}")
+        while not all(_port_free(x, host, name) for x in (p.xfer, p.http, p.ipc)):
             if time.monotonic() > deadline:
                 raise ClusterError(f"ports of DataNode {i} ({p}) still busy")
             time.sleep(0.1)
@@ -524,7 +554,8 @@ class Cluster:
         os.environ.update(self.env())
         kwargs.setdefault("replication", self.spec.replication)
         kwargs.setdefault("default_block_size", self.spec.block_size)
-        return fs.HadoopFileSystem("127.0.0.1", self.spec.namenode_rpc_port, **kwargs)
+        return fs.HadoopFileSystem(self.spec.namenode_host, self.spec.namenode_rpc_port,
+                                   **kwargs)
 
     def webhdfs_client(self, **kwargs):
         """An hdfs.InsecureClient (WebHDFS) on this cluster."""
@@ -547,8 +578,9 @@ class Cluster:
     def fsck(self, path: str = "/", *args: str) -> str:
         """`hdfs fsck PATH -files -blocks -locations` (plus args) with the Java classpath."""
         cp = os.pathsep.join(map(str, self.classpath()))
-        cmd = [str(self.jdk / "bin" / "java"), "-Xmx256m", *JVM_COMMON, "-cp", cp, FSCK_CLASS,
-               path, "-files", "-blocks", "-locations", *args]
+        cmd = [*self._in_netns("namenode"), str(self.jdk / "bin" / "java"), "-Xmx256m",
+               *JVM_COMMON, "-cp", cp, FSCK_CLASS, path, "-files", "-blocks", "-locations",
+               *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
                               env=self._server_env())
         return proc.stdout + (proc.stderr if proc.returncode else "")

@@ -28,7 +28,7 @@ log4j.logger.org.apache.hadoop.util.NativeCodeLoader=ERROR
 
 def core_site(spec: ClusterSpec) -> dict[str, str]:
     return {
-        "fs.defaultFS": f"hdfs://127.0.0.1:{spec.namenode_rpc_port}",
+        "fs.defaultFS": f"hdfs://{spec.namenode_host}:{spec.namenode_rpc_port}",
         "hadoop.tmp.dir": str(spec.state_dir / "tmp"),
     }
 
@@ -42,8 +42,8 @@ def hdfs_site(spec: ClusterSpec) -> dict[str, str]:
         "dfs.namenode.fs-limits.min-block-size": "0",
         "dfs.bytes-per-checksum": "512",
         "dfs.namenode.name.dir": (spec.state_dir / "name").as_uri(),
-        "dfs.namenode.rpc-address": f"127.0.0.1:{spec.namenode_rpc_port}",
-        "dfs.namenode.http-address": f"127.0.0.1:{spec.namenode_http_port}",
+        "dfs.namenode.rpc-address": f"{spec.namenode_host}:{spec.namenode_rpc_port}",
+        "dfs.namenode.http-address": f"{spec.namenode_host}:{spec.namenode_http_port}",
         # Never started, but keep it off the default 0.0.0.0:50090 in case something does.
         "dfs.namenode.secondary.http-address": "127.0.0.1:0",
         "dfs.permissions.enabled": "false",
@@ -53,9 +53,6 @@ def hdfs_site(spec: ClusterSpec) -> dict[str, str]:
         # Stale must come before dead (2*recheck + 10*heartbeat), or the NameNode warns.
         "dfs.namenode.stale.datanode.interval": str(max(3000, spec.heartbeat_recheck_ms)),
         "dfs.namenode.datanode.registration.ip-hostname-check": "false",
-        # WebHDFS redirects to the DataNode's *hostname*; the machine name may resolve to a
-        # non-loopback address the DataNode is not listening on.
-        "dfs.datanode.hostname": "127.0.0.1",
         "dfs.client.use.datanode.hostname": "false",
         "dfs.webhdfs.enabled": "true",
         "dfs.datanode.du.reserved": "0",
@@ -64,12 +61,15 @@ def hdfs_site(spec: ClusterSpec) -> dict[str, str]:
 
 def datanode_overrides(spec: ClusterSpec, i: int) -> dict[str, str]:
     """Per-DataNode settings, passed as -D options so all DataNodes share one conf dir."""
-    p = spec.datanode_ports(i)
+    p, host = spec.datanode_ports(i), spec.datanode_host(i)
     return {
         "dfs.datanode.data.dir": (spec.state_dir / "data" / f"dn{i}").as_uri(),
-        "dfs.datanode.address": f"127.0.0.1:{p.xfer}",
-        "dfs.datanode.http.address": f"127.0.0.1:{p.http}",
-        "dfs.datanode.ipc.address": f"127.0.0.1:{p.ipc}",
+        "dfs.datanode.address": f"{host}:{p.xfer}",
+        "dfs.datanode.http.address": f"{host}:{p.http}",
+        "dfs.datanode.ipc.address": f"{host}:{p.ipc}",
+        # WebHDFS redirects to the DataNode's *hostname*; the machine name may resolve to
+        # an address the DataNode is not listening on.
+        "dfs.datanode.hostname": host,
     }
 
 

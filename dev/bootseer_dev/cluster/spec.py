@@ -34,7 +34,8 @@ class DataNodePorts:
 
 @dataclass
 class ClusterSpec:
-    """A local HDFS 2.7.3 cluster on 127.0.0.1: one NameNode and `datanodes` DataNodes.
+    """A local HDFS 2.7.3 cluster (on 127.0.0.1 unless placed elsewhere): one NameNode and
+    `datanodes` DataNodes.
 
     Default ports are the Hadoop 3 defaults the brief uses (rpc 9000, http 9870, DataNode i
     at xfer 9866+10i, http 9864+10i, ipc 9867+10i). Anyone running a second cluster on the
@@ -55,6 +56,12 @@ class ClusterSpec:
     # 5 minutes makes fault tests wait ~10 minutes, 5 s makes it ~20 s.
     heartbeat_recheck_ms: int = 5000
     start_timeout_s: float = 90.0
+    #: Where the servers listen: loopback by default. The fleet lab gives each server an
+    #: address of its own (`datanode_hosts`, one per DataNode) and runs it in a network
+    #: namespace of its own (`netns`: role, e.g. "namenode" or "datanode-0", -> name).
+    namenode_host: str = "127.0.0.1"
+    datanode_hosts: list[str] = field(default_factory=list)
+    netns: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).absolute()
@@ -76,6 +83,12 @@ class ClusterSpec:
         if self.block_size <= 0 or self.block_size % MIN_CHECKSUM_CHUNK:
             raise SpecError(f"block size {self.block_size} must be a positive multiple of "
                             f"{MIN_CHECKSUM_CHUNK} (dfs.bytes-per-checksum)")
+        if self.datanode_hosts and len(self.datanode_hosts) != self.datanodes:
+            raise SpecError(f"{len(self.datanode_hosts)} DataNode hosts for "
+                            f"{self.datanodes} DataNodes")
+        if self.link and self.netns:
+            raise SpecError("a link cap shapes lo, which servers in network namespaces do "
+                            "not use (the fleet lab caps their own links)")
         ports = self.all_ports()
         if len(set(ports)) != len(ports):
             raise SpecError(f"port clash in {ports}")
@@ -87,6 +100,11 @@ class ClusterSpec:
             raise IndexError(f"no DataNode {i} (cluster has {self.datanodes})")
         b = self.datanode_port_base + 10 * i
         return DataNodePorts(xfer=b, http=b - 2, ipc=b + 1)
+
+    def datanode_host(self, i: int) -> str:
+        """The address DataNode i listens on and registers with."""
+        self.datanode_ports(i)  # IndexError for a bad index
+        return self.datanode_hosts[i] if self.datanode_hosts else self.namenode_host
 
     def all_ports(self) -> list[int]:
         ports = [self.namenode_rpc_port, self.namenode_http_port]

@@ -1,0 +1,126 @@
+"""The emulated GPU nodes' node agents: one `bootseer agent` per node, in its namespace.
+
+Each node has a directory of its own in the lab's state dir (`nodes/n<i>/`): the agent's
+config file (the lab's store, the node's cache dir, its socket, /metrics on the node's
+address), the socket, the cache and the log. The agent is started in the node's network
+namespace only (`netns.enter_argv`): its store traffic leaves through the node's capped
+link, while its FUSE mounts stay in the host's mount namespace, where `bootseer-runtime`
+and runc, started with the node's config, find them as on a production node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootseer_dev import netns
+from bootseer_dev.cluster.process import ProcessRecord, launch, log_tail, why_not_running
+
+from .spec import METRICS_PORT, LabSpec
+from .state import LabState
+
+__all__ = ["AgentStartError", "NodeFiles", "agent_env", "agent_health", "start_agents"]
+
+#: A Unix socket path is at most 107 bytes.
+MAX_SOCKET_PATH = 107
+
+
+class AgentStartError(RuntimeError):
+    """A node's agent did not come up; the message has its log's tail."""
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """Where node i's agent keeps its files."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, spec: LabSpec, i: int) -> NodeFiles:
+        return cls(spec.state_dir / "nodes" / f"n{i}")
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "agent.sock"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.root / "cache"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "agent.log"
+
+
+def _write_config(spec: LabSpec, i: int, files: NodeFiles) -> None:
+    # json.dumps of a str is a valid TOML basic string.
+    files.root.mkdir(parents=True, exist_ok=True)
+    files.config.write_text(
+        f"store = {json.dumps(spec.store_url())}\n"
+        f"cache_dir = {json.dumps(str(files.cache_dir))}\n"
+        "[agent]\n"
+        f"socket = {json.dumps(str(files.socket))}\n"
+        f"metrics_listen = {json.dumps(f'{spec.node(i).address}:{METRICS_PORT}')}\n")
+
+
+def agent_env(client_env: dict[str, str]) -> dict[str, str]:
+    """The agents' environment: this one plus the store's client settings, without any
+    BOOTSEER_* setting (those would override the node's config file)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
+    env.update({k: v for k, v in client_env.items() if not k.startswith("BOOTSEER_")})
+    return env
+
+
+def agent_health(files: NodeFiles, timeout: float = 2.0) -> dict | None:
+    """The agent's /v1/health answer, or None if nothing answers on its socket."""
+    from bootseer.agents.client import AgentClient, AgentUnavailable
+
+    if not files.socket.exists():
+        return None
+    try:
+        with AgentClient(files.socket, timeout=timeout, answer_timeout=timeout) as client:
+            return client.health()
+    except AgentUnavailable:
+        return None
+
+
+def start_agents(spec: LabSpec, state: LabState, env: dict[str, str],
+                 timeout_s: float = 60.0) -> None:
+    """Start every node's agent, record it, and wait (at most timeout_s) until each one
+    answers its health check with its own pid."""
+    started: list[tuple[NodeFiles, ProcessRecord]] = []
+    for i in range(spec.nodes):
+        files = NodeFiles.of(spec, i)
+        if len(str(files.socket)) > MAX_SOCKET_PATH:
+            raise AgentStartError(f"socket path {files.socket} is longer than "
+                                  f"{MAX_SOCKET_PATH} bytes: use a shorter --state-dir")
+        _write_config(spec, i, files)
+        files.socket.unlink(missing_ok=True)
+        argv = [*netns.enter_argv(spec.node(i).netns), sys.executable, "-m", "bootseer",
+                "--config", str(files.config), "agent", "--socket", str(files.socket)]
+        # The socket path names this lab's node: it is the marker that proves a pid ours.
+        rec = launch(f"agent-n{i}", argv, files.log, str(files.socket), env=env)
+        state.add(state.processes, rec)
+        started.append((files, rec))
+    deadline = time.monotonic() + timeout_s
+    for files, rec in started:
+        while True:
+            why = why_not_running(rec)
+            if why:
+                raise AgentStartError(f"{rec.role} exited ({why}); {files.log}:\n"
+                                      f"{log_tail(files.log)}")
+            health = agent_health(files)
+            if health and health.get("pid") == rec.pid:
+                break
+            if time.monotonic() > deadline:
+                raise AgentStartError(f"{rec.role} did not answer on {files.socket} within "
+                                      f"{timeout_s:.0f}s; {files.log}:\n{log_tail(files.log)}")
+            time.sleep(0.1)
