@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -255,6 +256,22 @@ def test_a_container_starts_on_a_node_through_its_agent_and_runc(lab) -> None:
     fetched = start.detail["image"]["bytes_fetched"]
     # The image's blocks came from the lab's HDFS through node 1's ingress cap.
     assert 0 < fetched <= node_in, (fetched, node_in)
+
+
+def test_a_job_on_both_nodes_is_reported_as_one(lab) -> None:
+    """Each node's agent publishes its start of the job to the lab's HDFS; `bootseer
+    report --job`, run anywhere, shows both nodes."""
+    lab, _, _ = lab
+    bootseer = [PY, "-m", "bootseer"]
+    for i in (0, 1):  # the image is converted by the test above
+        run = lab.run(i, [*bootseer, "image", "run", "--job", "lab-report", "py", "--",
+                          "sh", "-c", 'touch "$BOOTSEER_READY_FILE"'])
+        assert run.returncode == 0, run.stderr[-3000:]
+    report = lab.run(0, [*bootseer, "report", "--job", "lab-report", "--json"])
+    assert report.returncode == 0, report.stderr[-3000:]
+    body = json.loads(report.stdout)
+    assert body["nodes"] == 2 and {"image_ready", "ready"} <= set(body["phases"])
+    assert {lag["node"] for lag in body["slowest"]} == {"node-0", "node-1"}
 
 
 def test_status_reports_caps_agents_and_scale_down(lab) -> None:

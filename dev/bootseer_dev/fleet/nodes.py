@@ -68,7 +68,8 @@ def _write_config(spec: LabSpec, i: int, files: NodeFiles) -> None:
         f"cache_dir = {json.dumps(str(files.cache_dir))}\n"
         "[agent]\n"
         f"socket = {json.dumps(str(files.socket))}\n"
-        f"metrics_listen = {json.dumps(f'{spec.node(i).address}:{METRICS_PORT}')}\n")
+        f"metrics_listen = {json.dumps(f'{spec.node(i).address}:{METRICS_PORT}')}\n"
+        f"node_name = {json.dumps(spec.node(i).role)}\n")  # in job reports
 
 
 def agent_env(client_env: dict[str, str]) -> dict[str, str]:
