@@ -96,6 +96,10 @@ ROOT_ONLY = {("POST", "/v1/mounts"), ("GET", "/v1/mounts"), ("DELETE", "/v1/moun
              ("POST", "/v1/starts")}
 
 
+#: What a mount itself records (``MountManager.mount``), before the workload runs.
+MOUNT_PHASES = frozenset({"created", "image_ready"})
+
+
 class Agent:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -188,10 +192,12 @@ class Agent:
 
     def record(self, start: StartRecord) -> StartRecord:
         """Merge ``start`` into the timeline and count what it added in the metrics; a
-        start of a job is published for the job's report whenever it changed."""
+        start of a job is published for the job's report whenever it changed, from its
+        workload's first phase on: the mount, on the start's critical path, never waits
+        for a write to the store."""
         before, after = self._record(start)
         self.metrics.observe(before, after)
-        if after.job is not None and after != before:
+        if after.job is not None and after != before and set(after.phases) - MOUNT_PHASES:
             try:
                 jobreport.publish(self.blobs.store, self.node, after)
             except Exception as exc:  # a report must never fail a start

@@ -71,6 +71,10 @@ class Run:
     def end(self) -> int:
         return self.pieces[-1].offset + self.pieces[-1].length
 
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
 
 def adjacent_runs(pieces: Iterable[Piece]) -> list[list[Piece]]:
     """Pieces of one pack, in the order given, cut wherever one does not start where the

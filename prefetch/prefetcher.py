@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bootseer.prefetch.blocksource import FetchCounts, Piece, adjacent_runs
+from bootseer.prefetch.blocksource import FetchCounts, Piece, Run, adjacent_runs
 from bootseer.prefetch.hotlist import HotList
 from bootseer.prefetch.lazyimage import LazyImage
 
@@ -45,23 +45,11 @@ class PrefetchStats(FetchCounts):
     seconds: float = 0.0  # from start to the last request
 
 
-@dataclass(frozen=True)
-class Request:
-    """One ranged read of the prefetch: blocks adjacent in ``pack``, in hot-list order."""
-
-    pack: str
-    pieces: list[Piece]
-
-    @property
-    def size(self) -> int:
-        return self.pieces[-1].offset + self.pieces[-1].length - self.pieces[0].offset
-
-
-def plan(image: LazyImage, hot: HotList, request_size: int) -> list[Request]:
+def plan(image: LazyImage, hot: HotList, request_size: int) -> list[Run]:
     """The hot list as ranged reads, in list order."""
     index = {b.digest: i for i, b in reversed(list(enumerate(image.manifest.blocks)))}
     layout = hot.layout
-    requests: list[Request] = []
+    requests: list[Run] = []
     limit = min(FIRST_REQUEST, request_size)
     for block in hot.blocks:
         i = index.get(block.digest)
@@ -75,14 +63,13 @@ def plan(image: LazyImage, hot: HotList, request_size: int) -> list[Request]:
             pack, offset, length = image.manifest.packs[location.pack], location.offset, \
                 location.length
         last = requests[-1] if requests else None
-        if last is not None and last.pack == pack and \
-                last.pieces[-1].offset + last.pieces[-1].length == offset and \
+        if last is not None and last.pack == pack and last.end == offset and \
                 last.size + length <= limit:
             last.pieces.append(Piece(i, offset, length))
         else:
             if requests:
                 limit = min(limit * 2, request_size)
-            requests.append(Request(pack, [Piece(i, offset, length)]))
+            requests.append(Run(pack, [Piece(i, offset, length)]))
     return requests
 
 
@@ -138,7 +125,7 @@ class Prefetcher:
         with self.image.demand_changed:
             self.image.demand_changed.notify_all()
 
-    def _take(self) -> Request | None:
+    def _take(self) -> Run | None:
         with self._lock:
             if self._stopped.is_set() or self._next >= len(self.requests):
                 return None
@@ -176,7 +163,7 @@ class Prefetcher:
                 cond.wait(0.05)
             self._active += 1
 
-    def _fetch(self, request: Request) -> None:
+    def _fetch(self, request: Run) -> None:
         if self.before_fetch:  # before claiming: a read must never wait on a held-back block
             self.before_fetch()
         claimed = [p for p in request.pieces if self.image.claim(p.index)]

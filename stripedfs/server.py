@@ -24,8 +24,8 @@ from bootseer.stripedfs.tree import CheckpointTree
 
 @dataclass(frozen=True)
 class ServerOptions:
-    mode: int = 0o444  # the widest permission bits files show (checkpoint.mount_mode)
-    memory: int = 512 << 20  # stripe memory across all open files (checkpoint.mount_memory)
+    mode: int  # the widest permission bits files show (checkpoint.mount_mode)
+    memory: int  # stripe memory across all open files (checkpoint.mount_memory)
     metadata_ttl: float = 30.0  # seconds a listing is kept
     direct_io: bool = True  # reads bypass the page cache (measured faster for big files)
     #: Serve this already-mounted /dev/fuse connection (held by the agent, so it survives

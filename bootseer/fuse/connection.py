@@ -158,6 +158,8 @@ def _raise_readahead(target: str) -> None:
     its backing device info in sysfs, named after the device number, found in mountinfo
     (a stat of the mount would wait for a server). Advice only, root only: a failure is
     logged."""
+    if os.geteuid() != 0:
+        return
     for char in "\\ \t\n":  # mountinfo escapes these as octal
         target = target.replace(char, f"\\{ord(char):03o}")
     device = None
@@ -166,8 +168,6 @@ def _raise_readahead(target: str) -> None:
             fields = line.split()
             if fields[4] == target:
                 device = fields[2]
-    if os.geteuid() != 0:
-        return
     try:
         Path(f"/sys/class/bdi/{device}/read_ahead_kb").write_text(str(READAHEAD >> 10))
     except OSError as exc:
