@@ -17,6 +17,7 @@ import json
 import logging
 import math
 from dataclasses import asdict, dataclass
+from urllib.parse import urlsplit
 
 from bootseer.agents.jobreport import job_dir
 from bootseer.errors import BootseerError
@@ -100,17 +101,28 @@ def fan_out(wanted: list[Wanted], replicas: int) -> list[Change]:
     return changes
 
 
-def restore(changes: list[Change], open_store) -> int:
+def restore(changes: list[Change], open_store, *, cluster: str) -> int:
     """Put each object back to its replication before the fan-out (``open_store(url)``
-    gives its store); objects gone since are skipped. How many were restored."""
+    gives its store); objects gone since are skipped. The record is the store's, so any
+    writer's: only objects of ``cluster`` (the record's own store's scheme and host) are
+    touched, never another cluster a forged record names. How many were restored."""
     restored = 0
     for change in changes:
+        if _cluster(change.store) != _cluster(cluster):
+            log.warning("not restoring %s of %s: not on %s, where the record is",
+                        change.key, change.store, _cluster(cluster))
+            continue
         try:
             open_store(change.store).set_replication(change.key, change.before)
             restored += 1
         except FileNotFoundError:
             log.info("%s of %s is gone: nothing to restore", change.key, change.store)
     return restored
+
+
+def _cluster(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc
 
 
 def record_key(job: str) -> str:

@@ -259,6 +259,26 @@ def test_the_mount_equals_its_source_and_refuses_writes(tmp_path: Path, connect,
     assert {"ro", "nosuid", "nodev"} <= set(mount_options.split(","))
 
 
+@pytest.mark.parametrize("how", ["mount_fd", "fusermount_fd"])
+def test_a_hostile_source_name_cannot_add_mount_options(tmp_path: Path, how: str) -> None:
+    """A checkpoint URL becomes the mount's source name; with fusermount3 it travels in the
+    option list, where a comma would start an option of its own (``suid``, ``dev``)."""
+    from bootseer.fuse import connection
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    fd = getattr(connection, how)(mnt, "bootseer:hdfs://nn/x,suid,dev,allow_other=1\\,exec")
+    try:
+        source, options = next((line.split()[0], line.split()[3]) for line in
+                               open("/proc/mounts") if line.split()[1] == str(mnt))
+        assert {"ro", "nosuid", "nodev"} <= set(options.split(","))
+        assert not {"suid", "dev"} & set(options.split(","))
+        assert "," not in source
+    finally:
+        os.close(fd)  # no server: the connection ends, so the unmount cannot wait
+        unmount(mnt)
+
+
 def test_an_unprivileged_user_mounts_through_fusermount() -> None:
     """A user without CAP_SYS_ADMIN: fusermount3 mounts and hands the connection over; the
     same server serves it, and the user's own ``fusermount3 -u`` ends it. This machine's

@@ -65,3 +65,21 @@ def test_a_jobs_checkpoint_is_fanned_out_for_its_nodes_and_restored(hdfs_cluster
     missing = bootseer("--store", main, "job", "fanout", "train-9", "--nodes", "8",
                        "--max-replicas", "2")
     assert missing.returncode == 2 and "--checkpoint" in missing.stderr
+
+
+def test_a_forged_fanout_record_is_refused_or_kept_to_its_own_cluster(tmp_path) -> None:
+    from bootseer.errors import BootseerError
+
+    store = open_store(f"file://{tmp_path}")
+    store.put(fanout.record_key("j"), b"[{\"store\": 1}]")
+    with pytest.raises(BootseerError, match="not a fan-out record"):
+        fanout.load(store, "j")
+    store.put(fanout.record_key("j"), b"[" + b" " * (17 << 20) + b"]")
+    with pytest.raises(BootseerError, match="more than a fan-out record holds"):
+        fanout.load(store, "j")
+    opened = []
+    forged = [fanout.Change("hdfs://elsewhere:8020/x", "victim", 3, 9),
+              fanout.Change(store.url, "gone", 1, 2)]
+    assert fanout.restore(forged, lambda url: opened.append(url) or store,
+                          cluster=store.url) == 0
+    assert opened == [store.url]  # the other cluster was never contacted

@@ -71,6 +71,6 @@ def restore(app: AppContext, name: str) -> None:
     if not changes:
         raise BootseerError(f"job {name} has no fan-out to restore in {app.loaded.config.store}")
     source = CheckpointSource(app.loaded.config)
-    restored = plan.restore(changes, source.store)
+    restored = plan.restore(changes, source.store, cluster=app.store.url)
     plan.forget(app.store, name)
     console.print(f"job {name}: {restored} objects back to their replication")
