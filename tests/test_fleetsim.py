@@ -1,12 +1,26 @@
-"""The fleet simulator's network on cases with known answers: one flow on one link, N
-equal flows on one bottleneck, two bottlenecks in series, max-min shares, arrivals."""
+"""The fleet simulator on cases with known answers (the network: one flow on one link, N
+equal flows on one bottleneck, two bottlenecks in series, max-min shares, arrivals; a
+restart: a shared origin, a CPU pool, the warm's overlap; node classes against per-node),
+and its calibration, validation and extrapolation on a synthetic lab."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import simpy
 
-from bootseer_dev.fleetsim import Link, Network
+from bootseer_dev.fleetsim import Link, Network, report
+from bootseer_dev.fleetsim.calibrate import (
+    CASES,
+    lab_fleet,
+    phases_from_lab,
+    validate,
+    warm_from_lab,
+)
+from bootseer_dev.fleetsim.production import Production
+from bootseer_dev.fleetsim.restart import Fetch, Fleet, Origin, Phase, Warm, node_classes, simulate
 
 MB = 1e6
 
@@ -72,29 +86,168 @@ def test_bad_transfers_are_refused() -> None:
         network.transfer(1, [Link("dead", 0)])
 
 
-def test_a_restart_of_one_node_reproduces_the_start_it_was_calibrated_from() -> None:
-    from bootseer_dev.fleetsim.restart import Fleet, Origin, Phase, simulate
-
-    link = 50 * MB
-    phases = [Phase.calibrated("image_ready", 5.0, 100 * MB, "hdfs", link),
-              Phase.calibrated("env_ready", 3.0, 50 * MB, "hdfs", link),
-              Phase.calibrated("ready", 1.0, 0, "hdfs", link)]
-    assert [p.seconds for p in phases] == [pytest.approx(3.0), pytest.approx(2.0), 1.0]
-    fleet = Fleet(1, nic_rate=link, origins=(Origin("hdfs", 1, 1000 * MB),))
-    (times,) = simulate(fleet, phases).phases
-    assert times == {"image_ready": pytest.approx(5.0), "env_ready": pytest.approx(8.0),
-                     "ready": pytest.approx(9.0)}
+# -- restarts ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("nodes", [1, 4, 64])
 def test_nodes_share_one_origin_and_striped_reads_balance_many(nodes: int) -> None:
-    from bootseer_dev.fleetsim.restart import Fleet, Origin, Phase, simulate
-
     one = Fleet(nodes, 1000 * MB, (Origin("registry", 1, 50 * MB),))
-    outcome = simulate(one, [Phase("image_ready", 2.0, 10 * MB, "registry")])
+    outcome = simulate(one, [Phase("image", 2.0, Fetch("layers", 10 * MB, "registry"))])
     assert outcome.ready() == [pytest.approx(2.0 + nodes * 10 / 50)] * nodes
     many = Fleet(nodes, 1000 * MB, (Origin("hdfs", 4, 25 * MB),))
-    outcome = simulate(many, [Phase("ready", 0.0, 100 * MB, "hdfs", spread=4)])
+    outcome = simulate(many, [Phase("ready", 0.0, Fetch("ckpt", 100 * MB, "hdfs", spread=4))])
     assert outcome.summary()["max_s"] == pytest.approx(nodes * 100 / 100)
     assert outcome.summary()["origin_max_over_mean"] == pytest.approx(1.0)
+    assert outcome.summary()["limited_by"] == "hdfs"
     assert sum(outcome.served["hdfs"]) == pytest.approx(nodes * 100 * MB)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 5, 16])
+def test_a_shared_cpu_pool_is_processor_sharing_with_one_core_per_node(nodes: int) -> None:
+    """N nodes with 1 s of work each on 2 cores: 1 s alone (one core at most), N/2 s
+    for N >= 2; without a pool every node has its own core."""
+    work = [Phase("work", 1.0)]
+    pooled = simulate(Fleet(nodes, MB, (), cpus=2), work)
+    assert pooled.ready() == [pytest.approx(max(1.0, nodes / 2))] * nodes
+    assert simulate(Fleet(nodes, MB, ()), work).ready() == [pytest.approx(1.0)] * nodes
+
+
+@pytest.mark.parametrize("own, done", [(4.0, 10.0), (15.0, 15.0)])
+def test_a_prefetched_phase_ends_at_its_own_work_or_its_bytes_arrival(own, done) -> None:
+    """The warm fetches 100 MB at 10 MB/s (in at 10 s); the phase reading them ends at
+    the later of its own work and that arrival, and the bytes cross the network once."""
+    fleet = Fleet(1, 10 * MB, (Origin("hdfs", 1, 1000 * MB),))
+    snapshot = Fetch("snapshot", 100 * MB, "hdfs")
+    outcome = simulate(fleet, [Phase("env", own, snapshot)], Warm(0.0, (snapshot,)))
+    assert outcome.marks[0]["env"] == pytest.approx(done)
+    assert outcome.marks[0]["warm"] == pytest.approx(10.0)
+    assert outcome.served["hdfs"] == [pytest.approx(100 * MB)]
+
+
+def test_node_classes_give_the_per_node_answer() -> None:
+    """Ten nodes, one-stream reads from 4 DataNodes and 2 registry frontends (uneven
+    loads), striped reads, uploads, a warm and a shared pool: grouping identical nodes
+    changes nothing."""
+    fleet = Fleet(10, 25 * MB, (Origin("hdfs", 4, 40 * MB), Origin("registry", 2, 40 * MB)),
+                  cpus=2)
+    phases = [Phase("image", 1.0, Fetch("layers", 40 * MB, "registry")),
+              Phase("publish", 0.5, Fetch("snapshot", 30 * MB, "hdfs", 4, upload=True)),
+              Phase("imported", 0.3, Fetch("hot", 25 * MB, "hdfs", 4), after=0.2),
+              Phase("checkpoint", 0.2, Fetch("ckpt", 33 * MB, "hdfs"))]
+    warm = Warm(0.4, (Fetch("hot", 25 * MB, "hdfs", 4),))
+    grouped, per_node = (simulate(fleet, phases, warm, grouped=g) for g in (True, False))
+    assert len(node_classes(fleet, [p.fetch for p in phases])) == 4 < fleet.nodes
+    assert [m.keys() for m in grouped.marks] == [m.keys() for m in per_node.marks]
+    for mine, theirs in zip(grouped.marks, per_node.marks):
+        assert mine == {k: pytest.approx(v) for k, v in theirs.items()}
+    assert grouped.served == {k: [pytest.approx(b) for b in v]
+                              for k, v in per_node.served.items()}
+    assert grouped.summary()["p99_s"] == pytest.approx(per_node.summary()["p99_s"])
+
+
+# -- the lab: calibration, validation, extrapolation ------------------------------------
+
+
+def synthetic_lab(counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
+    """A lab section as bench-restart writes it, from simple formulas of our own (not the
+    simulator's): each step's CPU seconds stretched by the cores' sharing, bytes at each
+    node's share of its origin, and a 2% spread across nodes."""
+    caps = {"node_Bps": 25e6, "datanode_Bps": 40e6, "registry_Bps": 40e6, "index_Bps": 40e6,
+            "datanodes": 4, "cpus": 2}
+    size = {"image_layers": 40_000_000, "image_lazy": 30_000_000, "image_hot": 25_000_000,
+            "wheels": 19_000_000, "env_snapshot": 30_000_000, "checkpoint": 33_554_432}
+    hdfs = caps["datanodes"] * caps["datanode_Bps"]
+
+    def took(nbytes: float, share: float) -> float:
+        return nbytes / min(caps["node_Bps"], share)
+
+    def marks(case: str, n: int, i: int) -> dict[str, float]:
+        cpu = max(1.0, (2 * n if case == "bootseer" else n) / caps["cpus"])
+        steps: dict[str, float] = {}
+        if case == "baseline":
+            readers = len(range(i % 4, n, 4))  # one stream from DataNode i % 4
+            steps = {"image": took(size["image_layers"], 40e6 / n) + 1.5 * cpu,
+                     "env": took(size["wheels"], 40e6 / n) + 5.0 * cpu,
+                     "started": 0.6 * cpu, "imported": 0.3 * cpu,
+                     "checkpoint": took(size["checkpoint"], 40e6 / readers) + 0.2 * cpu,
+                     "ready": 0.0}
+        elif case == "bootseer_cold":
+            steps = {"env": took(size["wheels"], 40e6 / n) + 5.5 * cpu
+                     + took(size["env_snapshot"], hdfs / n),
+                     "started": 0.5 * cpu,
+                     "imported": took(size["image_lazy"], hdfs / n) + 0.6 * cpu,
+                     "checkpoint": took(size["checkpoint"], hdfs / n) + 0.2 * cpu,
+                     "ready": 0.0}
+        elif case == "bootseer_prestaged":
+            steps = {"env": 1.2 * cpu, "started": 0.5 * cpu, "imported": 0.6 * cpu,
+                     "checkpoint": 0.3 * cpu, "ready": 0.0}
+        jitter, t, out = 1 + 0.02 * i / n, 0.0, {}
+        for name, seconds in steps.items():
+            t += seconds * jitter
+            out[name] = t
+        if case == "bootseer":
+            warm = (0.4 * cpu + took(sum(size[a] for a in ("image_hot", "env_snapshot",
+                                                           "checkpoint")), hdfs / n)) * jitter
+            out["env"] = max(1.2 * cpu, 0.97 * warm) + 0.2
+            out["started"] = out["env"] + 0.5 * cpu
+            out["imported"] = out["started"] + 0.6 * cpu
+            out["checkpoint"] = out["ready"] = max(out["imported"] + 0.3 * cpu, warm)
+            out["warm"] = warm
+        return out
+
+    cases = {case: {str(n): {"nodes": [{"node": i, "marks": marks(case, n, i)}
+                                       for i in range(n)],
+                             "origin_bytes": {"registry": 4e7 * n}, "cpu_busy": 0.5}
+                    for n in counts}
+             for case in ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer")}
+    return {"caps": caps, "per_node_bytes": size, "cases": cases}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_calibration_reproduces_the_one_node_run(case: str) -> None:
+    lab = synthetic_lab(counts=(1,))
+    (marks,) = (n["marks"] for n in lab["cases"][case]["1"]["nodes"])
+    sim = simulate(lab_fleet(lab, 1), phases_from_lab(lab, case),
+                   warm_from_lab(lab, case)).marks[0]
+    assert {m: sim[m] for m in marks} == {m: pytest.approx(t, rel=0.01)
+                                          for m, t in marks.items()}
+
+
+def test_a_step_that_waited_for_the_warm_counts_only_its_own_work_as_work() -> None:
+    """bootseer's env ended 0.2 s after the warm brought its snapshot in: its own work is
+    the prestaged restore's 1.2 s, the 0.2 s after the bytes; the wait is no work."""
+    lab = synthetic_lab(counts=(1,))
+    env = phases_from_lab(lab, "bootseer")[0]
+    assert env.seconds == pytest.approx(1.2) and env.fetch.artifact == "env_snapshot"
+    assert 0 < env.after < 0.5
+
+
+def test_a_node_without_a_mark_is_left_out_with_a_warning() -> None:
+    lab = synthetic_lab(counts=(1, 4))
+    lab["cases"]["baseline"]["4"]["nodes"][3]["marks"]["checkpoint"] = None
+    del lab["cases"]["bootseer_cold"]["1"]
+    lab["cases"]["p2p_pull"] = lab["cases"]["baseline"]
+    result = validate(lab)
+    assert any("baseline N=4: nodes [3]" in w for w in result["warnings"])
+    assert any("bootseer_cold: no complete N = 1 run" in w for w in result["warnings"])
+    assert any("p2p_pull: no model" in w for w in result["warnings"])
+    assert {r["case"] for r in result["rows"]} == {"baseline", "bootseer_prestaged",
+                                                   "bootseer"}
+
+
+def test_report_validates_extrapolates_and_plots(tmp_path: Path) -> None:
+    lab = json.loads(json.dumps(synthetic_lab()))  # as the benchmark's JSON gives it
+    result = report(lab, tmp_path / "fleet.png",
+                    Production(node_counts=(1, 100, 1000)))
+    assert set(result) == {"validation", "extrapolation", "sim_max_validation_error",
+                           "sim_bootseer_vs_baseline_n1000", "png"}
+    rows = result["validation"]["rows"]
+    assert len(rows) == 4 * 5 and all(r["calibration_run"] == (r["nodes"] == 1) for r in rows)
+    assert max(max(r["error_p50"], r["error_max"]) for r in rows if r["nodes"] == 1) < 0.01
+    assert result["sim_max_validation_error"] == result["validation"]["max_error"]
+    runs = result["extrapolation"]["cases"]["baseline"]["runs"]
+    assert [r["nodes"] for r in runs] == [1, 100, 1000]
+    assert runs[-1]["max_s"] > runs[0]["max_s"] and runs[-1]["limited_by"] == "index"
+    assert 0 < result["sim_bootseer_vs_baseline_n1000"] < 1
+    json.dumps(result)  # it goes into bench-results/restart.json
+    assert Path(result["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,9 +1,31 @@
-"""A flow-level simulator of a fleet restart (issue #16): the network part.
+"""A flow-level simulator of a fleet restart (issue #16), calibrated from the lab.
 
-:mod:`.network` moves bytes over links shared max-min fairly, on SimPy's event loop; a
-restart model (nodes, origins, phases, calibrated from the lab) is built on it.
+:mod:`.network` moves bytes over links shared max-min fairly, on SimPy's event loop;
+:mod:`.restart` runs a start (and a warm beside it) on N nodes over it; :mod:`.calibrate`
+fits each case's own seconds to the lab's N = 1 runs and checks N > 1 against the lab;
+:mod:`.production` extrapolates to a stated production fleet. :func:`report` does all
+three for ``bench-restart`` (docs/SIMULATOR.md).
 """
 
-from .network import Flow, Link, Network
+from __future__ import annotations
 
-__all__ = ["Flow", "Link", "Network"]
+from pathlib import Path
+
+from .calibrate import validate
+from .network import Flow, Link, Network
+from .production import Production, extrapolate, plot
+
+__all__ = ["Flow", "Link", "Network", "Production", "extrapolate", "plot", "report",
+           "validate"]
+
+
+def report(lab: dict, png: Path, params: Production | None = None) -> dict:
+    """The simulator's part of ``bench-results/restart.json``, from its ``lab`` section:
+    the validation against the lab, the extrapolation to ``params`` (default: the stated
+    production assumptions), their two headline figures, and the plot written to ``png``."""
+    validation = validate(lab)
+    extrapolation = extrapolate(lab, params or Production())
+    return {"validation": validation, "extrapolation": extrapolation,
+            "sim_max_validation_error": validation["max_error"],
+            "sim_bootseer_vs_baseline_n1000": extrapolation["bootseer_vs_baseline_n1000"],
+            "png": str(plot(extrapolation, Path(png)))}

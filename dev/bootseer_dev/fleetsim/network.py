@@ -10,7 +10,13 @@ bottlenecks converge to, and what the lab's tc-capped links enforce.
 
 The event loop is SimPy's: ``yield network.transfer(bytes, path)`` from a SimPy process
 waits until those bytes have arrived. Times are seconds, sizes bytes, capacities bytes per
-second; no latency is modelled (the lab adds none either: its kernel has no netem).
+second; no latency is modelled (the lab adds none either: its kernel has no netem). The
+same arithmetic shares any capacity: CPU cores are a link of core-seconds per second.
+
+A flow may stand for ``weight`` identical flows (a class of identical nodes, each with its
+own NIC): it takes ``weight`` times its rate from every link it crosses, and a link of the
+class (its NICs) has ``weight`` times one member's capacity, so each member gets exactly
+what it would have had as a flow of its own: max-min shares are symmetric.
 """
 
 from __future__ import annotations
@@ -25,18 +31,21 @@ EPSILON = 1e-6
 
 @dataclass(eq=False)
 class Link:
-    """A capacity shared by the flows crossing it; counts the bytes it carried."""
+    """A capacity shared by the flows crossing it; counts the bytes it carried and the
+    seconds it was full (what tells a bottleneck)."""
 
     name: str
     capacity: float  # bytes per second
     carried: float = 0.0
+    full_s: float = 0.0
 
 
 @dataclass(eq=False)
 class Flow:
-    size: float
+    size: float  # per member
     path: tuple[Link, ...]
     done: simpy.Event
+    weight: int = 1  # identical flows it stands for
     remaining: float = field(init=False)
     rate: float = 0.0
     started: float = 0.0
@@ -53,18 +62,22 @@ class Network:
         self.flows: list[Flow] = []
         self._changed = env.event()
         self._updated = env.now
+        self._full: list[Link] = []
         env.process(self._run())
 
-    def transfer(self, size: float, path: list[Link] | tuple[Link, ...]) -> simpy.Event:
-        """An event that fires when ``size`` bytes have crossed every link of ``path``."""
-        if size < 0 or not path or any(link.capacity <= 0 for link in path):
-            raise ValueError("a transfer has a size >= 0 and a path of links with capacity")
+    def transfer(self, size: float, path: list[Link] | tuple[Link, ...],
+                 weight: int = 1) -> simpy.Event:
+        """An event that fires when ``size`` bytes have crossed every link of ``path``
+        (for each of ``weight`` identical flows)."""
+        if size < 0 or not path or any(link.capacity <= 0 for link in path) or weight < 1:
+            raise ValueError("a transfer has a size >= 0, a weight >= 1 and a path of links "
+                             "with capacity")
         done = self.env.event()
         if size == 0:
             done.succeed(0.0)
             return done
         self._advance()
-        self.flows.append(Flow(float(size), tuple(path), done, started=self.env.now))
+        self.flows.append(Flow(float(size), tuple(path), done, weight, started=self.env.now))
         self._reallocate()
         if not self._changed.triggered:
             self._changed.succeed()
@@ -100,30 +113,37 @@ class Network:
             moved = min(flow.remaining, flow.rate * elapsed)
             flow.remaining -= moved
             for link in flow.path:
-                link.carried += moved
+                link.carried += moved * flow.weight
+        for link in self._full:
+            link.full_s += elapsed
 
     def _reallocate(self) -> None:
+        load: dict[Link, float] = {}
         for flow, rate in max_min_rates(self.flows).items():
             flow.rate = rate
+            for link in flow.path:
+                load[link] = load.get(link, 0.0) + rate * flow.weight
+        self._full = [link for link, used in load.items()
+                      if used >= link.capacity * (1 - EPSILON)]
 
 
 def max_min_rates(flows: list[Flow]) -> dict[Flow, float]:
-    """The max-min fair rate of every flow (progressive filling)."""
+    """The max-min fair rate of every flow, per member (progressive filling)."""
     rates = {flow: 0.0 for flow in flows}
     active = set(flows)
     spare = {link: link.capacity for flow in flows for link in flow.path}
     while active:
         # All active flows rise together until a link fills: the smallest spare capacity
-        # per active flow crossing it.
+        # per active flow (member) crossing it.
         crossing: dict[Link, int] = {}
         for flow in active:
             for link in flow.path:
-                crossing[link] = crossing.get(link, 0) + 1
+                crossing[link] = crossing.get(link, 0) + flow.weight
         step = min(spare[link] / n for link, n in crossing.items())
         for flow in active:
             rates[flow] += step
             for link in flow.path:
-                spare[link] -= step
+                spare[link] -= step * flow.weight
         # Flows crossing a full link keep their rate; the rest rise further. (At least one
         # link is full after each step, so this ends; rounding cannot stall it.)
         full = {link for link in crossing if spare[link] <= EPSILON * link.capacity}

@@ -1,23 +1,39 @@
 """A job restart on N nodes, as flows and waits: what the fleet simulator computes.
 
-Every node runs the same start, in the order a real start goes: its image
-(``image_ready``), then its environment (``env_ready``), then its checkpoint (``ready``).
-Each phase is a :class:`Phase`: some seconds a node spends on its own (CPU, a process
-start, decompression: what does not depend on the network) and some bytes it reads from
-an origin, over the origin's uplink and the node's NIC, shared max-min fairly with every
-other transfer in flight (:mod:`.network`). An origin is a set of uplinks (a registry is
-one; HDFS is its DataNodes, and a read striped over ``spread`` of them is one flow per
-DataNode it touches, each 1/spread of the bytes).
+Every node starts at t = 0 and runs the same **phases** in order (a start: image,
+environment, process, imports, checkpoint). A :class:`Phase` is the node's own work
+(seconds of one core: CPU, process starts, decompression) and then, if it has one, a
+:class:`Fetch`: bytes read from an origin (or, ``upload``, written to it), striped over
+``spread`` of the origin's uplinks, one flow per uplink, each over the node's NIC, all
+shared max-min fairly with every other flow in flight (:mod:`.network`). Readers are put
+on an origin's uplinks round-robin, as HDFS spreads replicas and a balancer spreads
+clients.
 
-Nothing here is a constant of ours: the seconds and bytes of each phase come from a
-measured single-node start (:func:`Phase.calibrated`: its measured time, less what its
-bytes take at the measured link), and the fleet's links from the parameters a run states.
+* **CPU pool** (``Fleet.cpus``): in the lab every node shares a few cores. Own work is
+  then a flow over a ``cpu`` link of ``cpus`` core-seconds per second and the task's own
+  link of one core (a task uses at most one core): processor sharing, by the same
+  progressive filling. Without a pool (production) each task has its core to itself.
+* **Warm overlap** (:class:`Warm`): a background task started at t = 0 on every node (the
+  agent's ``warm``): its own work, then all its fetches at once. A phase whose fetch is of
+  an artifact already in flight on its node waits for that flow instead of starting
+  another: the bytes cross the network once, and the phase ends at the later of its own
+  work and their arrival (plus its ``after`` seconds). The node's mark ``warm`` is when
+  the warm ended.
+* **Node classes**: nodes that use the same uplinks of every origin behave identically
+  (max-min shares are symmetric), so each class is simulated once, as flows of weight
+  ``members`` over class links of ``members`` times a node's capacity. Per-node simulation
+  (``grouped=False``) gives the same answer, slower; a test holds them equal.
+
+Nothing here is a constant of ours: own seconds and bytes come from the lab
+(:mod:`.calibrate`) or from stated production parameters (:mod:`.production`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
-from dataclasses import dataclass, field
+from collections import defaultdict
+from dataclasses import dataclass
 
 import simpy
 
@@ -25,80 +41,201 @@ from .network import Link, Network
 
 
 @dataclass(frozen=True)
-class Phase:
-    name: str
-    seconds: float  # the node's own time in this phase (not waiting for bytes)
-    bytes: float  # bytes it reads from ``origin``
-    origin: str  # which origin serves them
-    spread: int = 1  # uplinks of the origin one read is striped over (HDFS DataNodes)
+class Fetch:
+    """Bytes of one artifact a node moves from (or, ``upload``, to) an origin."""
 
-    @classmethod
-    def calibrated(cls, name: str, measured_s: float, nbytes: float, origin: str,
-                   link_rate: float, spread: int = 1) -> Phase:
-        """The phase as one node measured it alone: its own time is what the measured
-        time leaves after its bytes crossed the narrowest link at ``link_rate``."""
-        return cls(name, max(0.0, measured_s - nbytes / link_rate), nbytes, origin, spread)
+    artifact: str  # two fetches of one artifact on one node share one transfer
+    bytes: float
+    origin: str
+    spread: int = 1  # uplinks of the origin it is striped over (HDFS DataNodes)
+    upload: bool = False
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A step of a start: its own seconds, then its bytes (if any) must be there, then
+    ``after`` own seconds more (what a prefetched step does once its bytes are in)."""
+
+    name: str
+    seconds: float
+    fetch: Fetch | None = None
+    after: float = 0.0
+
+
+@dataclass(frozen=True)
+class Warm:
+    """A background task at t = 0: its own seconds, then all its fetches at once."""
+
+    seconds: float
+    fetches: tuple[Fetch, ...]
 
 
 @dataclass(frozen=True)
 class Origin:
     name: str
     uplinks: int  # e.g. DataNodes
-    rate: float  # bytes per second, each
+    rate: float  # bytes per second, each, either way (the lab caps both ways alike)
 
 
 @dataclass(frozen=True)
 class Fleet:
     nodes: int
-    nic_rate: float  # bytes per second, each node's downlink
+    nic_rate: float  # bytes per second, each node's NIC, either way
     origins: tuple[Origin, ...]
+    cpus: float | None = None  # cores all nodes share (the lab); None: each has its own
+
+    def origin(self, name: str) -> Origin:
+        for origin in self.origins:
+            if origin.name == name:
+                return origin
+        raise ValueError(f"the fleet has no origin {name!r}")
+
+    def alone_s(self, fetch: Fetch) -> float:
+        """Seconds one node alone takes for ``fetch``: its bytes over the narrowest of its
+        NIC and the uplinks it is striped over."""
+        origin = self.origin(fetch.origin)
+        return fetch.bytes / min(self.nic_rate, min(fetch.spread, origin.uplinks) * origin.rate)
 
 
 @dataclass
 class Outcome:
-    """When each node reached each phase (seconds from the restart), and what each origin
-    served."""
+    """When each node reached each mark (seconds from t = 0: its phases' names, ``warm``,
+    and ``fetched:ARTIFACT`` for each fetch's arrival), the bytes each origin uplink served,
+    how long each resource's busiest link was full, and the shared pool's use."""
 
-    phases: list[dict[str, float]] = field(default_factory=list)
-    served: dict[str, list[float]] = field(default_factory=dict)
+    marks: list[dict[str, float]]
+    served: dict[str, list[float]]  # origin (or "ORIGIN_in": uploads) -> bytes per uplink
+    full_s: dict[str, float]  # resource -> seconds its busiest link was full
+    cpu_used: float | None = None  # core-seconds used / (cores x job time); None: no pool
 
     def ready(self) -> list[float]:
-        return [max(times.values(), default=0.0) for times in self.phases]
+        """Each node's time to ready: its last mark (a start and its warm both count)."""
+        return [max(marks.values(), default=0.0) for marks in self.marks]
 
-    def summary(self) -> dict[str, float]:
-        ready = sorted(self.ready())
-        return {"p50_s": statistics.median(ready), "max_s": ready[-1],
-                "origin_max_over_mean": max(
-                    (max(v) / statistics.mean(v) for v in self.served.values()
-                     if statistics.mean(v) > 0), default=1.0)}
+    def summary(self) -> dict:
+        """p50/p99/max of ready, bytes served per origin, and what limited the restart: the
+        resource whose busiest link was full for the largest share of the job (``own``: a
+        task's core, i.e. own work; ``cpu``: the shared pool; ``nic``/``nic_up``; an origin's
+        uplinks; ``ORIGIN_in``: its downlinks, for uploads)."""
+        ready = self.ready()
+        job = max(ready)
+        busy = {name: seconds / job for name, seconds in self.full_s.items()
+                if seconds > 0 and job > 0}
+        summary = {"p50_s": statistics.median(ready), "p99_s": percentile(ready, 99),
+                   "max_s": job, "served_bytes": {k: sum(v) for k, v in self.served.items()},
+                   "origin_max_over_mean": max(
+                       (max(v) / statistics.mean(v) for v in self.served.values()
+                        if statistics.mean(v) > 0), default=1.0),
+                   "limited_by": max(busy, key=busy.__getitem__) if busy else None,
+                   "busy": {k: round(v, 4) for k, v in sorted(busy.items(),
+                                                              key=lambda kv: -kv[1])}}
+        if self.cpu_used is not None:
+            summary["cpu_used"] = self.cpu_used
+        return summary
 
 
-def simulate(fleet: Fleet, phases: list[Phase]) -> Outcome:
-    """Every node of ``fleet`` starts at t = 0 and goes through ``phases`` in order."""
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank ``q``-th percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def node_classes(fleet: Fleet, fetches: list[Fetch]) -> list[list[int]]:
+    """Nodes grouped by the uplinks they use (round-robin placement): each group behaves
+    as one node."""
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    spreads = sorted({(f.origin, min(f.spread, fleet.origin(f.origin).uplinks))
+                      for f in fetches})
+    for index in range(fleet.nodes):
+        key = tuple((index * spread) % fleet.origin(origin).uplinks
+                    for origin, spread in spreads)
+        groups[key].append(index)
+    return list(groups.values())
+
+
+def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
+             grouped: bool = True) -> Outcome:
+    """Every node of ``fleet`` starts at t = 0, runs ``phases`` in order and, if given,
+    ``warm`` beside them."""
     env = simpy.Environment()
     network = Network(env)
-    uplinks = {o.name: [Link(f"{o.name}{i}", o.rate) for i in range(o.uplinks)]
-               for o in fleet.origins}
-    unknown = {p.origin for p in phases} - set(uplinks)
-    if unknown:
-        raise ValueError(f"phases read from origins the fleet lacks: {sorted(unknown)}")
-    outcome = Outcome(phases=[{} for _ in range(fleet.nodes)])
+    fetches = [p.fetch for p in phases if p.fetch] + list(warm.fetches if warm else ())
+    uplinks = {(o.name, upload): [Link(f"{o.name}{i}", o.rate) for i in range(o.uplinks)]
+               for o in fleet.origins for upload in (False, True)}
+    classes = node_classes(fleet, fetches) if grouped else [[i] for i in range(fleet.nodes)]
+    pool = Link("cpu", fleet.cpus) if fleet.cpus else None
+    resources: dict[str, list[Link]] = defaultdict(list)
+    for (origin, upload), links in uplinks.items():
+        resources[f"{origin}_in" if upload else origin] = links
+    if pool:
+        resources["cpu"] = [pool]
+    class_marks: list[dict[str, float]] = [{} for _ in classes]
 
-    def node(index: int):
-        nic = Link(f"node{index}", fleet.nic_rate)
-        for phase in phases:
-            yield env.timeout(phase.seconds)
-            links = uplinks[phase.origin]
-            spread = min(phase.spread, len(links))
-            first = (index * spread) % len(links)  # readers spread over the uplinks
-            yield simpy.AllOf(env, [network.transfer(phase.bytes / spread,
-                                                     [links[(first + k) % len(links)], nic])
-                                    for k in range(spread)])
-            outcome.phases[index][phase.name] = env.now
+    def node_class(index: int, members: list[int]):
+        weight = len(members)
+        nic = {up: Link(f"nic{'_up' if up else ''}{index}", weight * fleet.nic_rate)
+               for up in (False, True)}
+        resources["nic"].append(nic[False])
+        resources["nic_up"].append(nic[True])
+        in_flight: dict[str, simpy.Event] = {}
 
-    for index in range(fleet.nodes):
-        env.process(node(index))
+        def core() -> Link:
+            """A task's own core: a task uses at most one."""
+            link = Link(f"core{index}", weight)
+            resources["own"].append(link)
+            return link
+
+        def own(seconds: float, on: Link) -> simpy.Event:
+            return network.transfer(seconds, [on, pool] if pool else [on], weight)
+
+        def arrived(artifact: str) -> None:
+            class_marks[index][f"fetched:{artifact}"] = env.now
+
+        def fetch(f: Fetch) -> simpy.Event:
+            if f.artifact not in in_flight:
+                links = uplinks[f.origin, f.upload]
+                spread = min(f.spread, len(links))
+                first = (members[0] * spread) % len(links)
+                done = simpy.AllOf(env, [
+                    network.transfer(f.bytes / spread,
+                                     [links[(first + k) % len(links)], nic[f.upload]], weight)
+                    for k in range(spread)])
+                done.callbacks.append(lambda _, artifact=f.artifact: arrived(artifact))
+                in_flight[f.artifact] = done
+            return in_flight[f.artifact]
+
+        def start():
+            mine = core()
+            for phase in phases:
+                yield own(phase.seconds, mine)
+                if phase.fetch:
+                    yield fetch(phase.fetch)
+                yield own(phase.after, mine)
+                class_marks[index][phase.name] = env.now
+
+        def warming():
+            yield own(warm.seconds, core())
+            yield simpy.AllOf(env, [fetch(f) for f in warm.fetches])
+            class_marks[index]["warm"] = env.now
+
+        env.process(start())
+        if warm:
+            env.process(warming())
+
+    for index, members in enumerate(classes):
+        node_class(index, members)
     env.run()
-    outcome.served = {name: [link.carried for link in links]
-                      for name, links in uplinks.items()}
-    return outcome
+    marks: list[dict[str, float]] = [{} for _ in range(fleet.nodes)]
+    for index, members in enumerate(classes):
+        for node in members:
+            marks[node] = class_marks[index]
+    served = {name: [link.carried for link in links]
+              for (name, upload), links in uplinks.items() if not upload}
+    served.update({f"{name}_in": [link.carried for link in links]
+                   for (name, upload), links in uplinks.items()
+                   if upload and any(link.carried for link in links)})
+    full_s = {name: max(link.full_s for link in links)
+              for name, links in resources.items() if links}
+    job = max((max(m.values(), default=0.0) for m in class_marks), default=0.0)
+    cpu_used = pool.carried / (pool.capacity * job) if pool and job else None
+    return Outcome(marks, served, full_s, cpu_used)

@@ -1,0 +1,56 @@
+"""`python -m bootseer_dev.fleetsim REPORT.json --png out.png`: the simulator's report on a
+``bench-restart`` result (its ``lab`` section), as tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import report
+
+
+@click.command()
+@click.argument("result", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--png", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the extrapolation's plot.")
+def main(result: Path, png: Path) -> None:
+    """Validate the simulator against RESULT's lab runs and extrapolate it to production."""
+    lab = json.loads(result.read_text()).get("lab")
+    if not lab:
+        sys.exit(f"{result} has no 'lab' section")
+    out = report(lab, png)
+    validation, extrapolation = out["validation"], out["extrapolation"]
+    click.echo("validation: the lab's fleet simulated, against the lab (time to ready, s)")
+    click.echo(f"{'case':20} {'N':>4} {'lab p50':>8} {'sim p50':>8} {'err':>6} "
+               f"{'lab max':>8} {'sim max':>8} {'err':>6}  limited by")
+    for r in validation["rows"]:
+        click.echo(f"{r['case']:20} {r['nodes']:>4} {r['lab_p50_s']:>8.2f} "
+                   f"{r['sim_p50_s']:>8.2f} {r['error_p50']:>6.1%} {r['lab_max_s']:>8.2f} "
+                   f"{r['sim_max_s']:>8.2f} {r['error_max']:>6.1%}  {r['sim_limited_by']}"
+                   + ("  (calibration)" if r["calibration_run"] else ""))
+    error = validation["max_error"]
+    click.echo(f"max error: {'n/a' if error is None else f'{error:.1%}'}. "
+               f"{validation['note']}")
+    for warning in validation["warnings"] + extrapolation["warnings"]:
+        click.echo(f"warning: {warning}")
+    click.echo("\nextrapolation (assumed production fleet; every parameter an assumption):")
+    click.echo("  " + ", ".join(f"{k}={v}" for k, v in extrapolation["parameters"].items()
+                                if k != "per_node_bytes"))
+    click.echo("  per node: " + ", ".join(
+        f"{k} {v / 1e9:.2f} GB" for k, v in extrapolation["parameters"]["per_node_bytes"].items()))
+    click.echo(f"  own seconds: {extrapolation['rules']['own_seconds']}")
+    click.echo(f"{'case':20} {'N':>5} {'p50 s':>9} {'p99 s':>9} {'max s':>9}  limited by")
+    for case, data in extrapolation["cases"].items():
+        for r in data["runs"]:
+            click.echo(f"{case:20} {r['nodes']:>5} {r['p50_s']:>9.1f} {r['p99_s']:>9.1f} "
+                       f"{r['max_s']:>9.1f}  {r['limited_by']}")
+    ratio = out["sim_bootseer_vs_baseline_n1000"]
+    click.echo(f"bootseer / baseline at 1,000 nodes: {'n/a' if ratio is None else f'{ratio:.3f}'}"
+               f"   (simulated in {extrapolation['runtime_s']:.1f} s; plot: {out['png']})")
+
+
+if __name__ == "__main__":
+    main()

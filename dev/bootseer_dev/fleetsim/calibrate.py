@@ -1,0 +1,240 @@
+"""The lab's cases as restart models, calibrated from their N = 1 runs and checked at N > 1.
+
+The lab (``bench-restart``'s ``lab`` section) times one restart per case and node count:
+every node starts at t = 0 and stamps a **mark** when each step ends. A case here is the
+list of its :class:`Step` s, in the order a node does them, each naming the bytes it reads
+(``per_node_bytes``), where from and how (one stream, or striped over every uplink).
+
+**Calibration** (:func:`own_seconds`): from the N = 1 run, a step's own seconds are its
+measured duration (from the previous mark) less what its bytes take alone on the
+narrowest link (:meth:`Fleet.alone_s`); the fleet is the lab's, its caps from the lab dict.
+A mark may end several steps (``bootseer_cold``'s ``env`` is a pip install and the
+snapshot's upload): their own seconds go to the first. ``bootseer``'s steps read what the
+warm fetches; its warm's own seconds are its measured time less its fetches' at N = 1. A
+step whose bytes the warm fetches does its own work (the same step's in
+``bootseer_prestaged``: the same work with every byte local), waits for its bytes if they
+are not in yet, and spends whatever its N = 1 run took beyond that once they are in
+(``Phase.after``): so it reproduces N = 1, and does not count its wait as CPU work at
+N > 1. Nothing else is fitted: no constant of ours enters.
+
+**Validation** (:func:`validate`): each case at each N the lab ran, simulated on the lab's
+fleet (its caps, DataNodes and shared cores), against the lab's p50 and max of ready.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from .restart import Fetch, Fleet, Origin, Phase, Warm, simulate
+
+HDFS, REGISTRY, INDEX = "hdfs", "registry", "index"
+
+
+class CalibrationError(ValueError):
+    """A case the lab dict cannot calibrate (no complete N = 1 run of it)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a case's start: ``name`` is the lab mark that ends it (``mark=False``:
+    it has none and ends inside the next mark's interval)."""
+
+    name: str
+    artifact: str | None = None  # the per_node_bytes key it reads (or, upload, writes)
+    origin: str = HDFS
+    striped: bool = True  # over every uplink of the origin; False: one stream (spread 1)
+    upload: bool = False
+    scales_with: str | None = None  # artifact whose size its own work grows with
+    mark: bool = True
+
+
+@dataclass(frozen=True)
+class Case:
+    steps: tuple[Step, ...]
+    warm: tuple[str, ...] = ()  # artifacts a warm fetches at t = 0, striped over HDFS
+
+    @property
+    def marks(self) -> list[str]:
+        return [s.name for s in self.steps if s.mark] + (["warm"] if self.warm else [])
+
+
+CASES: dict[str, Case] = {
+    # docker pull (registry) -> pip install (index) -> container -> import -> checkpoint
+    # read as one sequential HDFS stream.
+    "baseline": Case((
+        Step("image", "image_layers", REGISTRY, striped=False, scales_with="image_layers"),
+        Step("env", "wheels", INDEX, striped=False, scales_with="wheels"),
+        Step("started"), Step("imported"),
+        Step("checkpoint", "checkpoint", striped=False, scales_with="checkpoint"),
+        Step("ready"))),
+    # pip install, then the snapshot is published (an upload, modelled as one: node ->
+    # DataNodes) -> lazy mount -> the lazy image's demand reads -> striped checkpoint.
+    "bootseer_cold": Case((
+        Step("pip", "wheels", INDEX, striped=False, scales_with="wheels", mark=False),
+        Step("env", "env_snapshot", upload=True),
+        Step("started"), Step("imported", "image_lazy"),
+        Step("checkpoint", "checkpoint", scales_with="checkpoint"), Step("ready"))),
+    # Every byte staged before t = 0: own work only.
+    "bootseer_prestaged": Case((
+        Step("env", scales_with="env_snapshot"), Step("started"), Step("imported"),
+        Step("checkpoint", scales_with="checkpoint"), Step("ready"))),
+    # The same start, its bytes from a warm begun at t = 0 beside it.
+    "bootseer": Case((
+        Step("env", "env_snapshot", scales_with="env_snapshot"), Step("started"),
+        Step("imported", "image_hot"),
+        Step("checkpoint", "checkpoint", scales_with="checkpoint"), Step("ready")),
+        warm=("image_hot", "env_snapshot", "checkpoint")),
+}
+
+
+def lab_fleet(lab: dict, nodes: int) -> Fleet:
+    """The lab's fleet of ``nodes``: its caps, DataNodes, and its cores shared by all."""
+    caps = lab["caps"]
+    return Fleet(nodes, caps["node_Bps"],
+                 (Origin(HDFS, caps["datanodes"], caps["datanode_Bps"]),
+                  Origin(REGISTRY, 1, caps["registry_Bps"]),
+                  Origin(INDEX, 1, caps["index_Bps"])),
+                 cpus=caps["cpus"])
+
+
+def runs(lab: dict, case: str) -> dict[int, dict]:
+    """The lab's runs of ``case`` by node count (JSON keys are strings)."""
+    return {int(n): run for n, run in lab["cases"].get(case, {}).items()}
+
+
+def complete(run: dict, case: str) -> tuple[list[dict[str, float]], list[int]]:
+    """The marks of the run's nodes that have all of the case's, and the nodes left out
+    (a step failed: a mark is missing or null)."""
+    kept, left_out = [], []
+    for node in run["nodes"]:
+        marks = node["marks"]
+        if all(marks.get(m) is not None for m in CASES[case].marks):
+            kept.append(marks)
+        else:
+            left_out.append(node["node"])
+    return kept, left_out
+
+
+#: Own seconds of each step (and of ``warm``): before its bytes are there, and after.
+Own = dict[str, tuple[float, float]]
+
+
+def own_seconds(lab: dict, case: str) -> Own:
+    """Each step's own seconds (and ``warm``'s), calibrated from the N = 1 run."""
+    spec = CASES[case]
+    kept, _ = complete(runs(lab, case).get(1, {"nodes": []}), case)
+    if not kept:
+        raise CalibrationError(f"{case}: no complete N = 1 run to calibrate from")
+    marks = kept[0]
+    fleet = lab_fleet(lab, 1)
+    nbytes = lab["per_node_bytes"]
+    own: Own = {}
+    arrival: dict[str, float] = {}
+    prestaged: Own = {}
+    if spec.warm:
+        _, warm = plan(case, dict.fromkeys([s.name for s in spec.steps] + ["warm"], (0.0, 0.0)),
+                       nbytes, fleet)
+        alone = simulate(fleet, [], warm).marks[0]
+        own["warm"] = (max(0.0, marks["warm"] - alone["warm"]), 0.0)
+        arrival = {a: own["warm"][0] + alone[f"fetched:{a}"] for a in spec.warm}
+        try:
+            prestaged = own_seconds(lab, "bootseer_prestaged")
+        except CalibrationError:
+            prestaged = {}  # then a prefetched step's own work is all its measured time
+    start, interval = 0.0, []
+    for step in spec.steps:
+        interval.append(step)
+        if not step.mark:
+            continue
+        end = marks[step.name]
+        moving = sum(fleet.alone_s(_fetch(s, nbytes, fleet)) for s in interval
+                     if s.artifact and s.artifact not in spec.warm)
+        seconds, after = max(0.0, end - start - moving), 0.0
+        if step.artifact in arrival and step.name in prestaged:
+            # Its own work is the same step's with every byte local; what it took beyond
+            # that and its bytes' arrival, it did once they were in.
+            seconds = min(seconds, prestaged[step.name][0])
+            after = max(0.0, end - max(start + seconds, arrival[step.artifact]))
+        own.update(dict.fromkeys((s.name for s in interval), (0.0, 0.0)))
+        own[interval[0].name] = (seconds, after)
+        start, interval = end, []
+    return own
+
+
+def _fetch(step: Step, nbytes: dict[str, float], fleet: Fleet) -> Fetch:
+    spread = fleet.origin(step.origin).uplinks if step.striped else 1
+    return Fetch(step.artifact, nbytes[step.artifact], step.origin, spread, step.upload)
+
+
+def plan(case: str, own: Own, nbytes: dict[str, float],
+         fleet: Fleet) -> tuple[list[Phase], Warm | None]:
+    """The case's phases (and warm) on ``fleet``, with these own seconds and bytes: striped
+    steps and the warm spread over every uplink of their origin."""
+    spec = CASES[case]
+    phases = [Phase(s.name, own[s.name][0], _fetch(s, nbytes, fleet) if s.artifact else None,
+                    own[s.name][1]) for s in spec.steps]
+    warm = Warm(own["warm"][0], tuple(_fetch(Step("warm", a), nbytes, fleet) for a in spec.warm)
+                ) if spec.warm else None
+    return phases, warm
+
+
+def phases_from_lab(lab: dict, case: str) -> list[Phase]:
+    """The case's phases on the lab's fleet, calibrated from its N = 1 run."""
+    return plan(case, own_seconds(lab, case), lab["per_node_bytes"], lab_fleet(lab, 1))[0]
+
+
+def warm_from_lab(lab: dict, case: str) -> Warm | None:
+    """The case's warm on the lab's fleet (None: the case has none)."""
+    return plan(case, own_seconds(lab, case), lab["per_node_bytes"], lab_fleet(lab, 1))[1]
+
+
+def validate(lab: dict) -> dict:
+    """Every case and N of the lab, simulated on the lab's fleet, against the lab: p50 and
+    max of node ready, their errors |sim - lab| / lab, and ``max_error`` over them all."""
+    rows = []
+    warnings = [f"{case}: no model of this case: not validated"
+                for case in lab["cases"] if case not in CASES]
+    for case in (c for c in CASES if c in lab["cases"]):
+        try:
+            own = own_seconds(lab, case)
+        except CalibrationError as error:
+            warnings.append(f"{error}: not validated")
+            continue
+        for nodes, run in sorted(runs(lab, case).items()):
+            kept, left_out = complete(run, case)
+            if left_out:
+                warnings.append(f"{case} N={nodes}: nodes {left_out} lack a mark (a step "
+                                "failed): left out")
+            if not kept:
+                continue
+            fleet = lab_fleet(lab, nodes)
+            outcome = simulate(fleet, *plan(case, own, lab["per_node_bytes"], fleet))
+            sim = outcome.summary()
+            ready = [max(m[k] for k in CASES[case].marks) for m in kept]
+            lab_p50, lab_max = statistics.median(ready), max(ready)
+            rows.append({
+                "case": case, "nodes": nodes, "calibration_run": nodes == 1,
+                "nodes_left_out": left_out,
+                "lab_p50_s": lab_p50, "sim_p50_s": sim["p50_s"],
+                "lab_max_s": lab_max, "sim_max_s": sim["max_s"],
+                "error_p50": abs(sim["p50_s"] - lab_p50) / lab_p50,
+                "error_max": abs(sim["max_s"] - lab_max) / lab_max,
+                "sim_limited_by": sim["limited_by"], "sim_busy": sim["busy"],
+                "origin_bytes": {"lab": run.get("origin_bytes"),
+                                 "sim": _lab_names(outcome.served)},
+                "cpu_busy": {"lab": run.get("cpu_busy"), "sim": sim.get("cpu_used")}})
+    return {"rows": rows,
+            "max_error": max((max(r["error_p50"], r["error_max"]) for r in rows),
+                             default=None),
+            "note": "N = 1 of each case is its calibration run: its own seconds were fitted "
+                    "to it, so its error is ~0 by construction (bootseer: except where the "
+                    "model says a step waited for the warm's bytes; there it tests the warm's "
+                    "model). N > 1 are predictions.",
+            "warnings": warnings}
+
+
+def _lab_names(served: dict[str, list[float]]) -> dict[str, float]:
+    """The simulated bytes each origin served (downloads), named as the lab names them."""
+    return ({f"datanode-{j}": b for j, b in enumerate(served[HDFS])}
+            | {REGISTRY: sum(served[REGISTRY]), INDEX: sum(served[INDEX])})

@@ -1,0 +1,165 @@
+"""The lab's calibrated restarts, extrapolated to a production fleet of 1 to 4,000 nodes.
+
+The fleet (:class:`Production`) is stated, not measured: every default below is an
+**assumption**, reported beside the results. Each node has its own cores (no shared CPU
+pool). A step's own seconds are the lab's calibrated ones scaled by its artifact:
+
+    production own seconds = lab own seconds x production bytes / lab bytes
+
+of the artifact the step's work grows with (``Step.scales_with``: layers a pull
+unpacks, wheels pip installs, the snapshot a restore unpacks, the checkpoint a node
+loads; the warm's with all it fetches). Steps whose work does not grow with bytes
+(starting a container, importing) keep their lab seconds.
+
+At 4,000 nodes the simulation stays fast because nodes that use the same uplinks are one
+class (:func:`.restart.node_classes`): a striped read makes every node alike, so a
+Bootseer restart is one class whatever N; one-stream reads make one class per DataNode.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .calibrate import CASES, HDFS, INDEX, REGISTRY, CalibrationError, Own, own_seconds, plan
+from .restart import Fleet, Origin, simulate
+
+GBIT = 1e9 / 8  # bytes per second
+
+#: The curves extrapolated.
+EXTRAPOLATED = ("baseline", "bootseer", "bootseer_prestaged")
+
+#: The paper's production figures (startup time, seconds), marked on the plot for scale:
+#: ~45 s below 10 GPUs (about one 8-GPU node), ~500 s above 3,000 GPUs (375+ nodes), and
+#: a tail of ~950 s there.
+PAPER = ((1, 45.0, "paper: ~45 s at < 10 GPUs"), (375, 500.0, "paper: ~500 s at > 3,000 GPUs"),
+         (375, 950.0, "paper: tail ~950 s"))
+
+
+@dataclass(frozen=True)
+class Production:
+    """A production fleet. Every default is an assumption: state yours."""
+
+    nic_gbit_s: float = 25.0  # each node's NIC (the issue's 25 Gb/s)
+    datanodes: int = 200  # HDFS DataNodes serving the job
+    datanode_gbit_s: float = 10.0  # each DataNode's uplink
+    registry_frontends: int = 4  # the image registry's frontends (baseline pulls)
+    registry_gbit_s: float = 25.0  # each
+    index_mirrors: int = 1  # the package index mirror(s) (baseline pip installs)
+    index_gbit_s: float = 10.0  # each
+    image_bytes: float = 15e9  # the image, unpacked
+    layers_ratio: float = 0.5  # compressed layers a docker pull fetches, per image byte
+    hot_fraction: float = 0.08  # of the image: the hot pack a warmed start reads
+    env_bytes: float = 5e9  # the Python environment, installed
+    wheels_ratio: float = 0.4  # wheels pip downloads, per installed byte
+    snapshot_ratio: float = 0.5  # env snapshot shards (compressed), per installed byte
+    checkpoint_bytes: float = 100e9  # the whole checkpoint
+    nodes_per_replica: int = 8  # a data-parallel replica's nodes each read 1/8 of it
+    node_counts: tuple[int, ...] = (1, 10, 100, 1000, 4000)
+
+    def per_node_bytes(self) -> dict[str, float]:
+        """Bytes one node needs, per artifact (the lab's ``per_node_bytes`` keys)."""
+        return {"image_layers": self.image_bytes * self.layers_ratio,
+                "image_hot": self.image_bytes * self.hot_fraction,
+                "wheels": self.env_bytes * self.wheels_ratio,
+                "env_snapshot": self.env_bytes * self.snapshot_ratio,
+                "checkpoint": self.checkpoint_bytes / self.nodes_per_replica}
+
+    def fleet(self, nodes: int) -> Fleet:
+        return Fleet(nodes, self.nic_gbit_s * GBIT, (
+            Origin(HDFS, self.datanodes, self.datanode_gbit_s * GBIT),
+            Origin(REGISTRY, self.registry_frontends, self.registry_gbit_s * GBIT),
+            Origin(INDEX, self.index_mirrors, self.index_gbit_s * GBIT)))
+
+
+def scaled(case: str, own: Own, lab_bytes: dict[str, float],
+           prod_bytes: dict[str, float]) -> Own:
+    """The lab's own seconds of ``case`` at production bytes (the module's rule)."""
+    def ratio(artifacts: list[str]) -> float:
+        return sum(prod_bytes[a] for a in artifacts) / sum(lab_bytes[a] for a in artifacts)
+
+    spec = CASES[case]
+    factors = {s.name: ratio([s.scales_with]) if s.scales_with else 1.0 for s in spec.steps}
+    if spec.warm:
+        factors["warm"] = ratio(list(spec.warm))
+    return {name: (before * factors[name], after * factors[name])
+            for name, (before, after) in own.items()}
+
+
+def extrapolate(lab: dict, params: Production = Production()) -> dict:
+    """Baseline, Bootseer and Bootseer prestaged on ``params`` at each node count: time to
+    ready (p50, p99, max), what limited each run, and Bootseer / baseline at 1,000."""
+    began = time.monotonic()
+    prod_bytes = params.per_node_bytes()
+    cases, warnings = {}, []
+    for case in EXTRAPOLATED:
+        try:
+            own = scaled(case, own_seconds(lab, case), lab["per_node_bytes"], prod_bytes)
+        except CalibrationError as error:
+            warnings.append(f"{error}: not extrapolated")
+            continue
+        phases, warm = plan(case, own, prod_bytes, params.fleet(1))
+        runs = []
+        for nodes in params.node_counts:
+            summary = simulate(params.fleet(nodes), phases, warm).summary()
+            runs.append({"nodes": nodes} | {k: summary[k] for k in (
+                "p50_s", "p99_s", "max_s", "limited_by", "busy", "served_bytes")})
+        cases[case] = {"own_s": own, "runs": runs}
+    return {
+        "parameters": asdict(params) | {"per_node_bytes": prod_bytes, "cpu_pool": None},
+        "rules": {
+            "own_seconds": "lab own seconds x production bytes / lab bytes of the artifact "
+                           "the step's work grows with (pull: image_layers, pip: wheels, "
+                           "restore: env_snapshot, load: checkpoint, warm: all it fetches); "
+                           "container start and imports keep their lab seconds",
+            "placement": "striped reads over every uplink of their origin; one-stream reads "
+                         "and pulls on one uplink each, round-robin over the nodes",
+            "links": "NICs and origin uplinks capped, shared max-min fairly; no latency",
+            "status": "every parameter is an assumption, not a measurement"},
+        "cases": cases,
+        "bootseer_vs_baseline_n1000": _ratio(cases, 1000),
+        "note": "bootseer_vs_baseline_n1000: Bootseer's job time to ready (max) over the "
+                "baseline's at 1,000 nodes (< 1: Bootseer is faster)",
+        "runtime_s": time.monotonic() - began,
+        "warnings": warnings}
+
+
+def _ratio(cases: dict, nodes: int) -> float | None:
+    times = {case: {r["nodes"]: r["max_s"] for r in cases[case]["runs"]}.get(nodes)
+             for case in ("bootseer", "baseline") if case in cases}
+    if times.get("bootseer") is None or not times.get("baseline"):
+        return None
+    return times["bootseer"] / times["baseline"]
+
+
+def plot(extrapolated: dict, path: Path) -> Path:
+    """Time to ready against node count (log-log), each case's max and p50, with the
+    paper's production figures marked for scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for case, data in extrapolated["cases"].items():
+        nodes = [r["nodes"] for r in data["runs"]]
+        line, = ax.plot(nodes, [r["max_s"] for r in data["runs"]], marker="o",
+                        label=f"{case}: job (max)")
+        ax.plot(nodes, [r["p50_s"] for r in data["runs"]], linestyle="--",
+                color=line.get_color(), label=f"{case}: p50")
+    for nodes, seconds, label in PAPER:
+        ax.scatter([nodes], [seconds], marker="*", s=140, color="black", zorder=3)
+        ax.annotate(label, (nodes, seconds), textcoords="offset points", xytext=(6, 4),
+                    fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("nodes (8 GPUs each)")
+    ax.set_ylabel("time to ready (s)")
+    ax.set_title("Restart time, simulated at production scale (assumed fleet)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
