@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint system-deps venv clean bench-ckpt bench-hdfs bench-blocksize bench-image \
-	bench-env
+	bench-env bench-restart
 
 $(STAMP): pyproject.toml dev/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,12 @@ bench-image: system-deps venv
 # benchmark's own tool venv (~/.cache/bootseer/bench-env), not the project's dependencies.
 bench-env: system-deps venv
 	$(BIN)/python benchmarks/bench_env.py --out bench-results/env.json
+
+# A job restarting on 1..16 nodes of the fleet lab (network namespaces, tc caps; root):
+# baseline vs Bootseer cases, origin bytes, and the fleet simulator calibrated from it.
+bench-restart: system-deps venv
+	$(BIN)/python benchmarks/bench_restart.py --out bench-results/restart.json \
+		--png bench-results/restart.png
 
 clean:
 	rm -rf $(VENV) build bench-results .pytest_cache

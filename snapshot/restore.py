@@ -33,11 +33,13 @@ rewritten by :mod:`bootseer.snapshot.relocate` in the staging directory, after v
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
 import logging
 import os
+import re
 import shutil
 import signal
 import stat
@@ -85,12 +87,54 @@ class RestoreResult:
     relocated: int = 0  # files rewritten for a new prefix
 
 
-def load_manifest(blobs: BlobStore, key: str) -> Manifest:
+def manifest_blob(blobs: BlobStore, key: str) -> tuple[str, bytes]:
+    """The digest and bytes of snapshot ``key``'s manifest in the store."""
     try:
         ref = blobs.get_ref(REF_PREFIX + key)
     except FileNotFoundError:
         raise FileNotFoundError(f"no snapshot {key} in the store {blobs.store.url}") from None
-    return Manifest.decode(blobs.get(ref.digest, MAX_MANIFEST_BYTES), key)
+    return ref.digest, blobs.get(ref.digest, MAX_MANIFEST_BYTES)
+
+
+#: Keys that may name a file in the snapshot cache (``keys/<key>``): every key `env run`
+#: derives, and what `env snapshot --key` accepts.
+_CACHEABLE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _key_record(cache: NodeCache, key: str) -> Path | None:
+    return cache.directory / "keys" / key if _CACHEABLE_KEY.fullmatch(key) else None
+
+
+def load_manifest(blobs: BlobStore, key: str, cache: NodeCache | None = None) -> Manifest:
+    """Snapshot ``key``'s manifest: from the node's snapshot cache when a warm staged it
+    there (:func:`stage_manifest`), else from the store.
+
+    A key names one snapshot for good (publishing it is create-only), so a restore on a
+    warmed node reads nothing from the store and never even connects to it."""
+    record = _key_record(cache, key) if cache is not None else None
+    if record is not None:
+        with contextlib.suppress(OSError, ValueError):  # absent, damaged, forged: the store
+            data = cache.get(record.read_text().strip())
+            if data is not None:
+                return Manifest.decode(data, key)
+    return Manifest.decode(manifest_blob(blobs, key)[1], key)
+
+
+def stage_manifest(blobs: BlobStore, cache: NodeCache, key: str) -> Manifest:
+    """Snapshot ``key``'s manifest from the store, kept in ``cache`` like a shard (under
+    its digest, verified on every read) with ``keys/<key>`` naming that digest, for
+    :func:`load_manifest`. A cache this process cannot write is left as it is."""
+    digest, data = manifest_blob(blobs, key)
+    manifest = Manifest.decode(data, key)
+    record = _key_record(cache, key)
+    if record is not None:
+        with contextlib.suppress(OSError, BootseerError):
+            cache.put(digest.removeprefix("sha256:"), data)
+            record.parent.mkdir(mode=0o755, exist_ok=True)
+            tmp = cache.new_temporary("key")  # swept if this process dies before the rename
+            tmp.write_text(digest.removeprefix("sha256:"))
+            os.replace(tmp, record)
+    return manifest
 
 
 def _crash_point(name: str) -> None:

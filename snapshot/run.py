@@ -90,7 +90,7 @@ def env_run(blobs: BlobStore, inputs: KeyInputs, *, environ: Mapping[str, str],
     material = key_material(inputs, environ)
     key = snapshot_key(material)
     try:
-        manifest = load_manifest(blobs, key)
+        manifest = load_manifest(blobs, key, cache)
     except FileNotFoundError:
         manifest = None
     if manifest is not None:

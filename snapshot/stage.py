@@ -3,8 +3,10 @@
 The shards go into the node's snapshot cache (``<cache_dir>/snapshots``), the same kind of
 verified, content-addressed, crash-safe cache that holds image blocks: a shard is stored
 under its sha256 only after the bytes matched it, and is checked again when read back.
-A later restore of the snapshot takes every shard it finds there instead of fetching it,
-so a job's restart on a warmed node does not wait for the network. Restores themselves do
+The manifest is kept there too, with ``keys/<key>`` naming it. A later restore of the
+snapshot takes the manifest and every shard it finds there instead of fetching them, so a
+job's restart on a warmed node does not wait for the network, nor even connect to the
+store. Restores themselves do
 not fill the cache: the restored environment is the copy a node keeps.
 """
 
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
-from bootseer.snapshot.restore import load_manifest
+from bootseer.snapshot.restore import stage_manifest
 from bootseer.store import BlobStore
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,7 @@ def stage_snapshot(blobs: BlobStore, cache: NodeCache, key: str, *, concurrency:
     priorities).
     """
     started = time.monotonic()
-    manifest = load_manifest(blobs, key)
+    manifest = stage_manifest(blobs, cache, key)
     total = sum(s.size for s in manifest.shards)
     if on_plan:
         on_plan(total)

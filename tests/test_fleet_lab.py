@@ -97,7 +97,7 @@ def lab(tmp_path_factory):
     before = HostSnapshot.take()
     state_dir = tmp_path_factory.mktemp("fleet")
     spec = LabSpec(nodes=2, datanodes=1, name="ftest", state_dir=state_dir,
-                   hdfs_base_port=19500, block_size=1 << 20)
+                   hdfs_base_port=19500, block_size=1 << 20, engines=True)
     lab = Lab(spec)
     try:
         lab.up(timeout_s=90)
@@ -272,6 +272,71 @@ def test_a_job_on_both_nodes_is_reported_as_one(lab) -> None:
     body = json.loads(report.stdout)
     assert body["nodes"] == 2 and {"image_ready", "ready"} <= set(body["phases"])
     assert {lag["node"] for lag in body["slowest"]} == {"node-0", "node-1"}
+
+
+def test_an_engine_pulls_from_the_lab_registry_through_the_caps(lab) -> None:
+    """Node 0's Docker engine pulls the image pushed to the lab's registry; the bytes
+    cross the registry's and the node's caps; the pulled image runs."""
+    from bootseer_dev.image import build_image, read_build_info
+
+    lab, _, _ = lab
+    layout = build_image(with_python=True)
+    name = f"{lab.spec.registry_address}/lab/py:1"
+    push = subprocess.run([*netns.enter_argv(lab.spec.registry.netns), "skopeo", "copy",
+                           "--quiet", "--dest-tls-verify=false", f"oci:{layout}",
+                           f"docker://{name}"], capture_output=True, text=True, timeout=300)
+    assert push.returncode == 0, push.stderr
+    before = lab.link_bytes("registry"), lab.link_bytes("node-0")
+    pull = lab.docker(0, "pull", "--quiet", name)
+    assert pull.returncode == 0, pull.stderr
+    after = lab.link_bytes("registry"), lab.link_bytes("node-0")
+    layers = read_build_info(layout).compressed_bytes
+    assert layers <= after[0][0] - before[0][0] and layers <= after[1][1] - before[1][1]
+    run = lab.docker(0, "run", "--rm", "--network", "none", name, "python3", "-c",
+                     "print(6 * 7)")
+    assert (run.returncode, run.stdout.strip()) == (0, "42"), run.stderr
+
+
+def test_an_engine_starts_a_container_on_the_node_agent_with_bootseer_runtime(lab) -> None:
+    """`docker run --runtime bootseer` of the stub on node 1: its engine's runtime asks
+    node 1's agent (BOOTSEER_CONFIG), which serves the root and a checkpoint mount of the
+    lab's HDFS (allowed by the node's config)."""
+    from bootseer.agents.client import AgentClient
+
+    lab, _, _ = lab
+    bootseer = [PY, "-m", "bootseer"]
+    hdfs = lab.spec.checkpoint_prefix()
+    data = os.urandom(3 << 20)
+    local = lab.spec.state_dir / "ckpt-src"
+    local.mkdir()
+    (local / "shard0.bin").write_bytes(data)
+    put = lab.run(0, [*bootseer, "ckpt", "put", str(local), f"{hdfs}engine-ckpt"])
+    assert put.returncode == 0, put.stderr[-3000:]
+    stub = lab.run(1, [*bootseer, "image", "docker-stub", "py", "--tag", "bootseer/py:1",
+                       "--docker-host", lab.node_files(1).docker_host])
+    assert stub.returncode == 0, stub.stderr[-3000:]
+    with AgentClient(lab.node_files(1).socket) as client:
+        known = {s.id for s in client.starts()}
+    run = lab.docker(1, "run", "--rm", "--runtime", "bootseer", "--network", "none",
+                     "-e", f"BOOTSEER_CHECKPOINTS=ck={hdfs}engine-ckpt", "bootseer/py:1",
+                     "python3", "-c", "import hashlib; print(hashlib.sha256(open("
+                     "'/mnt/checkpoints/ck/shard0.bin', 'rb').read()).hexdigest())")
+    assert (run.returncode, run.stdout.strip()) == (0, hashlib.sha256(data).hexdigest()), \
+        run.stderr
+    with AgentClient(lab.node_files(1).socket) as client:
+        (start,) = [s for s in client.starts() if s.id not in known]
+    assert (start.image, start.runtime) == ("py", "bootseer-runtime")
+
+
+def test_restarted_agents_start_cold(lab) -> None:
+    lab, _, _ = lab
+    old = lab.agent_record(1).pid
+    entries = list(lab.node_files(1).cache_dir.rglob("entries/*/*"))
+    assert entries  # the starts above cached image blocks
+    lab.restart_agents([1])
+    assert lab.agent_record(1).pid != old
+    assert not [e for e in entries if e.exists()]
+    assert lab.status().healthy
 
 
 def test_status_reports_caps_agents_and_scale_down(lab) -> None:

@@ -77,3 +77,46 @@ def test_env_run_publishes_and_restores_through_hdfs(hdfs_cluster, tmp_path: Pat
     second = bootseer(*run, store=tmp_path / "unused")
     assert second.stdout == first.stdout and "the command was not run" in second.stderr
     assert tree_state(venv) == installed
+
+
+def test_a_warmed_restore_reads_nothing_from_the_store(tmp_path: Path) -> None:
+    """The warm stages the manifest with the shards (``keys/<key>`` names its digest): with
+    the store emptied, the node restores from its cache alone. A record that names a
+    damaged or unknown entry is not trusted: the store is asked instead."""
+    key, venv, run = published_venv(tmp_path)
+    store, cache = tmp_path / "store", tmp_path / "cache"
+    env = {"BOOTSEER_CACHE_DIR": str(cache)}
+    bootseer("warm", "--env", key, store=store, env=env)
+    record = cache / "snapshots" / "keys" / key
+    assert len(record.read_text()) == 64
+    installed = tree_state(venv)
+    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    store.rename(tmp_path / "store-gone")
+    restored = bootseer(*run, store=store, env=env)
+    assert "the command was not run" in restored.stderr and tree_state(venv) == installed
+    (tmp_path / "store-gone").rename(store)
+    for forged in ("0" * 64, "../../../etc/passwd"):
+        record.write_text(forged)
+        subprocess.run(["rm", "-rf", str(venv)], check=True)
+        again = bootseer(*run, store=store, env=env)
+        assert "the command was not run" in again.stderr and tree_state(venv) == installed
+
+
+def test_a_warmed_restore_never_connects_to_hdfs(hdfs_cluster, tmp_path: Path) -> None:
+    """Warmed from the real cluster, the restore runs with the store's NameNode gone (an
+    address where nothing listens): the store is opened but never connected to, so no JVM
+    is started either."""
+    url = f"{hdfs_cluster.namenode_rpc_url}/test-env-{tmp_path.name}"
+    venv, wheel = tmp_path / "node" / "venv", tiny_wheel(tmp_path)
+    install = (f"{sys.executable} -m venv --without-pip {venv} && "
+               f"{sys.executable} -m pip --python {venv}/bin/python install -q --no-index "
+               f"--disable-pip-version-check --no-cache-dir {wheel}")
+    command = ("env", "run", "--path", str(venv), "--", "sh", "-c", install)
+    env = {"BOOTSEER_CACHE_DIR": str(tmp_path / "cache")}
+    key = bootseer("--store", url, *command, store=tmp_path / "unused").stdout.strip()
+    installed = tree_state(venv)
+    bootseer("--store", url, "warm", "--env", key, store=tmp_path / "unused", env=env)
+    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    restored = bootseer("--store", "hdfs://127.0.0.1:9/nothing-listens", *command,
+                        store=tmp_path / "unused", env=env)
+    assert "the command was not run" in restored.stderr and tree_state(venv) == installed

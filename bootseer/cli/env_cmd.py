@@ -168,7 +168,7 @@ def restore_cmd(app: AppContext, key: str, paths, relocate: bool) -> None:
     if relocate and not paths:
         raise click.UsageError("--relocate needs the new location: one --path per target "
                                "of the snapshot (see `bootseer env show KEY`)")
-    manifest = load_manifest(app.blobs, key)
+    manifest = load_manifest(app.blobs, key, _shard_cache(app))
     targets = tuple(os.path.abspath(p) for p in paths) or None
     with byte_progress(f"restoring {key[:12]}", manifest.content_bytes) as advance:
         r = restore(app.blobs, manifest, targets=targets, relocate=relocate,

@@ -53,22 +53,40 @@ class HdfsStore(HadoopStyleStore):
     ) -> None:
         super().__init__(url)
         self.user = user
-        _jvm_options()
-        ticket = os.environ.get("KRB5CCNAME", f"/tmp/krb5cc_{os.getuid()}") if kerberos else None
-        try:
-            self.fs = pafs.HadoopFileSystem(
-                self.host, self.port, user=user,
-                replication=replication or 0,  # 0: the cluster's dfs.replication
-                default_block_size=block_size or None,
-                kerb_ticket=ticket,
-            )
-        except OSError as exc:
-            raise BackendUnavailableError(
-                f"cannot connect to {self.url} through libhdfs ({exc}); it needs JAVA_HOME, "
-                f"ARROW_LIBHDFS_DIR and CLASSPATH (`python -m bootseer_dev.cluster env` prints "
-                f"them for the test cluster)"
-            ) from exc
-        self._libhdfs = _Libhdfs(self.host, self.port, user)
+        self._options = {"replication": replication or 0,  # 0: the cluster's dfs.replication
+                         "default_block_size": block_size or None,
+                         "kerb_ticket": os.environ.get("KRB5CCNAME",
+                                                       f"/tmp/krb5cc_{os.getuid()}")
+                         if kerberos else None}
+        self._connecting = threading.Lock()
+        self._connection: tuple[pafs.HadoopFileSystem, _Libhdfs] | None = None
+
+    def _connect(self) -> tuple[pafs.HadoopFileSystem, _Libhdfs]:
+        """The JVM and the NameNode connection, made on first use: starting a JVM costs a
+        second or two of CPU, which a process that finds everything on the node (a warmed
+        restore, say) never pays."""
+        with self._connecting:
+            if self._connection is None:
+                _jvm_options()
+                try:
+                    fs = pafs.HadoopFileSystem(self.host, self.port, user=self.user,
+                                               **self._options)
+                except OSError as exc:
+                    raise BackendUnavailableError(
+                        f"cannot connect to {self.url} through libhdfs ({exc}); it needs "
+                        f"JAVA_HOME, ARROW_LIBHDFS_DIR and CLASSPATH (`python -m "
+                        f"bootseer_dev.cluster env` prints them for the test cluster)"
+                    ) from exc
+                self._connection = fs, _Libhdfs(self.host, self.port, self.user)
+            return self._connection
+
+    @property
+    def fs(self) -> pafs.HadoopFileSystem:
+        return (self._connection or self._connect())[0]
+
+    @property
+    def _libhdfs(self) -> _Libhdfs:
+        return (self._connection or self._connect())[1]
 
     def _fs_info(self, path: str) -> PathInfo | None:
         info = self.fs.get_file_info(path)

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Dockerd", "EngineUnavailable", "Registry", "deployed_daemon_config", "free_port",
-           "registry_config", "start_agent"]
+__all__ = ["Dockerd", "EngineUnavailable", "Registry", "deployed_daemon_config", "dockerd_argv",
+           "free_port", "registry_config", "start_agent"]
 
 #: Seconds a component may take to answer after it was started.
 START_TIMEOUT = 60.0
@@ -137,6 +137,19 @@ class Registry:
         _stop(self.proc, 30)
 
 
+def dockerd_argv(root: Path, config: dict, data_root: Path | None = None) -> list[str]:
+    """A private engine's command line: ``config`` written to ``root/daemon.json``; data
+    (images, containers) in ``data_root`` (default ``root/data``), exec root, pid file and
+    socket ``root/docker.sock`` under ``root``; no firewall or bridge changes."""
+    root.mkdir(parents=True, exist_ok=True)
+    config_file = root / "daemon.json"
+    config_file.write_text(json.dumps(config))
+    return ["dockerd", "--config-file", str(config_file),
+            "--data-root", str(data_root or root / "data"),
+            "--exec-root", str(root / "exec"), "--pidfile", str(root / "docker.pid"),
+            "-H", f"unix://{root / 'docker.sock'}", "--iptables=false", "--bridge=none"]
+
+
 @dataclass
 class Dockerd:
     """A Docker engine with private roots under ``root`` and the socket ``root/docker.sock``.
@@ -152,14 +165,8 @@ class Dockerd:
     @classmethod
     def start(cls, root: Path, *, data_root: Path | None = None,
               config: dict | None = None, env: dict[str, str] | None = None) -> Dockerd:
-        root.mkdir(parents=True, exist_ok=True)
         sock, log = root / "docker.sock", root / "dockerd.log"
-        config_file = root / "daemon.json"
-        config_file.write_text(json.dumps(config or {}))
-        proc = _spawn(["dockerd", "--config-file", str(config_file),
-                       "--data-root", str(data_root or root / "data"),
-                       "--exec-root", str(root / "exec"), "--pidfile", str(root / "docker.pid"),
-                       "-H", f"unix://{sock}", "--iptables=false", "--bridge=none"], log, env)
+        proc = _spawn(dockerd_argv(root, config or {}, data_root), log, env)
         dockerd = cls(root, proc)
         _wait_up(lambda: sock.exists() and dockerd.docker("version", check=False).returncode == 0,
                  "dockerd", proc, log)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -27,7 +28,7 @@ from bootseer_dev.cluster.process import ProcessRecord, is_alive_and_ours, termi
 from bootseer_dev.cluster.units import format_rate
 
 from . import shaping, topology
-from .nodes import NodeFiles, agent_env, agent_health, start_agents
+from .nodes import NodeFiles, agent_env, agent_health, start_agents, start_engines
 from .origins import start_origins
 from .spec import LabSpec, Member
 from .state import Iface, LabState
@@ -201,6 +202,31 @@ class Lab:
                               capture_output=True, text=True, timeout=timeout, env=full_env,
                               stdin=subprocess.DEVNULL)
 
+    def docker(self, i: int, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        """The docker CLI against node i's engine (``engines``): what it starts runs in
+        the node's network namespace, on the node's agent."""
+        if not self.spec.engines:
+            raise LabError("this lab has no engines (`up --engines`)")
+        return subprocess.run(["docker", "-H", self.node_files(i).docker_host, *args],
+                              capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+
+    def restart_agents(self, indices: list[int], timeout_s: float = 120.0) -> None:
+        """Stop the agents of ``indices``, empty their caches, start them again: the nodes
+        are cold again (nothing staged, no mounts), as after a reboot."""
+        for i in indices:
+            rec = self.agent_record(i)
+            terminate(rec)
+            self.state.processes.remove(rec)
+            cache = self.node_files(i).cache_dir
+            for point in _mounts_under(cache):
+                subprocess.run(["umount", "-l", point], check=False, capture_output=True,
+                               timeout=30)
+            if cache.exists():
+                shutil.rmtree(cache)
+        self.state.save()
+        start_agents(self.spec, self.state, agent_env(self.client_env()), timeout_s, indices)
+
     # ------------------------------------------------------------------ up / down
     def up(self, timeout_s: float = 120.0) -> None:
         """Build the lab; on any failure take down what was made and re-raise."""
@@ -228,6 +254,8 @@ class Lab:
             if self.spec.origins:
                 start_origins(self.spec, self.state, timeout_s)
             start_agents(self.spec, self.state, agent_env(self.client_env()), timeout_s)
+            if self.spec.engines:
+                start_engines(self.spec, self.state, timeout_s)
         except BaseException:
             log.error("lab %s did not come up; taking down what was made", self.spec.name)
             self.down()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from bootseer_dev.cluster.process import ProcessRecord, launch, log_tail, why_no
 from .spec import METRICS_PORT, LabSpec
 from .state import LabState
 
-__all__ = ["AgentStartError", "NodeFiles", "agent_env", "agent_health", "start_agents"]
+__all__ = ["AgentStartError", "NodeFiles", "agent_env", "agent_health", "start_agents",
+           "start_engines"]
 
 #: A Unix socket path is at most 107 bytes.
 MAX_SOCKET_PATH = 107
@@ -59,6 +61,15 @@ class NodeFiles:
     def log(self) -> Path:
         return self.root / "agent.log"
 
+    @property
+    def docker_root(self) -> Path:
+        """The node's Docker engine (``--engines``): its data, exec root, socket, log."""
+        return self.root / "docker"
+
+    @property
+    def docker_host(self) -> str:
+        return f"unix://{self.docker_root / 'docker.sock'}"
+
 
 def _write_config(spec: LabSpec, i: int, files: NodeFiles) -> None:
     # json.dumps of a str is a valid TOML basic string.
@@ -69,7 +80,9 @@ def _write_config(spec: LabSpec, i: int, files: NodeFiles) -> None:
         "[agent]\n"
         f"socket = {json.dumps(str(files.socket))}\n"
         f"metrics_listen = {json.dumps(f'{spec.node(i).address}:{METRICS_PORT}')}\n"
-        f"node_name = {json.dumps(spec.node(i).role)}\n")  # in job reports
+        f"node_name = {json.dumps(spec.node(i).role)}\n"  # in job reports
+        "[checkpoint]\n"  # containers on the lab's nodes may mount the lab's HDFS
+        f"allowed = {json.dumps([spec.checkpoint_prefix()] if spec.datanodes else [])}\n")
 
 
 def agent_env(client_env: dict[str, str]) -> dict[str, str]:
@@ -94,11 +107,11 @@ def agent_health(files: NodeFiles, timeout: float = 2.0) -> dict | None:
 
 
 def start_agents(spec: LabSpec, state: LabState, env: dict[str, str],
-                 timeout_s: float = 60.0) -> None:
-    """Start every node's agent, record it, and wait (at most timeout_s) until each one
-    answers its health check with its own pid."""
+                 timeout_s: float = 60.0, indices: list[int] | None = None) -> None:
+    """Start the agents of ``indices`` (default: every node), record them, and wait (at
+    most timeout_s) until each one answers its health check with its own pid."""
     started: list[tuple[NodeFiles, ProcessRecord]] = []
-    for i in range(spec.nodes):
+    for i in range(spec.nodes) if indices is None else indices:
         files = NodeFiles.of(spec, i)
         if len(str(files.socket)) > MAX_SOCKET_PATH:
             raise AgentStartError(f"socket path {files.socket} is longer than "
@@ -125,3 +138,40 @@ def start_agents(spec: LabSpec, state: LabState, env: dict[str, str],
                 raise AgentStartError(f"{rec.role} did not answer on {files.socket} within "
                                       f"{timeout_s:.0f}s; {files.log}:\n{log_tail(files.log)}")
             time.sleep(0.1)
+
+
+def start_engines(spec: LabSpec, state: LabState, timeout_s: float = 60.0) -> None:
+    """Start a Docker engine on every node (``--engines``), record it, and wait until each
+    answers on its socket.
+
+    Each engine runs in its node's network namespace (its pulls cross the node's cap),
+    with its data under the node's directory, Bootseer's runtime as deployed
+    (``deploy/docker-daemon.json``: ``--runtime bootseer`` is ``bootseer-runtime``), and
+    the lab's registry as an insecure one (plain HTTP). ``BOOTSEER_CONFIG`` in its
+    environment reaches the runtime it starts, which so asks the node's own agent.
+    """
+    from bootseer_dev.engines import deployed_daemon_config, dockerd_argv
+
+    runtime = Path(sys.executable).parent / "bootseer-runtime"
+    config = deployed_daemon_config(runtime) | {
+        "insecure-registries": [spec.registry_address] if spec.origins else []}
+    started = []
+    for i in range(spec.nodes):
+        files = NodeFiles.of(spec, i)
+        argv = [*netns.enter_argv(spec.node(i).netns), *dockerd_argv(files.docker_root, config)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
+        env["BOOTSEER_CONFIG"] = str(files.config)
+        rec = launch(f"dockerd-n{i}", argv, files.docker_root / "dockerd.log",
+                     files.docker_host, env=env)
+        state.add(state.processes, rec)
+        started.append((files, rec))
+    deadline = time.monotonic() + timeout_s
+    for files, rec in started:
+        while subprocess.run(["docker", "-H", files.docker_host, "version"],
+                             capture_output=True, stdin=subprocess.DEVNULL).returncode:
+            why = why_not_running(rec)
+            if why or time.monotonic() > deadline:
+                raise AgentStartError(f"{rec.role} did not answer on {files.docker_host} "
+                                      f"({why or f'{timeout_s:.0f}s'}); {rec.log}:\n"
+                                      f"{log_tail(Path(rec.log))}")
+            time.sleep(0.2)

@@ -74,6 +74,7 @@ class LabSpec:
     hdfs_base_port: int = 9000
     block_size: int = 8 << 20
     store: str = ""          # "" = the lab's HDFS (or file store without DataNodes)
+    engines: bool = False    # a Docker engine per node, with Bootseer's runtime
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).absolute()
@@ -141,6 +142,11 @@ class LabSpec:
         if self.datanodes:
             return f"hdfs://{self.namenode.address}:{self.hdfs_base_port}/bootseer"
         return (self.state_dir / "store").as_uri()
+
+    def checkpoint_prefix(self) -> str:
+        """The lab's HDFS as a whole: what its nodes' containers may mount as checkpoints
+        (``checkpoint.allowed``)."""
+        return f"hdfs://{self.namenode.address}:{self.hdfs_base_port}/"
 
     # ------------------------------------------------------------------ reporting
     def scale_down(self) -> str:

@@ -1,0 +1,605 @@
+"""``make bench-restart``: a whole job restarting on N = 1, 2, 4, 8, 16 lab nodes at once.
+
+The lab is the fleet lab (``python -m bootseer_dev.fleet``, built and taken down by this
+run): N emulated GPU nodes, each a network namespace with its NIC capped both ways, its
+own node agent and its own Docker engine with Bootseer's runtime as deployed; an HDFS
+dev cluster of ``--datanodes`` DataNodes, a docker-registry and a wheel index, each on a
+capped link of its own. No latency is added (the kernel has no ``sch_netem``).
+
+Every node runs the same real job, all nodes spawned at the same instant t0:
+
+* the image: Debian bookworm minbase + python3 (``bootseer_dev.image``);
+* the environment: a venv with numpy 2.2.6 and nvidia-cuda-runtime 13.0.96 from the lab's
+  wheel index, at the same path on every node (each node's own directory is bind-mounted
+  there in a private mount namespace, so that the snapshot key is the job's, not the
+  node's), given to the container read-only;
+* the checkpoint: 2 data-parallel groups x 2 shards x 16 MiB in HDFS; node i reads group
+  ``i % 2`` (the same shards as every other replica of its group) and checks each
+  shard's sha256;
+* the workload (``job.py``, in the container): import numpy from the environment, read
+  and verify the checkpoint, touch the ready file, exit.
+
+Cases (each on cold nodes: fresh agent caches, fresh environments, a dropped page cache):
+
+* ``baseline``: what a user runs today: ``docker pull`` from the registry, ``python -m
+  venv`` + ``pip install`` from the index, ``docker run``; the checkpoint read as one
+  stream (WebHDFS, one HTTP stream per shard, in order);
+* ``bootseer_cold``: the first start: ``bootseer env run`` runs pip and publishes the
+  snapshot; ``docker run --runtime bootseer`` of the stub image mounts the lazy image
+  (no hot list yet: it records one) and the checkpoint mount (striped reads);
+* ``bootseer_prestaged``: ``bootseer warm`` of the hot pack, the snapshot and the
+  checkpoint finished before t0 (a scheduler that knows the next nodes), then the start;
+* ``bootseer``: a later restart: ``bootseer warm`` is issued on every node at t0, beside
+  the start; a node is ready when both are done;
+* ``bootseer_fanout`` (largest N only): ``bootseer job fanout`` raised the replication of
+  everything the job reads (HDFS ``setReplication``, waited for), then as ``bootseer``.
+
+Per case and N: the job's time-to-ready (slowest node), p50/p99/max over nodes, the
+slowest node's phases, the bytes every origin sent (tc's counters on its capped link:
+each DataNode, the registry, the index) and their max/mean, the fan-out factor (origin
+bytes / the same case's N = 1 origin bytes), and the machine's CPU busy fraction. The
+fleet simulator (``bootseer_dev.fleetsim``) is calibrated from the N = 1 runs, validated
+against every N and extrapolated to production scale (its section of the JSON, and a PNG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchlib import RunFailed, busy_fraction, cpu_times, drop_page_cache, select_cases
+
+from bootseer_dev import netns
+from bootseer_dev.cluster import parse_link
+from bootseer_dev.fleet import Lab, LabSpec, index_dir
+from bootseer_dev.image import build_image, read_build_info
+
+log = logging.getLogger("bench-restart")
+MB, MIB = 1e6, 1 << 20
+CASES = ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer", "bootseer_fanout")
+IMAGE = "job"                       # the lazy image's name in the store
+STUB = "bootseer/job:1"             # its stub in each node's engine
+REGISTRY_REF = "job/python:1"       # the same image in the lab's registry
+WHEELS = ("numpy==2.2.6", "nvidia-cuda-runtime==13.0.96")
+GROUPS, SHARDS, SHARD_BYTES = 2, 2, 16 * MIB
+PYTHON = "/usr/bin/python3"         # Debian's, as in the image: the venv runs in both
+LATENCY = "none added: kernel has no sch_netem"
+#: Seconds over which the machine's CPU busy fraction is read just before t0.
+IDLE_PROBE_S = 2.0
+JOB_PY = '''\
+import hashlib, json, os, sys, time, urllib.request
+marks = {"started": time.time()}
+import numpy  # from the job's environment
+marks["imported"] = time.time()
+for source, digest in json.loads(sys.argv[1]):
+    h = hashlib.sha256()
+    with (urllib.request.urlopen(source) if source.startswith("http") else
+          open(source, "rb")) as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    if h.hexdigest() != digest:
+        sys.exit(f"{source}: sha256 {h.hexdigest()} is not {digest}")
+marks["checkpoint"] = time.time()
+if os.environ.get("BOOTSEER_READY_FILE"):
+    open(os.environ["BOOTSEER_READY_FILE"], "w").close()
+marks["ready"] = time.time()
+print(json.dumps(marks))
+'''
+
+
+@dataclass
+class NodeRun:
+    """One node's start: when each step ended (seconds since t0), or why it failed."""
+
+    node: int
+    marks: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def ready(self) -> float | None:
+        """Time-to-ready: the start's ready mark, or the warm's end if that came later."""
+        if self.error or "ready" not in self.marks:
+            return None
+        return max(self.marks["ready"], self.marks.get("warm", 0.0))
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile with linear interpolation (numpy's default), for a few values."""
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.sizes = sorted({int(n) for n in args.nodes.split(",")})
+        self.cases = select_cases(args.cases, CASES)
+        self.spec = LabSpec(nodes=max(self.sizes), datanodes=args.datanodes,
+                            node_link=parse_link(args.node_link),
+                            datanode_link=parse_link(args.datanode_link),
+                            origin_link=parse_link(args.origin_link), name="rst",
+                            state_dir=Path(args.state_dir), hdfs_base_port=args.hdfs_base_port,
+                            engines=True)
+        self.lab = Lab(self.spec)
+        self.job = self.spec.state_dir / "job"
+        self.env_root = self.job / "envroot"        # every node's environment is here...
+        self.venv = self.env_root / "venv"
+        self.hdfs = f"hdfs://{self.spec.namenode.address}:{self.spec.hdfs_base_port}"
+        cluster = self.lab.cluster
+        assert cluster is not None
+        self.webhdfs = f"http://{self.spec.namenode.address}:{cluster.spec.namenode_http_port}"
+        self.shards: dict[int, list[tuple[str, str]]] = {}   # group -> [(name, sha256)]
+        self.info: dict[str, Any] = {}
+
+    # -- what a node runs ----------------------------------------------------------------------
+
+    def node_env_root(self, i: int) -> Path:
+        return self.lab.node_files(i).root / "envroot"  # ...in its own mount namespace
+
+    def bootseer(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "bootseer", *args]
+
+    def requirements(self, n: int) -> Path:
+        """The job's requirements; the comment names N, so each N's first start is cold
+        (its own snapshot key) while every node of one N shares one."""
+        path = self.job / f"requirements-n{n}.txt"
+        path.write_text(f"# bench-restart, {n} nodes\n" + "\n".join(WHEELS) + "\n")
+        return path
+
+    def install_command(self, n: int) -> list[str]:
+        index = self.spec.index_url
+        return ["sh", "-c", f"{PYTHON} -m venv {self.venv} && {self.venv}/bin/pip install "
+                f"--quiet --no-cache-dir --disable-pip-version-check --index-url {index} "
+                f"--trusted-host {self.spec.index.address} -r {self.requirements(n)}"]
+
+    def env_command(self, n: int, bootseer: bool) -> list[str]:
+        install = self.install_command(n)
+        if not bootseer:
+            return install
+        return self.bootseer("env", "run", "--path", str(self.venv), "--key-file",
+                             str(self.requirements(n)), "--", *install)
+
+    def private_env(self, i: int, argv: list[str]) -> list[str]:
+        """argv with node i's environment directory at the job's path (its own mount
+        namespace: the path is the same on every node, as on real ones)."""
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh",
+                str(self.node_env_root(i)), str(self.env_root), *argv]
+
+    def checkpoint_url(self, group: int) -> str:
+        return f"{self.hdfs}/restart/ckpt/g{group}"
+
+    def container(self, i: int, case: str, n: int) -> list[str]:
+        group = i % GROUPS
+        common = ["run", "--rm", "--network", "host",
+                  "-v", f"{self.node_env_root(i)}:{self.env_root}:ro",
+                  "-v", f"{self.job}:/job:ro"]
+        if case == "baseline":
+            files = [(f"{self.webhdfs}/webhdfs/v1/restart/ckpt/g{group}/{name}?op=OPEN", digest)
+                     for name, digest in self.shards[group]]
+            return [*common, f"{self.spec.registry_address}/{REGISTRY_REF}",
+                    str(self.venv / "bin/python"), "/job/job.py", json.dumps(files)]
+        files = [(f"/mnt/checkpoints/ckpt/{name}", digest) for name, digest in self.shards[group]]
+        return [*common, "--runtime", "bootseer", "-e", f"BOOTSEER_WORKLOAD=restart-n{n}",
+                "-e", f"BOOTSEER_JOB=restart-n{n}-{case}",
+                "-e", f"BOOTSEER_CHECKPOINTS=ckpt={self.checkpoint_url(group)}",
+                STUB, str(self.venv / "bin/python"), "/job/job.py", json.dumps(files)]
+
+    def warm_command(self, i: int, n: int, key: str) -> list[str]:
+        return self.bootseer("warm", "--agent", "--json", "--image", IMAGE, "--workload",
+                             f"restart-n{n}", "--env", key, "--checkpoint",
+                             self.checkpoint_url(i % GROUPS))
+
+    # -- one run ---------------------------------------------------------------------------------
+
+    def node_start(self, i: int, case: str, n: int, key: str, t0: float) -> NodeRun:
+        run = NodeRun(i)
+
+        def step(name: str, result: subprocess.CompletedProcess) -> str:
+            if result.returncode != 0:
+                raise RunFailed(f"node {i} {case} {name}: exit {result.returncode}: "
+                                f"{(result.stderr or '')[-1500:]}")
+            run.marks[name] = round(time.time() - t0, 3)
+            return result.stdout
+
+        warm: threading.Thread | None = None
+        try:
+            if case in ("bootseer", "bootseer_fanout"):  # issued at t0, beside the start
+                def warm_now() -> None:
+                    try:
+                        step("warm", self.lab.run(i, self.warm_command(i, n, key), timeout=600))
+                    except RunFailed as exc:
+                        run.error = str(exc)
+                warm = threading.Thread(target=warm_now)
+                warm.start()
+            if case == "baseline":
+                step("image", self.lab.docker(i, "pull", "--quiet",
+                                              f"{self.spec.registry_address}/{REGISTRY_REF}"))
+            step("env", self.lab.run(i, self.private_env(i, self.env_command(
+                n, bootseer=case != "baseline")), timeout=900))
+            out = step("exited", self.lab.docker(i, *self.container(i, case, n)))
+            marks = json.loads(out.strip().splitlines()[-1])
+            run.marks.update({k: round(v - t0, 3) for k, v in marks.items()})
+        except (RunFailed, subprocess.TimeoutExpired, ValueError) as exc:
+            run.error = str(exc)
+        if warm is not None:
+            warm.join()
+        return run
+
+    def prepare(self, case: str, n: int, key: str) -> None:
+        """Cold nodes: agents restarted on empty caches, no environment, no pulled image;
+        for ``bootseer_prestaged``, the warm done (untimed)."""
+        nodes = list(range(n))
+        self.lab.restart_agents(nodes)
+        for i in nodes:
+            root = self.node_env_root(i)
+            if root.exists():
+                shutil.rmtree(root)
+            root.mkdir(parents=True)
+            self.lab.docker(i, "rmi", "--force", f"{self.spec.registry_address}/{REGISTRY_REF}")
+        if case == "bootseer_prestaged":
+            results = parallel(nodes, lambda i: self.lab.run(i, self.warm_command(i, n, key),
+                                                              timeout=600))
+            for i, result in zip(nodes, results, strict=True):
+                if result.returncode != 0:
+                    raise RunFailed(f"node {i}: warm before t0 failed: {result.stderr[-1500:]}")
+            self.info.setdefault("warm", {})[n] = json.loads(results[0].stdout)
+        drop_page_cache()
+
+    def origin_bytes(self) -> dict[str, int]:
+        roles = [self.spec.datanode(j).role for j in range(self.spec.datanodes)]
+        return {role: self.lab.link_bytes(role)[0] for role in [*roles, "registry", "index"]}
+
+    def run_case(self, case: str, n: int, key: str) -> dict[str, Any]:
+        self.prepare(case, n, key)
+        idle0 = cpu_times()
+        time.sleep(IDLE_PROBE_S)  # the lab's own load (agents, engines, HDFS) at rest
+        idle = busy_fraction(idle0, cpu_times())
+        before, cpu0 = self.origin_bytes(), cpu_times()
+        t0 = time.time()
+        runs = parallel(list(range(n)), lambda i: self.node_start(i, case, n, key, t0))
+        wall = time.time() - t0
+        after, cpu1 = self.origin_bytes(), cpu_times()
+        failed = [r for r in runs if r.ready is None]
+        if failed:
+            raise RunFailed(f"{case} at N={n}: {len(failed)} node(s) failed; first: "
+                            f"{failed[0].error}")
+        ready = [r.ready for r in runs]
+        slowest = max(runs, key=lambda r: r.ready)
+        served = {k: after[k] - before[k] for k in after}
+        dns = [v for k, v in served.items() if k.startswith("datanode")]
+        result = {
+            "ready_s": {"p50": round(statistics.median(ready), 3),
+                        "p99": round(quantile(ready, 0.99), 3), "max": round(max(ready), 3)},
+            "slowest_node": slowest.node,
+            "slowest_phases_s": phases(slowest.marks),
+            "nodes": [{"node": r.node, "marks": r.marks} for r in runs],
+            "origin_bytes": served,
+            "origin_bytes_total": sum(served.values()),
+            "datanode_max_over_mean": round(max(dns) / statistics.mean(dns), 3)
+            if dns and statistics.mean(dns) > 0 else None,
+            "cpu_busy": round(busy_fraction(cpu0, cpu1), 3),
+            "cpu_busy_idle": round(idle, 3),
+            "wall_s": round(wall, 3),
+        }
+        log.info("%-18s N=%-2d ready p50 %.2f max %.2f s (node %d: %s); origins %.1f MB; "
+                 "cpu %.2f", case, n, result["ready_s"]["p50"], result["ready_s"]["max"],
+                 slowest.node, result["slowest_phases_s"], sum(served.values()) / MB,
+                 result["cpu_busy"])
+        return result
+
+    # -- setup -----------------------------------------------------------------------------------
+
+    def wheels(self) -> list[Path]:
+        """The job's wheels, downloaded once into the user's cache."""
+        cache = Path.home() / ".cache/bootseer/wheels" / hashlib.sha256(
+            " ".join(WHEELS).encode()).hexdigest()[:16]
+        if not cache.is_dir() or len(list(cache.glob("*.whl"))) < len(WHEELS):
+            cache.mkdir(parents=True, exist_ok=True)
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                            "--only-binary=:all:", "--python-version", "3.11", "-d", str(cache),
+                            *WHEELS], check=True)
+        return sorted(cache.glob("*.whl"))
+
+    def checked(self, result: subprocess.CompletedProcess, what: str) -> str:
+        if result.returncode != 0:
+            raise RunFailed(f"{what}: exit {result.returncode}: {result.stderr[-2000:]}")
+        return result.stdout
+
+    def setup(self) -> dict[str, Any]:
+        t = time.perf_counter()
+        layout = build_image(with_python=True)
+        info = read_build_info(layout)
+        wheels = self.wheels()
+        self.lab.up(timeout_s=180)
+        self.job.mkdir(parents=True, exist_ok=True)
+        self.env_root.mkdir(exist_ok=True)
+        (self.job / "job.py").write_text(JOB_PY)
+        for wheel in wheels:  # PEP 503: simple/<normalized project>/<files>
+            project = wheel.name.split("-")[0].lower().replace("_", "-")
+            (index_dir(self.spec) / "simple" / project).mkdir(parents=True, exist_ok=True)
+            shutil.copy(wheel, index_dir(self.spec) / "simple" / project / wheel.name)
+        # The checkpoint: random shards (seeded), put into HDFS through node 0.
+        local = self.job / "ckpt"
+        rng = random.Random(20261124)
+        for g in range(GROUPS):
+            (local / f"g{g}").mkdir(parents=True, exist_ok=True)
+            for k in range(SHARDS):
+                data = rng.randbytes(SHARD_BYTES)
+                (local / f"g{g}" / f"shard{k}.bin").write_bytes(data)
+                self.shards.setdefault(g, []).append(
+                    (f"shard{k}.bin", hashlib.sha256(data).hexdigest()))
+        self.checked(self.lab.run(0, self.bootseer("ckpt", "put", str(local),
+                                                   f"{self.hdfs}/restart/ckpt")), "ckpt put")
+        shutil.rmtree(local)
+        # The image: in the registry (pushed from the registry's own namespace: no cap) and
+        # converted into the store; each engine gets the stub.
+        self.checked(subprocess.run(
+            [*netns.enter_argv(self.spec.registry.netns), "skopeo", "copy", "--quiet",
+             "--dest-tls-verify=false", f"oci:{layout}",
+             f"docker://{self.spec.registry_address}/{REGISTRY_REF}"],
+            capture_output=True, text=True), "skopeo copy")
+        self.checked(self.lab.run(0, self.bootseer("image", "convert", str(layout), "--name",
+                                                   IMAGE)), "image convert")
+        for i in range(self.spec.nodes):
+            self.checked(self.lab.run(i, self.bootseer(
+                "image", "docker-stub", IMAGE, "--tag", STUB, "--docker-host",
+                self.lab.node_files(i).docker_host)), f"docker-stub on node {i}")
+        log.info("setup in %.1f s", time.perf_counter() - t)
+        return {"image": {"layout": str(layout), "rootfs_bytes": info.rootfs_bytes,
+                          "layer_bytes": info.compressed_bytes},
+                "wheels": {w.name: w.stat().st_size for w in wheels},
+                "checkpoint": {"groups": GROUPS, "shards_per_group": SHARDS,
+                               "shard_bytes": SHARD_BYTES,
+                               "bytes_per_node": SHARDS * SHARD_BYTES}}
+
+    def env_key(self, n: int) -> str:
+        argv = self.bootseer("env", "key", "--path", str(self.venv), "--key-file",
+                             str(self.requirements(n)), "--", *self.install_command(n))
+        return self.checked(self.lab.run(0, argv), "env key").strip()
+
+    def fan_out(self, n: int, key: str) -> dict[str, Any]:
+        """Raise the replication of what the job reads; wait until HDFS has copied it."""
+        argv = self.bootseer("job", "fanout", f"restart-n{n}", "--nodes", str(n), "--image",
+                             IMAGE, "--workload", f"restart-n{n}", "--env", key,
+                             "--max-replicas", str(self.spec.datanodes),
+                             *[a for g in range(GROUPS)
+                               for a in ("--checkpoint", self.checkpoint_url(g))])
+        result = self.lab.run(0, argv)
+        self.checked(result, "job fanout")
+        said = " ".join(result.stderr.split())
+        changed = re.search(r": (\d+) of (\d+) objects now kept (\d+)-fold", said)
+        if not changed:
+            raise RunFailed(f"job fanout said {said!r}")
+        t = time.perf_counter()
+        jmx = (f"{self.webhdfs}/jmx?qry=Hadoop:service=NameNode,name=FSNamesystem")
+
+        def pending() -> int:
+            bean = json.load(urllib.request.urlopen(jmx, timeout=10))["beans"][0]
+            return bean["UnderReplicatedBlocks"] + bean["PendingReplicationBlocks"]
+
+        while netns.call_in(self.spec.namenode.netns, pending):
+            if time.perf_counter() - t > 600:
+                raise RunFailed("HDFS did not finish the fan-out's replication in 600 s")
+            time.sleep(1)
+        return {"said": said, "objects_changed": int(changed[1]), "objects": int(changed[2]),
+                "replicas": int(changed[3]),
+                "replicated_in_s": round(time.perf_counter() - t, 1)}
+
+    # -- the benchmark -----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        try:
+            setup = self.setup()
+            cases: dict[str, dict[int, Any]] = {c: {} for c in self.cases}
+            for n in self.sizes:
+                key = self.env_key(n)
+                for case in self.cases:
+                    if case == "bootseer_fanout":
+                        continue
+                    cases[case][n] = self.run_case(case, n, key)
+                if "bootseer_fanout" in self.cases and n == max(self.sizes):
+                    setup["fanout"] = fanned = self.fan_out(n, key)
+                    try:
+                        cases["bootseer_fanout"][n] = self.run_case("bootseer_fanout", n, key)
+                    finally:
+                        if fanned["objects_changed"]:
+                            self.checked(self.lab.run(0, self.bootseer(
+                                "job", "restore", f"restart-n{n}")), "job restore")
+        finally:
+            self.lab.down()
+        return self.result(setup, cases, time.perf_counter() - started)
+
+    def result(self, setup: dict[str, Any], cases: dict[str, dict[int, Any]],
+               elapsed: float) -> dict[str, Any]:
+        spec = self.spec
+        # The fan-out factor: origin bytes at N over the same case's at N = 1.
+        for runs in cases.values():
+            one = runs.get(1, {}).get("origin_bytes_total")
+            for r in runs.values():
+                r["fanout_factor"] = round(r["origin_bytes_total"] / one, 2) if one else None
+        top = max(self.sizes)
+        warm = setup.get("warm") or self.info.get("warm", {})
+        first_warm = warm.get(min(warm)) if warm else None
+        lab = {
+            "caps": {"node_Bps": spec.node_link.rate_bytes_per_s,
+                     "datanode_Bps": spec.datanode_link.rate_bytes_per_s,
+                     "registry_Bps": spec.origin_link.rate_bytes_per_s,
+                     "index_Bps": spec.origin_link.rate_bytes_per_s,
+                     "datanodes": spec.datanodes, "cpus": os_cpus()},
+            "per_node_bytes": self.per_node_bytes(setup, cases, first_warm),
+            "cases": {case: {str(n): r for n, r in runs.items()}
+                      for case, runs in cases.items()},
+        }
+
+        def ready(case: str, n: int, q: str = "max") -> float | None:
+            r = cases.get(case, {}).get(n)
+            return r["ready_s"][q] if r else None
+
+        def ratio(a: float | None, b: float | None) -> float | None:
+            return round(a / b, 3) if a is not None and b else None
+
+        result: dict[str, Any] = {
+            "benchmark": "restart",
+            "machine": {"cpus": os_cpus(), "python": platform.python_version()},
+            "scale_down": spec.scale_down(),
+            "caps": (f"nodes {spec.node_link}, {spec.datanodes} DataNodes at "
+                     f"{spec.datanode_link} each, registry and index {spec.origin_link} each, "
+                     "both directions (tc htb)"),
+            "latency": LATENCY,
+            "runs_per_point": 1,
+            "bootseer_vs_baseline_n16": ratio(ready("bootseer", top), ready("baseline", top)),
+            "bootseer_p99_over_p50_n16": ratio(ready("bootseer", top, "p99"),
+                                                ready("bootseer", top, "p50")),
+            "datanode_max_over_mean_fanout_n16":
+                cases.get("bootseer_fanout", {}).get(top, {}).get("datanode_max_over_mean"),
+            "datanode_max_over_mean_n16":
+                cases.get("bootseer", {}).get(top, {}).get("datanode_max_over_mean"),
+            "largest_n": top,
+            "elapsed_s": round(elapsed, 1),
+            "setup": setup,
+            "table": table_rows(cases),
+            "lab": lab,
+        }
+        if self.args.simulate:
+            add_simulation(result, Path(self.args.png))
+        return result
+
+    def per_node_bytes(self, setup: dict[str, Any], cases: dict[str, dict[int, Any]],
+                       warm: dict[str, Any] | None) -> dict[str, float | None]:
+        """What one node needs of each artifact: from the build, the wheels, the warm's
+        summary (hot pack, snapshot) and the cold start's DataNode bytes (lazy reads)."""
+        ckpt = setup["checkpoint"]["bytes_per_node"]
+        cold = cases.get("bootseer_cold", {}).get(1)
+        lazy = None
+        if cold:
+            lazy = sum(v for k, v in cold["origin_bytes"].items()
+                       if k.startswith("datanode")) - ckpt
+        return {"image_layers": setup["image"]["layer_bytes"],
+                "image_lazy": lazy,
+                "image_hot": (warm or {}).get("image", {}).get("bytes") if warm else None,
+                "wheels": sum(setup["wheels"].values()),
+                "env_snapshot": sum(e["bytes"] for e in warm["envs"]) if warm else None,
+                "checkpoint": ckpt}
+
+
+def add_simulation(result: dict[str, Any], png: Path) -> None:
+    """The fleet simulator calibrated from the lab's N = 1 runs, validated against every
+    N, extrapolated to production scale (a PNG at ``png``): its section and summary keys."""
+    from bootseer_dev import fleetsim
+
+    sim = fleetsim.report(result["lab"], png)
+    result["sim"] = sim
+    result["sim_max_validation_error"] = sim["sim_max_validation_error"]
+    result["sim_bootseer_vs_baseline_n1000"] = sim["sim_bootseer_vs_baseline_n1000"]
+
+
+def os_cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def parallel(items: list[int], fn: Callable[[int], Any]) -> list[Any]:
+    """fn(item) for every item at once, one thread each; results in order."""
+    results: list[Any] = [None] * len(items)
+
+    def one(k: int) -> None:
+        results[k] = fn(items[k])
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def phases(marks: dict[str, float]) -> dict[str, float]:
+    """Each step's duration: from the previous mark (in time order) to its own."""
+    out, last = {}, 0.0
+    for name, at in sorted(marks.items(), key=lambda kv: kv[1]):
+        if name in ("exited", "warm"):
+            continue
+        out[name] = round(at - last, 3)
+        last = at
+    return out
+
+
+def table_rows(cases: dict[str, dict[int, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for case, runs in cases.items():
+        for n, r in sorted(runs.items()):
+            rows.append({"case": case, "n": n, **{f"{q}_s": v for q, v in r["ready_s"].items()},
+                         "p99_over_p50": round(r["ready_s"]["p99"] / r["ready_s"]["p50"], 3),
+                         "origin_MB": round(r["origin_bytes_total"] / MB, 1),
+                         "fanout_factor": r.get("fanout_factor"),
+                         "datanode_max_over_mean": r["datanode_max_over_mean"],
+                         "cpu_busy": r["cpu_busy"]})
+    return rows
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = [f"{'case':20s} {'N':>3s} {'p50':>7s} {'p99':>7s} {'max':>7s} {'p99/p50':>7s} "
+             f"{'originMB':>9s} {'fanout':>6s} {'DNmax/mean':>10s} {'cpu':>5s}"]
+    for r in result["table"]:
+        lines.append(f"{r['case']:20s} {r['n']:3d} {r['p50_s']:7.2f} {r['p99_s']:7.2f} "
+                     f"{r['max_s']:7.2f} {r['p99_over_p50']:7.2f} {r['origin_MB']:9.1f} "
+                     f"{r['fanout_factor'] or 0:6.2f} {r['datanode_max_over_mean'] or 0:10.2f} "
+                     f"{r['cpu_busy']:5.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench-results/restart.json")
+    parser.add_argument("--png", default="bench-results/restart.png")
+    parser.add_argument("--nodes", default="1,2,4,8,16", help="Lab sizes, comma-separated.")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--datanodes", type=int, default=4)
+    parser.add_argument("--node-link", default="25MB/s")
+    parser.add_argument("--datanode-link", default="40MB/s")
+    parser.add_argument("--origin-link", default="40MB/s")
+    parser.add_argument("--hdfs-base-port", type=int, default=19700)
+    parser.add_argument("--state-dir", default="/var/tmp/bootseer-bench-restart")
+    parser.add_argument("--no-simulate", dest="simulate", action="store_false",
+                        help="Leave out the simulator's calibration and extrapolation.")
+    parser.add_argument("--resimulate", action="store_true",
+                        help="Run no lab: recompute the simulator's section of --out from "
+                             "the lab figures already in it.")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    out = Path(args.out)
+    if args.resimulate:
+        result = json.loads(out.read_text())
+        add_simulation(result, Path(args.png))
+    else:
+        result = Bench(args).run()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(format_table(result))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
