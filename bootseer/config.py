@@ -146,6 +146,37 @@ class AgentConfig:
 
 
 @dataclass
+class P2PConfig:
+    """Peer-to-peer fan-out between the nodes of a job (``bootseer.p2p``).
+
+    When a thousand nodes restart together, each needs the same bytes; fetched from the
+    store one by one, the store serves them a thousand times. With this on, a node takes
+    from the store only its share of an object's pieces and the rest from the other nodes,
+    every piece checked against hashes the store vouches for.
+    """
+
+    #: The off switch: false (the default) means no peer session, nothing listens, and
+    #: every read is a plain store read exactly as without this feature.
+    enabled: bool = False
+    #: "address:port" this node's peer session listens on and announces to its job
+    #: ("198.18.64.2:6881", "[fd00::2]:6881"; port 0: any free port). An address, not
+    #: 0.0.0.0: peers must be told where to connect, and a node should not answer on
+    #: every network it is on.
+    listen: str = ""
+    #: Cap on the bytes per second this node uploads to peers (0: no cap). Peers share
+    #: the training job's network; the cap keeps fan-out from crowding out its traffic.
+    upload_rate: ByteSize = ByteSize(0)
+    #: Seconds an object stays seeded after this node has it (the agent also stops
+    #: seeding when the job has started): nodes that start late still find it, and a
+    #: training job does not upload for ever. 0: never seed.
+    seed_time: float = 600.0
+    #: Seconds a piece that no peer has, and whose owner is gone or makes no progress,
+    #: waits before this node reads it from the store. Shorter: a dead peer costs less
+    #: time; longer: a slow peer costs fewer extra store reads.
+    piece_grace: float = 2.0
+
+
+@dataclass
 class Config:
     """Everything Bootseer reads from its configuration."""
 
@@ -157,6 +188,7 @@ class Config:
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    p2p: P2PConfig = field(default_factory=P2PConfig)
 
     def get(self, key: str) -> Any:
         node: Any = self

@@ -1,0 +1,21 @@
+"""Peer-to-peer fan-out: when N nodes of a job need the same blob, each byte leaves the
+store about once, not N times.
+
+* :mod:`.torrents` — a blob's BitTorrent v2 metadata, built from its bytes, published in
+  the store beside it, checked on load (never taken from a peer);
+* :mod:`.swarm` — one node's libtorrent session: fetch from peers with the store as the
+  fallback and each node's share of the store reads, seed what the node has;
+* :mod:`.rendezvous` — a job's members through records in the store (or a list the
+  scheduler passes: :func:`.peer.parse_peers`);
+* :mod:`.blobfetch` — the call a node makes: :func:`open_swarm` (None when ``p2p.enabled``
+  is false) and :func:`fetch_blob` (through the swarm, else a plain store read).
+
+libtorrent is imported only by :mod:`.torrents` and :mod:`.swarm`, so a node with
+peer-to-peer off never loads it.
+"""
+
+from bootseer.p2p.blobfetch import FetchResult, fetch_blob, open_swarm, read_plain
+from bootseer.p2p.peer import Peer, PeerAddressError, parse_peers
+
+__all__ = ["FetchResult", "Peer", "PeerAddressError", "fetch_blob", "open_swarm",
+           "parse_peers", "read_plain"]

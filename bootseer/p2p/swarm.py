@@ -1,0 +1,585 @@
+"""One node's peer session: fetch a blob from the job's other nodes and the store, seed it.
+
+The engine is libtorrent-rasterbar (BitTorrent v2): connections, piece picking, choking,
+rate limits and hash checks are its; this module decides what only Bootseer knows,
+namely which pieces come from the store, and keeps the session closed to everyone but
+the job:
+
+* **No discovery but ours.** No DHT, no local peer discovery, no UPnP/NAT-PMP, no
+  trackers, no peer exchange, no metadata exchange (the session has no ``ut_metadata``
+  or ``ut_pex`` plugin): it dials only the peers a caller names (the job's rendezvous
+  records or the scheduler's list, :mod:`bootseer.p2p.rendezvous`) and answers only
+  those that know a torrent it holds. It listens on one address:port, TCP only.
+* **Nothing unverified is kept.** Every piece, from a peer or from the store, is checked
+  by libtorrent against the torrent's SHA-256 merkle tree, which came from the store
+  (:mod:`bootseer.p2p.torrents`); a peer whose data fails is banned at once (v2 hashes
+  name the failing 16 KiB blocks, hence their sender; libtorrent's ``smart_ban`` plugin
+  covers the rest) and, here, blocked for every torrent of the session. The finished
+  file is hashed whole against the blob's digest before :meth:`Swarm.fetch` returns it;
+  on a mismatch it is deleted (:class:`~bootseer.errors.IntegrityError`).
+* **Each byte leaves the store about once.** The members of a fetch, sorted, split the
+  pieces: member ``k`` of ``N`` reads pieces ``p % N == k`` from the store (unless a
+  peer already has them: a late node reads nothing) and gets the others from the peers
+  that read them. The split is picked once the members are connected (or after
+  CONNECT_WAIT). A piece no connected peer has goes to the store when its owner is gone
+  (banned, not connected for ``piece_grace`` seconds, or no new piece for as long; the
+  absent owners' pieces are split again among the members still there, so a dead node
+  costs its share once, not once per node), and everything still missing goes to the
+  store when the fetch gained nothing for ``piece_grace`` seconds. A peer that leaves
+  costs time, never correctness. Store pieces enter libtorrent by ``add_piece`` (and are
+  hash-checked like any other); failing twice, the torrent does not describe the blob,
+  and the fetch fails.
+* **Seeding only reads.** A fetched object is seeded from where the caller keeps it (a
+  node cache entry) with ``seed_mode`` (no rehash; each piece is checked when first
+  uploaded) and ``upload_mode`` (never downloads, so never writes the file), until
+  :meth:`Swarm.stop_seeding` or ``seed_time`` seconds.
+* **The upload cap holds for every peer.** libtorrent exempts peers on private networks
+  from its rate limits by default; here every peer is in the global peer class, the one
+  ``upload_rate`` limits.
+
+Threads: one thread per swarm reads libtorrent's alerts (``pop_alerts``) and expires
+seeds; nothing else pops alerts. :meth:`Swarm.fetch` blocks its caller (the agent runs
+it with ``asyncio.to_thread``) and may run in several threads at once for different
+blobs; its ``read_range`` is called from the swarm's store-reader threads, which are
+all done before the torrent leaves the session (libtorrent 2.1 can crash on an
+``add_piece`` to a torrent being removed). :meth:`Swarm.seed`, :meth:`Swarm.stop_seeding`,
+:meth:`Swarm.stats` and :attr:`Swarm.address` may be called from any thread;
+:meth:`Swarm.close` once, by the owner, after every fetch returned.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import hashlib
+import ipaddress
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libtorrent as lt
+
+from bootseer.config import P2PConfig
+from bootseer.errors import BootseerError, IntegrityError
+
+from .blobfetch import FetchResult
+from .peer import Peer
+from .torrents import Torrent
+
+log = logging.getLogger(__name__)
+
+#: How often a fetch looks at its torrent (peers, pieces) and decides on store reads.
+TICK = 0.1
+#: How long a fetch waits for its members to connect before it picks its store reads:
+#: a late node must first learn that peers already have its share.
+CONNECT_WAIT = 0.5
+#: How often a fetch dials the members it is not connected to (late, restarted).
+REDIAL = 1.0
+#: Store reads in flight per swarm, across its fetches.
+STORE_READS = 4
+#: A piece read from the store that fails its torrent hash this often: the torrent lies.
+STORE_FAILURES = 2
+#: Most peer connections of the session (every node of a job may connect to every other).
+CONNECTIONS = 2000
+#: How long the session may take to open its listening socket, flush or drop a torrent.
+ENGINE_TIMEOUT = 30.0
+
+ReadRange = Callable[[int, int], bytes]
+"""``read_range(offset, length)``: exactly ``length`` verified bytes of the blob."""
+
+_ALERTS = (lt.alert_category.error | lt.alert_category.status | lt.alert_category.peer
+           | lt.alert_category.storage)
+_HANDSHAKING = lt.peer_info.connecting | lt.peer_info.handshake
+_FETCH_FLAGS = (lt.torrent_flags.apply_ip_filter | lt.torrent_flags.disable_dht
+                | lt.torrent_flags.disable_lsd | lt.torrent_flags.disable_pex)
+_SEED_FLAGS = _FETCH_FLAGS | lt.torrent_flags.seed_mode | lt.torrent_flags.upload_mode
+_READY = (lt.torrent_status.states.downloading, lt.torrent_status.states.finished,
+          lt.torrent_status.states.seeding)
+
+
+class SwarmError(BootseerError):
+    """The peer session failed (cannot listen, a torrent's file failed, a blob is being
+    fetched already); the blob is read from the store instead."""
+
+
+@dataclass(frozen=True)
+class SwarmStats:
+    """The session's counters, for /metrics."""
+
+    peer_bytes: int  # payload received from peers
+    store_bytes: int  # read from the store by fetches
+    uploaded_bytes: int  # payload sent to peers
+    peers: int  # connected now
+    seeding: int  # objects seeded now
+    banned: int  # addresses blocked for sending bad data
+
+
+@dataclass(eq=False)
+class _Transfer:
+    """A torrent in the session: a fetch, or a seed until ``until`` (monotonic)."""
+
+    torrent: Torrent
+    handle: lt.torrent_handle
+    seeding: bool
+    until: float = float("inf")
+    store_bytes: int = 0
+    from_store: set[int] = field(default_factory=set)  # pieces added from the store
+    store_failures: dict[int, int] = field(default_factory=dict)  # piece → hash failures
+    banned: set[str] = field(default_factory=set)
+    error: str | None = None
+    reads: list[concurrent.futures.Future[int]] = field(default_factory=list)  # store reads
+    wake: threading.Event = field(default_factory=threading.Event)  # something to look at
+    flushed: threading.Event = field(default_factory=threading.Event)
+    removed: threading.Event = field(default_factory=threading.Event)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``p2p.listen`` as (address, port): an IP literal that names this node (not
+    0.0.0.0 or ::) and a port (0: any free one)."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        address = ipaddress.ip_address(host)
+        number = int(port)
+    except ValueError:
+        address, number = None, -1
+    if not sep or address is None or address.is_unspecified or not 0 <= number < 65536:
+        raise SwarmError(f"p2p.listen: {text!r} is not ADDRESS:PORT with this node's "
+                         f"address (IPv6 in brackets)")
+    return str(address), number
+
+
+class Swarm:
+    """A libtorrent session for one node (see the module docstring)."""
+
+    def __init__(self, config: P2PConfig) -> None:
+        self.config = config
+        host, port = parse_listen(config.listen)
+        iface = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        # flags=0: none of the default plugins (ut_metadata, ut_pex); smart_ban only.
+        self._ses = lt.session({
+            "listen_interfaces": iface,
+            "outgoing_interfaces": host,
+            "enable_dht": False, "enable_lsd": False,
+            "enable_upnp": False, "enable_natpmp": False,
+            "enable_incoming_utp": False, "enable_outgoing_utp": False,
+            "dht_bootstrap_nodes": "",
+            "upload_rate_limit": int(config.upload_rate),
+            # All of a job's peers cooperate: no tit-for-tat, every peer is served.
+            "unchoke_slots_limit": -1,
+            "connections_limit": CONNECTIONS,
+            # libtorrent dials peers and hands out upload quota once per tick (default
+            # 500 ms): at 100 ms a start waits less for its first connections, and a
+            # capped node's handshakes are not held back for half a second each.
+            "tick_interval": 100,
+            "alert_mask": _ALERTS,
+            "user_agent": "bootseer",
+        }, 0)
+        self._ses.add_extension("smart_ban")
+        every = lt.ip_filter()
+        every.add_rule("0.0.0.0", "255.255.255.255", 1 << lt.session.global_peer_class_id)
+        every.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+                       1 << lt.session.global_peer_class_id)
+        self._ses.set_peer_class_filter(every)
+        self._host = host
+        self._wait_listening(iface)
+        self._lock = threading.Lock()
+        self._transfers: dict[str, _Transfer] = {}  # by hex digest (= torrent name)
+        self._removing: dict[str, _Transfer] = {}
+        self._blocked = lt.ip_filter()
+        self._banned: set[str] = set()
+        self._counters: dict[str, int] = {}
+        self._stats_fresh = threading.Event()
+        self._store_bytes = 0
+        self._store_pool = concurrent.futures.ThreadPoolExecutor(
+            STORE_READS, thread_name_prefix="p2p-store")
+        self._closing = threading.Event()
+        self._pump = threading.Thread(target=self._run_pump, name="p2p-alerts", daemon=True)
+        self._pump.start()
+
+    # -- the API ----------------------------------------------------------------------------
+
+    @property
+    def address(self) -> Peer:
+        """Where peers reach this node (the listening port, once bound)."""
+        return Peer(self._host, self._ses.listen_port())
+
+    def fetch(self, torrent: Torrent, dest: Path, peers: Sequence[Peer],
+              read_range: ReadRange) -> FetchResult:
+        """Download the blob of ``torrent`` into ``dest`` (a path that does not exist yet,
+        e.g. :meth:`bootseer.nodecache.NodeCache.new_temporary`) from ``peers`` (the
+        job's members; this node among them or not) and the store (``read_range``).
+
+        Returns once ``dest`` holds the whole blob and matched its digest; the torrent is
+        then out of the session (seed ``dest``'s final place with :meth:`seed`). On any
+        error ``dest`` is removed.
+        """
+        began = time.monotonic()
+        me = self.address
+        # This node once, at its current port (a record of an earlier start is stale).
+        members = sorted({p for p in peers if p.address != me.address} | {me})
+        transfer = self._add(torrent, dest, seeding=False)
+        try:
+            result = self._download(transfer, members, read_range, began)
+        except BaseException:
+            # No store read may touch the torrent once it has left the session.
+            for read in transfer.reads:
+                read.cancel()
+            concurrent.futures.wait(transfer.reads)
+            self._drop(transfer, wait=True)
+            dest.unlink(missing_ok=True)
+            raise
+        _check_digest(dest, torrent.digest)
+        return result
+
+    def seed(self, torrent: Torrent, path: Path, peers: Sequence[Peer] = ()) -> bool:
+        """Offer the blob in ``path`` (complete and verified: a node cache entry) to peers
+        for ``seed_time`` seconds, dialing ``peers`` (peers that fetch dial us too).
+        False if seeding is off (``seed_time`` 0) or the blob is seeded already."""
+        if self.config.seed_time <= 0:
+            return False
+        with self._lock:
+            if torrent.hex in self._transfers:
+                return False
+        transfer = self._add(torrent, path, seeding=True)
+        transfer.until = time.monotonic() + self.config.seed_time
+        me = self.address
+        for peer in peers:
+            if peer != me:
+                transfer.handle.connect_peer((peer.address, peer.port))
+        return True
+
+    def stop_seeding(self, digest: str | None = None) -> None:
+        """Stop seeding ``digest`` (every blob if None): when the job has started, or the
+        cache entry is going away."""
+        with self._lock:
+            seeds = [t for t in self._transfers.values()
+                     if t.seeding and digest in (None, t.torrent.digest)]
+        for transfer in seeds:
+            self._drop(transfer, wait=False)
+
+    def stats(self) -> SwarmStats:
+        """The counters as of now (waits up to a second for libtorrent's)."""
+        self._stats_fresh.clear()
+        self._ses.post_session_stats()
+        self._stats_fresh.wait(1.0)
+        with self._lock:
+            seeding = sum(t.seeding for t in self._transfers.values())
+            counters, store_bytes, banned = self._counters, self._store_bytes, self._banned
+            return SwarmStats(peer_bytes=counters.get("net.recv_payload_bytes", 0),
+                              store_bytes=store_bytes,
+                              uploaded_bytes=counters.get("net.sent_payload_bytes", 0),
+                              peers=counters.get("peer.num_peers_connected", 0),
+                              seeding=seeding, banned=len(banned))
+
+    def close(self) -> None:
+        """Stop seeding, close every connection and the listening socket."""
+        self._closing.set()
+        self._pump.join()
+        self._store_pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            for transfer in self._transfers.values():
+                with contextlib.suppress(RuntimeError):
+                    self._ses.remove_torrent(transfer.handle)
+            self._transfers.clear()
+        self._ses.pause()
+        del self._ses  # the destructor waits for libtorrent to shut down
+
+    def __enter__(self) -> Swarm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- fetching ---------------------------------------------------------------------------
+
+    def _download(self, transfer: _Transfer, members: list[Peer], read_range: ReadRange,
+                  began: float) -> FetchResult:
+        torrent, handle, me = transfer.torrent, transfer.handle, self.address
+        grace = self.config.piece_grace
+        others = [m for m in members if m != me]
+        claimed: set[int] = set()
+        retried: dict[int, int] = {}
+        reads = transfer.reads
+        # Per member: when last connected, its pieces and when they last grew. A member
+        # is gone once either is piece_grace old: a moment's disconnection (a node that
+        # finished re-adds the blob as a seed) moves nobody's share.
+        seen_at = {m.address: began for m in others}
+        progress = {m.address: (0, began) for m in others}
+        seen: set[str] = set()
+        before: dict[str, int] = {}  # connected at the previous tick
+        mark, gained_at, dialed_at = (-1, -1), began, 0.0
+        settled_at: float | None = None
+        last_view: tuple[tuple[Peer, ...], bool] | None = None
+        while True:
+            now = time.monotonic()
+            if transfer.error:
+                raise SwarmError(f"fetch of {torrent.digest}: {transfer.error}")
+            for piece in self._failed_store_pieces(transfer, retried):
+                reads.append(self._store_pool.submit(
+                    self._read_piece, transfer, piece, read_range))
+            status = handle.status()
+            if status.num_pieces == torrent.num_pieces:
+                break
+            if (status.num_pieces, status.total_payload_download) != mark:
+                mark, gained_at = (status.num_pieces, status.total_payload_download), now
+            connected, dialing = self._connected(handle)
+            seen |= connected.keys()
+            for address, count in connected.items():
+                if address in seen_at:
+                    seen_at[address] = now
+                    if count > progress[address][0]:
+                        progress[address] = (count, now)
+            if now - dialed_at >= REDIAL:
+                dialed_at = now
+                for member in others:
+                    if member.address not in connected and member.address not in self._banned:
+                        handle.connect_peer((member.address, member.port))
+            # Settled: every member connected for a tick (so their piece lists arrived),
+            # or CONNECT_WAIT passed with no handshake under way, or piece_grace passed.
+            if settled_at is None and status.state in _READY and (
+                    all(m.address in connected and m.address in before for m in others)
+                    or (now - began >= CONNECT_WAIT and not dialing & seen_at.keys())
+                    or now - began >= grace):
+                settled_at = now
+            before = connected
+            if settled_at is not None:
+                alive = tuple([me] + [
+                    m for m in others if now - seen_at[m.address] < grace
+                    and m.address not in self._banned
+                    and (progress[m.address][0] == torrent.num_pieces
+                         or now - progress[m.address][1] < grace)])
+                stalled = now - max(gained_at, settled_at) >= grace
+                if (alive, stalled) != last_view:  # who reads what changes only then
+                    last_view = (alive, stalled)
+                    share = self._store_share(handle, members, alive, me, claimed, stalled)
+                    log.debug("p2p: %s after %.2f s: %d of %d members up, %sconnected to "
+                              "%s; %d more pieces from the store", torrent.digest,
+                              now - began, len(alive), len(members),
+                              "stalled, " if stalled else "", sorted(connected), len(share))
+                    for piece in share:
+                        claimed.add(piece)
+                        handle.piece_priority(piece, 0)  # peers need not send it
+                        reads.append(self._store_pool.submit(
+                            self._read_piece, transfer, piece, read_range))
+            for read in reads:
+                if read.done():
+                    read.result()  # a failed store read fails the fetch
+            transfer.wake.wait(TICK)
+            transfer.wake.clear()
+        for read in reads:
+            read.result()
+        peer_bytes = handle.status().total_payload_download
+        self._drop(transfer, wait=True, flush=True)
+        return FetchResult(torrent.digest, torrent.size, transfer.store_bytes, peer_bytes,
+                           len(seen), tuple(sorted(transfer.banned)),
+                           time.monotonic() - began)
+
+    @staticmethod
+    def _store_share(handle: lt.torrent_handle, members: list[Peer], alive: tuple[Peer, ...],
+                     me: Peer, claimed: set[int], stalled: bool) -> list[int]:
+        """The missing pieces this node now reads from the store: all of them after a
+        stall; else those no peer has whose owner is this node (the owner of piece ``p``
+        is ``members[p % N]``, or, if that member is gone, ``alive[p % len(alive)]``)."""
+        have = handle.status(lt.status_flags_t.query_pieces).pieces
+        missing = [p for p, had in enumerate(have) if not had and p not in claimed]
+        if stalled:
+            return missing
+        availability = handle.piece_availability()
+        live = set(alive)
+        ranked = sorted(alive)
+        mine = []
+        for piece in missing:
+            if availability[piece]:
+                continue
+            owner = members[piece % len(members)]
+            if owner not in live:
+                owner = ranked[piece % len(ranked)]
+            if owner == me:
+                mine.append(piece)
+        return mine
+
+    def _read_piece(self, transfer: _Transfer, piece: int, read_range: ReadRange) -> int:
+        """Read one piece from the store and hand it to libtorrent (which checks it)."""
+        handle = transfer.handle
+        if handle.have_piece(piece):
+            return 0
+        offset, length = transfer.torrent.piece_range(piece)
+        data = read_range(offset, length)
+        if len(data) != length:
+            raise IntegrityError(f"{transfer.torrent.digest}: the store returned "
+                                 f"{len(data)} bytes for piece {piece}, not {length}")
+        with self._lock:
+            transfer.from_store.add(piece)
+            transfer.store_bytes += length
+            self._store_bytes += length
+        handle.add_piece(piece, data, 0)
+        return length
+
+    def _failed_store_pieces(self, transfer: _Transfer, retried: dict[int, int]) -> list[int]:
+        """Store pieces that failed their hash since last asked, to read again (a peer's
+        block half written into the piece may have been the cause); a piece failing
+        STORE_FAILURES times means the torrent does not describe the blob."""
+        with self._lock:
+            failures = dict(transfer.store_failures)
+        again = []
+        for piece, count in failures.items():
+            if count >= STORE_FAILURES:
+                raise IntegrityError(
+                    f"piece {piece} of {transfer.torrent.digest}, read from the store, "
+                    f"fails the hash of the torrent published for it: the torrent does "
+                    f"not describe the blob")
+            if count > retried.get(piece, 0):
+                retried[piece] = count
+                again.append(piece)
+        return again
+
+    def _connected(self, handle: lt.torrent_handle) -> tuple[dict[str, int], set[str]]:
+        """Peers past their handshake, by address, with the pieces each has; and the
+        addresses of those still connecting."""
+        connected: dict[str, int] = {}
+        dialing: set[str] = set()
+        for info in handle.get_peer_info():
+            address = str(ipaddress.ip_address(info.ip[0]))
+            if info.flags & _HANDSHAKING:
+                dialing.add(address)
+            else:
+                connected[address] = max(connected.get(address, 0), info.num_pieces)
+        return connected, dialing
+
+    # -- the session's torrents -------------------------------------------------------------
+
+    def _add(self, torrent: Torrent, path: Path, *, seeding: bool) -> _Transfer:
+        """Add ``torrent`` with its file at ``path``; a seed of the same blob is dropped
+        first (a fetch means this node lost its copy), a fetch of it is an error."""
+        deadline = time.monotonic() + ENGINE_TIMEOUT
+        while True:
+            with self._lock:
+                current = self._transfers.get(torrent.hex)
+                if current is not None and not current.seeding:
+                    raise SwarmError(f"{torrent.digest} is being fetched already")
+                leaving = current or self._removing.get(torrent.hex)
+                if leaving is None:
+                    params = lt.add_torrent_params()
+                    params.ti = lt.torrent_info(torrent.info)
+                    params.save_path = str(path.parent)
+                    params.renamed_files = {0: path.name}
+                    params.flags = _SEED_FLAGS if seeding else _FETCH_FLAGS
+                    try:
+                        handle = self._ses.add_torrent(params)
+                    except RuntimeError as exc:
+                        raise SwarmError(f"cannot add {torrent.digest}: {exc}") from exc
+                    transfer = _Transfer(torrent, handle, seeding)
+                    self._transfers[torrent.hex] = transfer
+                    return transfer
+            if current is not None:
+                self._drop(current, wait=False)
+            if not leaving.removed.wait(max(0.0, deadline - time.monotonic())):
+                raise SwarmError(f"{torrent.digest} did not leave the session in time")
+
+    def _drop(self, transfer: _Transfer, *, wait: bool, flush: bool = False) -> None:
+        """Take ``transfer`` out of the session (after writing its file out, if
+        ``flush``); with ``wait``, return only once libtorrent has let go of the file."""
+        if flush:
+            transfer.flushed.clear()
+            transfer.handle.flush_cache()
+            transfer.flushed.wait(ENGINE_TIMEOUT)
+        with self._lock:
+            if self._transfers.get(transfer.torrent.hex) is transfer:
+                del self._transfers[transfer.torrent.hex]
+                self._removing[transfer.torrent.hex] = transfer
+                with contextlib.suppress(RuntimeError):
+                    self._ses.remove_torrent(transfer.handle)
+        if wait and not transfer.removed.wait(ENGINE_TIMEOUT):
+            raise SwarmError(f"{transfer.torrent.digest} did not leave the session in time")
+
+    # -- alerts -----------------------------------------------------------------------------
+
+    def _wait_listening(self, iface: str) -> None:
+        deadline = time.monotonic() + ENGINE_TIMEOUT
+        while time.monotonic() < deadline:
+            self._ses.wait_for_alert(100)
+            for alert in self._ses.pop_alerts():
+                if isinstance(alert, lt.listen_failed_alert):
+                    raise SwarmError(f"p2p: cannot listen on {iface}: {alert.message()}")
+                if isinstance(alert, lt.listen_succeeded_alert):
+                    log.info("p2p: listening on %s", iface)
+                    return
+        raise SwarmError(f"p2p: no listening socket on {iface} after {ENGINE_TIMEOUT} s")
+
+    def _run_pump(self) -> None:
+        while not self._closing.is_set():
+            self._ses.wait_for_alert(200)
+            for alert in self._ses.pop_alerts():
+                try:
+                    self._on_alert(alert)
+                except Exception:  # one odd alert must not end the swarm's bookkeeping
+                    log.exception("p2p: handling %s", type(alert).__name__)
+            now = time.monotonic()
+            with self._lock:
+                expired = [t for t in self._transfers.values() if t.seeding and now >= t.until]
+            for transfer in expired:
+                log.info("p2p: seeded %s for %s s; stopping", transfer.torrent.digest,
+                         self.config.seed_time)
+                self._drop(transfer, wait=False)
+
+    def _on_alert(self, alert: lt.alert) -> None:
+        if isinstance(alert, lt.session_stats_alert):
+            with self._lock:
+                self._counters = dict(alert.values)
+            self._stats_fresh.set()
+            return
+        if not isinstance(alert, lt.torrent_alert):
+            return
+        name = alert.torrent_name
+        with self._lock:
+            transfer = self._transfers.get(name) or self._removing.get(name)
+            if transfer is None:
+                return
+            if isinstance(alert, lt.torrent_removed_alert):
+                if self._removing.get(name) is transfer:
+                    del self._removing[name]
+                transfer.removed.set()
+            elif isinstance(alert, lt.cache_flushed_alert):
+                transfer.flushed.set()
+            elif isinstance(alert, lt.hash_failed_alert):
+                piece = alert.piece_index
+                if piece in transfer.from_store:
+                    transfer.from_store.discard(piece)
+                    transfer.store_failures[piece] = transfer.store_failures.get(piece, 0) + 1
+                    transfer.wake.set()
+            elif isinstance(alert, lt.peer_ban_alert):
+                self._ban(transfer, str(ipaddress.ip_address(alert.endpoint[0])))
+            elif isinstance(alert, (lt.torrent_error_alert, lt.file_error_alert)):
+                log.warning("p2p: %s: %s", transfer.torrent.digest, alert.message())
+                if transfer.seeding:
+                    self._removing[name] = self._transfers.pop(name)
+                    with contextlib.suppress(RuntimeError):
+                        self._ses.remove_torrent(transfer.handle)
+                else:
+                    transfer.error = alert.message()
+                    transfer.wake.set()
+
+    def _ban(self, transfer: _Transfer, address: str) -> None:
+        """Block a peer that sent bad data, for every torrent of the session (lock held)."""
+        transfer.banned.add(address)
+        if address not in self._banned:
+            log.warning("p2p: %s sent data failing the hashes of %s; banned", address,
+                        transfer.torrent.digest)
+            self._banned.add(address)
+            self._blocked.add_rule(address, address, 1)  # 1: blocked
+            self._ses.set_ip_filter(self._blocked)
+
+
+def _check_digest(path: Path, digest: str) -> None:
+    """The whole file against the blob's digest; deleted on a mismatch."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 << 20):
+            sha.update(chunk)
+    if "sha256:" + sha.hexdigest() != digest:
+        path.unlink(missing_ok=True)
+        raise IntegrityError(f"the file fetched for {digest} does not match it: deleted")

@@ -1,0 +1,259 @@
+"""BitTorrent v2 metadata for a blob, derived from its content address and kept in the store.
+
+Peers are untrusted, so what a node checks their pieces against must come from where the
+blob does: the store. A blob ``sha256:<hex>`` of ``size`` bytes gets one torrent, built
+from its bytes by libtorrent (v2 only: SHA-256 merkle trees, no SHA-1) and published
+create-only beside it::
+
+    p2p/torrents/sha256/ab/<hex>      one file named <hex>, <size> bytes, piece layer included
+
+Loading one is reading hostile input (anyone who can write the store can write it), so
+:func:`load` checks, before libtorrent sees it, that it is no larger than its piece count
+allows, and then that it is v2 only, holds exactly one file named ``<hex>`` of exactly
+``size`` bytes, that its piece size and count are within :mod:`bootseer.limits`, and that
+its piece layer hashes up to the file's merkle root. Metadata is never taken from peers:
+no magnet links, no metadata exchange; a node without the torrent reads the store.
+
+A torrent ties pieces to a merkle root, not to the blob's sha256, so a torrent that lies
+about its blob (wrong bytes hashed) cannot be caught here: its pieces then fail against
+the store's own bytes, and the swarm's final check of the whole file against the digest
+refuses the result (:class:`bootseer.errors.IntegrityError`). It can cost a fetch, never
+a wrong byte. :func:`build` checks the file against the digest before it publishes, so an
+honest node never publishes such a torrent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libtorrent as lt
+
+from bootseer.errors import BootseerError, IntegrityError
+from bootseer.limits import (
+    TORRENT_MAX_PIECE,
+    TORRENT_MAX_PIECES,
+    TORRENT_MIN_PIECE,
+    check_size,
+    torrent_bytes_limit,
+)
+from bootseer.store import BlobStore, Store
+
+log = logging.getLogger(__name__)
+
+PREFIX = "p2p/torrents/sha256"
+#: The piece size a large blob gets: large enough that a piece's request and hash cost
+#: little per byte, small enough that N nodes each have a share to start from.
+TARGET_PIECE = 1 << 20
+#: Smaller blobs get smaller pieces, down to TORRENT_MIN_PIECE, so that they still have
+#: this many pieces to spread over the nodes that fetch them.
+MIN_PIECES = 16
+BLOCK = 16 << 10  # BitTorrent v2's merkle leaf
+
+
+class TorrentError(BootseerError):
+    """A torrent in the store is malformed or does not describe the blob it is filed
+    under; it is refused, and the blob is read from the store instead."""
+
+
+@dataclass(frozen=True)
+class Torrent:
+    """A blob's torrent, checked: what the swarm adds to its session."""
+
+    digest: str  # "sha256:<hex>"
+    size: int
+    piece_size: int
+    num_pieces: int
+    data: bytes = field(repr=False)  # the bencoded torrent, as published
+    info: lt.torrent_info = field(repr=False, compare=False)
+
+    @property
+    def hex(self) -> str:
+        return self.digest[7:]
+
+    def piece_range(self, piece: int) -> tuple[int, int]:
+        """(offset, length) of ``piece`` in the blob."""
+        offset = piece * self.piece_size
+        return offset, min(self.piece_size, self.size - offset)
+
+
+def key(digest: str) -> str:
+    hexd = _hex(digest)
+    return f"{PREFIX}/{hexd[:2]}/{hexd}"
+
+
+def piece_size_for(size: int) -> int:
+    """The piece size of a blob of ``size`` bytes: TARGET_PIECE, halved (not below 16 KiB)
+    while the blob would have fewer than MIN_PIECES pieces, doubled while it would have
+    more than TORRENT_MAX_PIECES; :class:`TorrentError` beyond TORRENT_MAX_PIECE."""
+    piece = TARGET_PIECE
+    while piece > TORRENT_MIN_PIECE and size < piece * MIN_PIECES:
+        piece //= 2
+    while -(-size // piece) > TORRENT_MAX_PIECES:
+        piece *= 2
+    if piece > TORRENT_MAX_PIECE:
+        raise TorrentError(f"a blob of {size} bytes needs pieces over {TORRENT_MAX_PIECE} "
+                           f"bytes; it is not shared between peers")
+    return piece
+
+
+def build(digest: str, size: int, path: Path) -> bytes:
+    """The bencoded v2 torrent of the blob whose bytes are the file ``path``.
+
+    The file is checked against ``digest`` (and ``size``) first: a torrent is published
+    create-only, so one built from the wrong bytes would stay. libtorrent hashes the
+    file under the name ``<hex>``; a file named otherwise is reached through a symlink.
+    """
+    hexd = _hex(digest)
+    if size <= 0:
+        raise TorrentError(f"blob {digest} is empty: nothing to share")
+    if path.stat().st_size != size:
+        raise IntegrityError(f"{path} is {path.stat().st_size} bytes, not the {size} of "
+                             f"blob {digest}")
+    _check_file_digest(path, digest)
+    piece = piece_size_for(size)
+    with tempfile.TemporaryDirectory(prefix="bootseer-torrent-") as tmp:
+        root = path.parent
+        if path.name != hexd:
+            root = Path(tmp)
+            os.symlink(path.resolve(), root / hexd)
+        ct = lt.create_torrent([lt.create_file_entry(hexd, size)], piece,
+                               lt.create_torrent.v2_only)
+        ct.set_creation_date(0)  # the same blob gives the same bytes on every node
+        lt.set_piece_hashes(ct, str(root))
+        return lt.bencode(ct.generate())
+
+
+def build_from_store(blobs: BlobStore, digest: str, workdir: Path) -> bytes:
+    """The torrent of a blob that is only in the store: its verified bytes are copied to a
+    temporary file in ``workdir`` (removed afterwards) and hashed there."""
+    size = blobs.stat(digest).size
+    fd, name = tempfile.mkstemp(prefix=".torrent-src.", dir=workdir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in blobs.iter_chunks(digest):
+                f.write(chunk)
+        return build(digest, size, Path(name))
+    finally:
+        os.unlink(name)
+
+
+def publish(store: Store, digest: str, data: bytes) -> bool:
+    """Put a torrent beside its blob, create-only; False if one was there already (two
+    nodes building the same blob's torrent build the same info dictionary)."""
+    try:
+        store.put(key(digest), data, overwrite=False)
+    except FileExistsError:
+        return False
+    return True
+
+
+def load(store: Store, digest: str, size: int) -> Torrent:
+    """The checked torrent of blob ``digest`` (``size`` bytes, as the caller knows from
+    the store); ``FileNotFoundError`` if none was published, :class:`TorrentError` if the
+    one published is malformed or describes anything but this blob."""
+    max_pieces = min(TORRENT_MAX_PIECES, -(-size // TORRENT_MIN_PIECE))
+    try:
+        data = store.get(key(digest), torrent_bytes_limit(max_pieces))
+    except IntegrityError as exc:  # SizeLimitError: larger than the blob's pieces allow
+        raise TorrentError(f"torrent of {digest}: {exc}") from exc
+    return parse(digest, size, data)
+
+
+def parse(digest: str, size: int, data: bytes) -> Torrent:
+    """Check ``data`` as the torrent of blob ``digest`` of ``size`` bytes (see the module
+    docstring for what is checked)."""
+    hexd = _hex(digest)
+    what = f"torrent of {digest}"
+    check_size(len(data), torrent_bytes_limit(-(-size // TORRENT_MIN_PIECE)), what)
+    try:
+        decoded = lt.bdecode(data)  # bounded: a depth and token limit of its own
+    except RuntimeError as exc:
+        raise TorrentError(f"{what} is not bencoded: {exc}") from exc
+    if not isinstance(decoded, dict):
+        raise TorrentError(f"{what} is not a bencoded dictionary")
+    info = decoded.get(b"info")
+    if not isinstance(info, dict):
+        raise TorrentError(f"{what} has no info dictionary")
+    if info.get(b"meta version") != 2 or b"file tree" not in info:
+        raise TorrentError(f"{what} is not a BitTorrent v2 torrent")
+    if b"pieces" in info or b"files" in info or b"length" in info:
+        raise TorrentError(f"{what} is a hybrid (v1 and v2) torrent; only v2 is accepted")
+    if info.get(b"name") != hexd.encode():
+        raise TorrentError(f"{what} is named {info.get(b'name')!r}, not {hexd!r}")
+    piece = info.get(b"piece length")
+    if not isinstance(piece, int) or piece & (piece - 1) or \
+            not TORRENT_MIN_PIECE <= piece <= TORRENT_MAX_PIECE:
+        raise TorrentError(f"{what}: piece length {piece!r} is not a power of two in "
+                           f"{TORRENT_MIN_PIECE}-{TORRENT_MAX_PIECE}")
+    pieces = -(-size // piece)
+    if pieces > TORRENT_MAX_PIECES:
+        raise TorrentError(f"{what} has {pieces} pieces, over {TORRENT_MAX_PIECES}")
+    tree = info[b"file tree"]
+    entry = tree.get(hexd.encode()) if isinstance(tree, dict) and len(tree) == 1 else None
+    leaf = entry.get(b"") if isinstance(entry, dict) and len(entry) == 1 else None
+    if not isinstance(leaf, dict):
+        raise TorrentError(f"{what} does not hold exactly one file named {hexd}")
+    if leaf.get(b"length") != size:
+        raise TorrentError(f"{what} says the blob is {leaf.get(b'length')!r} bytes, not "
+                           f"{size}")
+    root = leaf.get(b"pieces root")
+    if not isinstance(root, bytes) or len(root) != 32:
+        raise TorrentError(f"{what} has no merkle root for its file")
+    layers = decoded.get(b"piece layers")
+    if pieces > 1:
+        layer = layers.get(root) if isinstance(layers, dict) and len(layers) == 1 else None
+        if not isinstance(layer, bytes) or len(layer) != 32 * pieces:
+            raise TorrentError(f"{what} does not carry the {pieces} piece hashes of its "
+                               f"file")
+        if _layer_root(layer, piece) != root:
+            raise TorrentError(f"{what}: its piece hashes do not match its merkle root")
+    elif layers:
+        raise TorrentError(f"{what}: a one-piece file has no piece layer")
+    try:
+        ti = lt.torrent_info(data, {"max_pieces": TORRENT_MAX_PIECES,
+                                    "max_buffer_size": len(data)})
+    except RuntimeError as exc:
+        raise TorrentError(f"{what} is refused by libtorrent: {exc}") from exc
+    hashes = ti.info_hashes()
+    if hashes.has_v1() or not hashes.has_v2() or ti.num_files() != 1 or \
+            ti.total_size() != size or ti.num_pieces() != pieces or \
+            ti.piece_length() != piece:
+        raise TorrentError(f"{what} is not read by libtorrent as checked")
+    return Torrent(digest, size, piece, pieces, data, ti)
+
+
+def _layer_root(layer: bytes, piece: int) -> bytes:
+    """The merkle root over a piece layer (BEP 52): pieces beyond the file's end are the
+    hash of a piece of zero-hash leaves, and the layer is padded to a power of two."""
+    pad = bytes(32)
+    for _ in range((piece // BLOCK).bit_length() - 1):
+        pad = hashlib.sha256(pad + pad).digest()
+    nodes = [layer[i:i + 32] for i in range(0, len(layer), 32)]
+    while len(nodes) > 1:
+        if len(nodes) % 2:
+            nodes.append(pad)
+        nodes = [hashlib.sha256(nodes[i] + nodes[i + 1]).digest()
+                 for i in range(0, len(nodes), 2)]
+        pad = hashlib.sha256(pad + pad).digest()
+    return nodes[0]
+
+
+def _check_file_digest(path: Path, digest: str) -> None:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 << 20):
+            sha.update(chunk)
+    if "sha256:" + sha.hexdigest() != digest:
+        raise IntegrityError(f"{path} does not match {digest}; no torrent is built from it")
+
+
+def _hex(digest: str) -> str:
+    hexd = digest[7:] if digest.startswith("sha256:") else ""
+    if len(hexd) != 64 or any(c not in "0123456789abcdef" for c in hexd):
+        raise ValueError(f"not a sha256 digest: {digest!r}")
+    return hexd

@@ -1,0 +1,534 @@
+"""bootseer.p2p: torrents derived from content addresses, discovery in the store, and real
+libtorrent swarms, each node a process in a network namespace of its own.
+
+The namespaces hang off one bridge in a namespace of its own, addressed in 198.18.64.0/24
+(198.18.0.0/15 is reserved for benchmarking) with no route anywhere else; the fixture
+removes exactly the namespaces it made (their links go with them). Nodes are
+tests/p2p_node.py, entered with ``nsenter --net`` so one can be killed. All share one
+``file://`` store; a node counts the bytes its ``read_range`` returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import libtorrent as lt
+import pytest
+from conftest import IN_CI
+
+from bootseer.config import P2PConfig, load_config
+from bootseer.errors import BootseerError, IntegrityError
+from bootseer.limits import TORRENT_MAX_PIECES
+from bootseer.p2p import (
+    Peer,
+    PeerAddressError,
+    fetch_blob,
+    open_swarm,
+    parse_peers,
+    rendezvous,
+    torrents,
+)
+from bootseer.p2p.swarm import Swarm, SwarmError, parse_listen
+from bootseer.p2p.torrents import TorrentError
+from bootseer.store import BlobStore, open_store
+from bootseer_dev import netns
+
+PY = sys.executable
+NODE_SCRIPT = Path(__file__).with_name("p2p_node.py")
+SUBNET = "198.18.64"
+NODES = 5
+BLOB_SIZE = 8 << 20  # 512 KiB pieces: 16 of them
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- a blob in a store, with its torrent ---------------------------------------------------
+
+
+@dataclass
+class Blob:
+    url: str
+    blobs: BlobStore
+    digest: str
+    data: bytes
+
+
+def _blob(directory: Path, size: int = BLOB_SIZE, *, torrent: bool = True) -> Blob:
+    url = (directory / "store").as_uri()
+    blobs = BlobStore(open_store(url))
+    data = os.urandom(size)
+    digest = blobs.put(data).digest
+    if torrent:
+        src = directory / "src"
+        src.write_bytes(data)
+        assert torrents.publish(blobs.store, digest, torrents.build(digest, size, src))
+        src.unlink()
+    return Blob(url, blobs, digest, data)
+
+
+# -- torrents -------------------------------------------------------------------------------
+
+
+def test_piece_sizes_follow_the_blob_size() -> None:
+    assert torrents.piece_size_for(BLOB_SIZE) == 512 << 10
+    assert torrents.piece_size_for(1) == 16 << 10
+    assert torrents.piece_size_for(10 << 30) == 1 << 20
+    assert torrents.piece_size_for(200 << 30) == 4 << 20  # at most 64 Ki pieces
+    with pytest.raises(TorrentError):
+        torrents.piece_size_for(8 << 40)
+
+
+def test_a_torrent_is_published_create_only_and_loads_checked(tmp_path: Path) -> None:
+    blob = _blob(tmp_path, 3 << 20)
+    t = torrents.load(blob.blobs.store, blob.digest, len(blob.data))
+    assert (t.size, t.piece_size, t.num_pieces) == (3 << 20, 128 << 10, 24)
+    assert t.info.info_hashes().has_v2() and not t.info.info_hashes().has_v1()
+    assert not torrents.publish(blob.blobs.store, blob.digest, b"another")  # first one stays
+    assert torrents.load(blob.blobs.store, blob.digest, len(blob.data)).data == t.data
+    # The same blob, built from the store elsewhere: the same bytes.
+    assert torrents.build_from_store(blob.blobs, blob.digest, tmp_path) == t.data
+    assert not list(tmp_path.glob(".torrent-src.*"))
+    with pytest.raises(FileNotFoundError):
+        torrents.load(blob.blobs.store, "sha256:" + "0" * 64, 10)
+
+
+def test_build_refuses_a_file_that_is_not_the_blob(tmp_path: Path) -> None:
+    data = os.urandom(100_000)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    other = "sha256:" + hashlib.sha256(b"x" + data[1:]).hexdigest()
+    with pytest.raises(IntegrityError):
+        torrents.build(other, len(data), path)
+    with pytest.raises(IntegrityError):
+        torrents.build("sha256:" + hashlib.sha256(data).hexdigest(), len(data) + 1, path)
+
+
+def _lt_torrent(directory: Path, files: dict[str, bytes], piece: int, flags: int) -> bytes:
+    """A torrent made by libtorrent alone, of ``files`` (paths in it: contents)."""
+    directory = Path(tempfile.mkdtemp(dir=directory))
+    for name, content in files.items():
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        (directory / name).write_bytes(content)
+    ct = lt.create_torrent([lt.create_file_entry(n, len(c)) for n, c in files.items()],
+                           piece, flags)
+    lt.set_piece_hashes(ct, str(directory))
+    return lt.bencode(ct.generate())
+
+
+def _edit(data: bytes, edit) -> bytes:
+    decoded = lt.bdecode(data)
+    edit(decoded)
+    return lt.bencode(decoded)
+
+
+def test_torrents_that_lie_are_refused(tmp_path: Path) -> None:
+    data = os.urandom(1 << 20)
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    hexd, size, piece = digest[7:], len(data), 64 << 10
+    good = _lt_torrent(tmp_path, {hexd: data}, piece, lt.create_torrent.v2_only)
+    assert torrents.parse(digest, size, good).num_pieces == 16
+    root = next(iter(lt.bdecode(good)[b"piece layers"]))
+
+    def set_info(key: bytes, value):
+        return _edit(good, lambda d: d[b"info"].__setitem__(key, value))
+
+    def set_leaf(key: bytes, value):
+        return _edit(good, lambda d: d[b"info"][b"file tree"][hexd.encode()][b""]
+                     .__setitem__(key, value))
+
+    hostile = {
+        "wrong size": set_leaf(b"length", size + 1),
+        "size the caller does not expect": good,  # parsed as a blob one byte larger
+        "v1 only": _lt_torrent(tmp_path, {hexd: data}, piece, lt.create_torrent.v1_only),
+        "hybrid v1+v2": _lt_torrent(tmp_path, {hexd: data}, piece, 0),
+        "two files": _lt_torrent(tmp_path, {f"{hexd}/{hexd}": data,
+                                            f"{hexd}/extra": b"x" * 100},
+                                 piece, lt.create_torrent.v2_only),
+        "another name": set_info(b"name", b"0" * 64),
+        "piece length not a power of two": set_info(b"piece length", 48 << 10),
+        "piece length too small": set_info(b"piece length", 8 << 10),
+        "piece hashes of other bytes": _edit(good, lambda d: d[b"piece layers"]
+                                             .__setitem__(root, bytes(32 * 16))),
+        "no piece hashes": _edit(good, lambda d: d.pop(b"piece layers")),
+        "not bencoded": b"\x00garbage",
+        "not a dictionary": b"i42e",
+    }
+    for what, bad in hostile.items():
+        expect = size + 1 if what == "size the caller does not expect" else size
+        with pytest.raises(TorrentError):
+            torrents.parse(digest, expect, bad)
+            pytest.fail(f"accepted a torrent with {what}")
+    # A huge piece count for the size the store reports: refused before it is hashed.
+    huge = 1 << 40
+
+    def many_pieces(d) -> None:
+        d[b"info"][b"file tree"][hexd.encode()][b""][b"length"] = huge
+        d[b"info"][b"piece length"] = 16 << 10
+
+    lying = _edit(good, many_pieces)
+    with pytest.raises(TorrentError, match=f"over {TORRENT_MAX_PIECES}"):
+        torrents.parse(digest, huge, lying)
+    # An object larger than its blob's pieces allow is not even read.
+    store = open_store((tmp_path / "store").as_uri())
+    store.put(torrents.key(digest), good + b"x" * (64 << 10))
+    with pytest.raises(TorrentError, match="over the"):
+        torrents.load(store, digest, size)
+
+
+# -- discovery ------------------------------------------------------------------------------
+
+
+def test_peers_parse_as_ip_literals_only() -> None:
+    assert parse_peers("198.18.64.2:6881, [FD00::2]:7000 198.18.64.1:6881") == [
+        Peer("198.18.64.1", 6881), Peer("198.18.64.2", 6881), Peer("fd00::2", 7000)]
+    assert str(Peer("fd00::2", 7000)) == "[fd00::2]:7000"
+    for bad in ("example.com:6881", "198.18.64.2", "198.18.64.2:0", "198.18.64.2:70000",
+                "fd00::2:6881", "1.2.3.4.5:1", "198.18.64.2:-1"):
+        with pytest.raises(PeerAddressError):
+            parse_peers(bad)
+    assert parse_listen("198.18.64.2:0") == ("198.18.64.2", 0)
+    assert parse_listen("[fd00::2]:6881") == ("fd00::2", 6881)
+    for bad in ("0.0.0.0:6881", "[::]:6881", "198.18.64.2", "node-1:6881", ""):
+        with pytest.raises(SwarmError):
+            parse_listen(bad)
+
+
+def test_members_come_from_the_store_and_hostile_records_are_skipped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = open_store((tmp_path / "store").as_uri())
+    rendezvous.announce(store, "job:1", "n1", Peer("198.18.64.2", 6881))
+    rendezvous.announce(store, "job:1", "n0", Peer("198.18.64.1", 6881))
+    rendezvous.announce(store, "job:1", "n0", Peer("198.18.64.1", 6999))  # restarted
+    rendezvous.announce(store, "other", "n9", Peer("198.18.64.9", 6881))
+    prefix = rendezvous.peers_dir("job:1")
+    assert prefix == "p2p/jobs/job%3A1/peers"
+
+    def record(**fields):
+        base = {"node": "x", "address": "198.18.64.50", "port": 6881, "time": 1.0}
+        return json.dumps({**base, **fields}).encode()
+
+    hostile = {
+        "big": record(node="big", address="198.18.64.51" + " " * 2000),
+        "json": b"{not json",
+        "list": b"[1, 2]",
+        "deep": b"[" * 900 + b"]" * 900,
+        "bytes": b"\xff\xfe",
+        "extra": json.dumps({"node": "extra", "address": "198.18.64.52", "port": 1,
+                             "time": 1, "cmd": "rm"}).encode(),
+        "host": record(node="host", address="evil.example.com"),
+        "octets": record(node="octets", address="198.18.64.300"),
+        "port0": record(node="port0", port=0),
+        "porthigh": record(node="porthigh", port=65536),
+        "portstr": record(node="portstr", port="6881"),
+        "portbool": record(node="portbool", port=True),
+        "elsewhere": record(node="n1"),  # claims to be another node
+        "timestr": record(node="timestr", time="now"),
+    }
+    for name, data in hostile.items():
+        store.put(f"{prefix}/{name}.json", data)
+    with caplog.at_level(logging.WARNING, logger="bootseer.p2p.rendezvous"):
+        found = rendezvous.members(store, "job:1")
+    assert found == [Peer("198.18.64.1", 6999), Peer("198.18.64.2", 6881)]
+    assert len([r for r in caplog.records if "skipping" in r.message]) == len(hostile)
+    rendezvous.withdraw(store, "job:1", "n1")
+    rendezvous.withdraw(store, "job:1", "n1")  # gone already: fine
+    assert rendezvous.members(store, "job:1") == [Peer("198.18.64.1", 6999)]
+    for job, node in (("../x", "n"), ("job", "../n"), ("", "n"), ("job", "a/b")):
+        with pytest.raises(BootseerError):
+            rendezvous.announce(store, job, node, Peer("198.18.64.1", 1))
+
+
+def test_members_read_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = open_store((tmp_path / "store").as_uri())
+    for i in range(5):
+        rendezvous.announce(store, "j", f"n{i}", Peer(f"198.18.64.{i + 1}", 6881))
+    monkeypatch.setattr(rendezvous, "MAX_MEMBERS", 3)
+    assert len(rendezvous.members(store, "j")) == 3
+
+
+def test_the_p2p_section_of_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[p2p]\nenabled = true\nlisten = "198.18.64.2:6881"\n'
+                    'upload_rate = "100m"\nseed_time = 30\n')
+    loaded = load_config(files=[path], environ={"BOOTSEER_P2P_PIECE_GRACE": "0.5"})
+    p2p = loaded.config.p2p
+    assert (p2p.enabled, p2p.listen, p2p.upload_rate, p2p.seed_time, p2p.piece_grace) == \
+        (True, "198.18.64.2:6881", 100 << 20, 30.0, 0.5)
+    off = load_config(files=[], environ={}).config.p2p
+    assert off.enabled is False and open_swarm(off) is None
+
+
+# -- one session, no network: store fallback, seeding limits ---------------------------------
+
+
+def _loopback(**overrides) -> Swarm:
+    return Swarm(P2PConfig(enabled=True, listen="127.0.0.1:0", **overrides))
+
+
+def test_without_peers_every_piece_comes_from_the_store(tmp_path: Path) -> None:
+    blob = _blob(tmp_path, 1 << 20)
+    with _loopback() as swarm:
+        result = fetch_blob(blob.blobs, blob.digest, tmp_path / "got", swarm=swarm)
+        assert (tmp_path / "got").read_bytes() == blob.data
+        assert (result.store_bytes, result.peer_bytes, result.peers) == (1 << 20, 0, 0)
+        assert swarm.stats().store_bytes == 1 << 20
+
+
+def test_a_torrent_that_lies_about_its_blob_costs_a_fetch_not_a_byte(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blob = _blob(tmp_path, 1 << 20, torrent=False)
+    # A well-formed torrent, named after the blob, whose hashes are of other bytes.
+    lying = _lt_torrent(tmp_path, {blob.digest[7:]: os.urandom(1 << 20)}, 64 << 10,
+                        lt.create_torrent.v2_only)
+    torrents.publish(blob.blobs.store, blob.digest, lying)
+    torrent = torrents.load(blob.blobs.store, blob.digest, 1 << 20)
+    with _loopback() as swarm:
+        with pytest.raises(IntegrityError, match="does not describe the blob"):
+            swarm.fetch(torrent, tmp_path / "a", [],
+                        lambda o, n: blob.blobs.read_range(blob.digest, o, n))
+        assert not (tmp_path / "a").exists()
+        with caplog.at_level(logging.WARNING, logger="bootseer.p2p.blobfetch"):
+            result = fetch_blob(blob.blobs, blob.digest, tmp_path / "b", swarm=swarm)
+    assert (tmp_path / "b").read_bytes() == blob.data and result.peer_bytes == 0
+    assert "does not describe the blob" in caplog.text
+    # No torrent at all: the plain read.
+    (tmp_path / "x").mkdir()
+    other = _blob(tmp_path / "x", 1000, torrent=False)
+    with _loopback() as swarm:
+        fetch_blob(other.blobs, other.digest, tmp_path / "c", swarm=swarm)
+    assert (tmp_path / "c").read_bytes() == other.data
+
+
+def test_seeding_stops_when_told_or_after_seed_time(tmp_path: Path) -> None:
+    blob = _blob(tmp_path, 1 << 20)
+    path = tmp_path / blob.digest[7:]
+    path.write_bytes(blob.data)
+    os.chmod(path, 0o444)
+    torrent = torrents.load(blob.blobs.store, blob.digest, 1 << 20)
+    with _loopback(seed_time=0.5) as swarm:
+        assert swarm.seed(torrent, path)
+        assert not swarm.seed(torrent, path)  # seeded already
+        assert swarm.stats().seeding == 1
+        deadline = time.monotonic() + 5
+        while swarm.stats().seeding and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert swarm.stats().seeding == 0
+    with _loopback() as swarm:
+        assert swarm.seed(torrent, path)
+        swarm.stop_seeding(blob.digest)
+        assert swarm.stats().seeding == 0
+    with _loopback(seed_time=0) as swarm:
+        assert not swarm.seed(torrent, path)
+    assert path.read_bytes() == blob.data  # only ever read
+
+
+def test_a_listen_address_this_host_does_not_have_is_an_error() -> None:
+    with pytest.raises(SwarmError, match="cannot listen"):
+        Swarm(P2PConfig(enabled=True, listen="198.18.99.99:0"))
+
+
+# -- swarms of nodes in network namespaces ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lan:
+    prefix: str
+
+    def netns(self, i: int) -> str:
+        return f"{self.prefix}-n{i}"
+
+    @staticmethod
+    def address(i: int) -> str:
+        return f"{SUBNET}.{i + 1}"
+
+
+@pytest.fixture(scope="module")
+def lan():
+    reason = netns.netns_available()
+    if reason:
+        if IN_CI:
+            pytest.fail(f"the p2p swarm tests need network namespaces: {reason}")
+        pytest.skip(f"the p2p swarm tests need network namespaces: {reason}")
+    lan = Lan(f"bsp2p{os.getpid()}")
+    switch = f"{lan.prefix}-sw"
+    made: list[str] = []
+    try:
+        netns.add(switch)
+        made.append(switch)
+        netns.ip("link", "add", "br0", "type", "bridge", netns=switch)
+        netns.ip("link", "set", "br0", "up", netns=switch)
+        for i in range(NODES):
+            name = lan.netns(i)
+            netns.add(name)
+            made.append(name)
+            subprocess.run([*netns.enter_argv(name), "sysctl", "-qw",
+                            "net.ipv6.conf.all.disable_ipv6=1"], check=True, timeout=30)
+            netns.ip("link", "add", "name", "eth0", "netns", name, "type", "veth", "peer",
+                     "name", f"p{i}", "netns", switch)
+            netns.ip("link", "set", f"p{i}", "master", "br0", "up", netns=switch)
+            netns.ip("addr", "add", f"{lan.address(i)}/24", "dev", "eth0", netns=name)
+            netns.ip("link", "set", "eth0", "up", netns=name)
+        yield lan
+    finally:
+        for name in reversed(made):
+            netns.delete(name)
+
+
+class Node:
+    """A p2p_node.py process in namespace i; its output lines, read as they come."""
+
+    def __init__(self, lan: Lan, i: int, spec: dict, work: Path) -> None:
+        self.i = i
+        self.stderr = work / f"node{i}.stderr"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "dev")])}
+        self.proc = subprocess.Popen(
+            [*netns.enter_argv(lan.netns(i)), PY, str(NODE_SCRIPT), json.dumps(spec)],
+            stdout=subprocess.PIPE, stderr=self.stderr.open("w"), text=True, env=env)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def next(self, timeout: float = 30.0) -> dict:
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"node {self.i}: no answer in {timeout} s\n"
+                        f"{self.stderr.read_text()[-3000:]}")
+        if line is None:
+            pytest.fail(f"node {self.i} ended (rc={self.proc.wait()}):\n"
+                        f"{self.stderr.read_text()[-3000:]}")
+        return json.loads(line)
+
+
+@pytest.fixture
+def cluster(lan, tmp_path: Path):
+    """Start nodes on the LAN (``start(i, role, **spec)``); all are killed at the end."""
+    started: list[Node] = []
+    go, stop = tmp_path / "go", tmp_path / "stop"
+
+    def start(blob: Blob, i: int, role: str, job: str, **spec) -> Node:
+        full = {"role": role, "store": blob.url, "digest": blob.digest, "job": job,
+                "node": f"n{i}", "listen": f"{lan.address(i)}:0", "go": str(go),
+                "stop": str(stop), "work": str(tmp_path / f"n{i}-{len(started)}"), **spec}
+        node = Node(lan, i, full, tmp_path)
+        started.append(node)
+        return node
+
+    start.go, start.stop = go, stop  # type: ignore[attr-defined]
+    yield start
+    stop.touch()
+    for node in started:
+        try:
+            node.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            node.proc.kill()
+            node.proc.wait()
+
+
+def _fetched(node: Node, blob: Blob) -> dict:
+    result = node.next()
+    assert result["sha256"] == blob.digest, result
+    assert result["store_bytes"] == result["result_store_bytes"], result
+    return result
+
+
+def test_four_nodes_read_the_blob_from_the_store_about_once(cluster, tmp_path: Path) -> None:
+    blob = _blob(tmp_path)
+    nodes = [cluster(blob, i, "fetch", "four") for i in range(4)]
+    assert all("ready" in n.next() for n in nodes)
+    cluster.go.touch()
+    results = [_fetched(n, blob) for n in nodes]
+    store_bytes = sum(r["store_bytes"] for r in results)
+    assert all(r["members"] == 4 and r["peers"] >= 1 for r in results), results
+    assert store_bytes <= 1.2 * BLOB_SIZE, (store_bytes, results)
+    assert all(r["peer_bytes"] >= BLOB_SIZE // 2 for r in results), results
+    # A node that starts once they have it reads nothing from the store.
+    late = cluster(blob, 4, "fetch", "four")
+    assert "ready" in late.next()
+    result = _fetched(late, blob)
+    assert result["store_bytes"] == 0 and result["members"] == 5, result
+    cluster.stop.touch()
+    # What the five needed from peers (3/4 of it for the four, all of it for the late
+    # one), the four uploaded (libtorrent's payload counters, as /metrics shows them).
+    uploaded = [n.next()["uploaded"] for n in nodes]
+    assert sum(uploaded) >= 4 * BLOB_SIZE * 3 // 4 + BLOB_SIZE, uploaded
+    print(f"four nodes: {store_bytes / BLOB_SIZE:.3f}x the blob from the store, "
+          f"{max(r['seconds'] for r in results):.2f} s; late node {result['seconds']:.2f} s")
+
+
+def test_a_node_killed_mid_transfer_costs_time_not_correctness(cluster, tmp_path) -> None:
+    blob = _blob(tmp_path)
+    # Slow enough that the transfer takes seconds: 2 MiB/s out of each node.
+    spec = {"store_delay": 0.05, "upload_rate": 2 << 20, "piece_grace": 1.0}
+    nodes = [cluster(blob, i, "fetch", "kill", **spec) for i in range(4)]
+    assert all("ready" in n.next() for n in nodes)
+    cluster.go.touch()
+    time.sleep(1.0)
+    victim = nodes[3]
+    assert victim.lines.empty(), "node 3 finished before it could be killed"
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
+    results = [_fetched(n, blob) for n in nodes[:3]]
+    assert max(r["seconds"] for r in results) > 1.0  # it was mid-transfer for them too
+    # Node 3's share that nobody had yet is read again, split among the three.
+    store_bytes = sum(r["store_bytes"] for r in results)
+    assert store_bytes <= 1.5 * BLOB_SIZE, results
+    print(f"node killed: survivors {store_bytes / BLOB_SIZE:.3f}x the blob from the store, "
+          f"{max(r['seconds'] for r in results):.2f} s")
+
+
+def test_a_peer_sending_bad_pieces_is_banned_and_nothing_bad_is_kept(cluster, tmp_path) -> None:
+    blob = _blob(tmp_path)
+    attacker = cluster(blob, 0, "attacker", "bad")
+    assert "ready" in attacker.next()
+    victim = cluster(blob, 1, "fetch", "bad")
+    assert "ready" in victim.next()
+    cluster.go.touch()
+    result = _fetched(victim, blob)
+    assert result["banned"] == [Lan.address(0)], result
+    assert result["peer_bytes"] > 0  # the attacker did send its pieces
+    # Every piece came from the store (one may be read twice: a store piece that met a
+    # block of the attacker's in libtorrent's buffers fails its hash and is read again).
+    assert BLOB_SIZE <= result["store_bytes"] <= BLOB_SIZE + 2 * (512 << 10), result
+    print(f"bad peer banned; the victim done in {result['seconds']:.2f} s")
+    cluster.stop.touch()
+    assert attacker.next()["uploaded"] > 0
+
+
+def test_the_upload_cap_holds(cluster, tmp_path: Path) -> None:
+    blob = _blob(tmp_path)
+    cap = 4 << 20
+    seeder = cluster(blob, 0, "seed", "cap", upload_rate=cap)
+    assert "ready" in seeder.next()
+    fetcher = cluster(blob, 1, "fetch", "cap")
+    assert "ready" in fetcher.next()
+    cluster.go.touch()
+    result = _fetched(fetcher, blob)
+    assert result["store_bytes"] == 0, result  # the seeder had every piece
+    assert result["peer_bytes"] / result["seconds"] <= 1.3 * cap, result
+    assert result["seconds"] >= 0.7 * BLOB_SIZE / cap, result  # uncapped: a tenth of it
+    print(f"capped at {cap >> 20} MiB/s: {result['peer_bytes'] / result['seconds'] / 2**20:.2f}"
+          f" MiB/s")
+
+
+def test_off_means_no_listener_and_a_plain_store_read(cluster, tmp_path: Path) -> None:
+    blob = _blob(tmp_path)
+    node = cluster(blob, 0, "off", "off")
+    result = node.next()
+    assert result == {"swarm": False, "libtorrent": False, "listening": [],
+                      "store_bytes": BLOB_SIZE, "peer_bytes": 0, "sha256": blob.digest}
