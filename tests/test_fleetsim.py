@@ -1,7 +1,8 @@
 """The fleet simulator on cases with known answers (the network: one flow on one link, N
 equal flows on one bottleneck, two bottlenecks in series, max-min shares, arrivals; a
-restart: a shared origin, a CPU pool, the warm's overlap; node classes against per-node),
-and its calibration, validation and extrapolation on a synthetic lab."""
+restart: a shared origin, a CPU pool with multi-core nodes and an idle load, a teardown,
+the warm's overlap and order; node classes against per-node), and its calibration
+(own seconds, cores), validation and extrapolation on a synthetic lab."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import simpy
 from bootseer_dev.fleetsim import Link, Network, report
 from bootseer_dev.fleetsim.calibrate import (
     CASES,
+    cores,
     lab_fleet,
+    own_seconds,
     phases_from_lab,
     validate,
     warm_from_lab,
@@ -112,6 +115,50 @@ def test_a_shared_cpu_pool_is_processor_sharing_with_one_core_per_node(nodes: in
     assert simulate(Fleet(nodes, MB, ()), work).ready() == [pytest.approx(1.0)] * nodes
 
 
+@pytest.mark.parametrize("nodes, done", [(1, 1.0), (2, 2.0), (4, 4.0)])
+def test_a_node_keeps_its_cores_busy_and_nodes_share_the_pool(nodes: int, done: float) -> None:
+    """Each node has 2 core-seconds of work on 2 threads, on 2 shared cores: alone it takes
+    1 s; two take 2 s, four 4 s; the cores are busy throughout (and without a pool each
+    node has its 2 cores: 1 s)."""
+    outcome = simulate(Fleet(nodes, MB, (), cpus=2), [Phase("work", 1.0, cores=2)])
+    assert outcome.ready() == [pytest.approx(done)] * nodes
+    assert outcome.summary()["cpu_used"] == pytest.approx(1.0)
+    assert simulate(Fleet(nodes, MB, ()), [Phase("work", 1.0, cores=2)]).ready() == \
+        [pytest.approx(1.0)] * nodes
+
+
+def test_an_idle_load_of_half_the_cores_leaves_the_nodes_the_other_half() -> None:
+    """Of 2 cores, 0.5 busy with other work leaves 1: 2 core-seconds on 2 threads take 2 s,
+    1 s on one thread still 1 s; the machine reads fully busy."""
+    fleet = Fleet(1, MB, (), cpus=2, cpu_idle=0.5)
+    assert fleet.pool == pytest.approx(1.0)
+    two_threads = simulate(fleet, [Phase("work", 1.0, cores=2)])
+    assert two_threads.ready() == [pytest.approx(2.0)]
+    assert two_threads.summary()["cpu_used"] == pytest.approx(1.0)
+    assert simulate(fleet, [Phase("work", 1.0)]).ready() == [pytest.approx(1.0)]
+
+
+def test_a_teardown_loads_the_cores_but_is_not_time_to_ready() -> None:
+    """Two nodes on one core: 1 s of work each ends at 2 s (ready), then 1 s of teardown
+    each ends at 4 s, the core busy all along."""
+    phases = [Phase("ready", 1.0), Phase("exited", 1.0, teardown=True)]
+    outcome = simulate(Fleet(2, MB, (), cpus=1), phases)
+    assert outcome.ready() == [pytest.approx(2.0)] * 2
+    assert outcome.summary()["max_s"] == pytest.approx(2.0)
+    assert [m["exited"] for m in outcome.marks] == [pytest.approx(4.0)] * 2
+    assert outcome.summary()["cpu_used"] == pytest.approx(1.0)
+
+
+def test_the_warm_fetches_one_artifact_after_another() -> None:
+    """Two 100 MB artifacts at 10 MB/s: the first in at 10 s, the second at 20 s (in the
+    order the warm lists them), not both at 20 s."""
+    fleet = Fleet(1, 10 * MB, (Origin("hdfs", 1, 1000 * MB),))
+    warm = Warm(0.0, (Fetch("env", 100 * MB, "hdfs"), Fetch("ckpt", 100 * MB, "hdfs")))
+    marks = simulate(fleet, [], warm).marks[0]
+    assert marks["fetched:env"] == pytest.approx(10.0)
+    assert marks["fetched:ckpt"] == pytest.approx(marks["warm"]) == pytest.approx(20.0)
+
+
 @pytest.mark.parametrize("own, done", [(4.0, 10.0), (15.0, 15.0)])
 def test_a_prefetched_phase_ends_at_its_own_work_or_its_bytes_arrival(own, done) -> None:
     """The warm fetches 100 MB at 10 MB/s (in at 10 s); the phase reading them ends at
@@ -151,7 +198,7 @@ def test_node_classes_give_the_per_node_answer() -> None:
 def synthetic_lab(counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
     """A lab section as bench-restart writes it, from simple formulas of our own (not the
     simulator's): each step's CPU seconds stretched by the cores' sharing, bytes at each
-    node's share of its origin, and a 2% spread across nodes."""
+    node's share of its origin, a teardown after ready, and a 2% spread across nodes."""
     caps = {"node_Bps": 25e6, "datanode_Bps": 40e6, "registry_Bps": 40e6, "index_Bps": 40e6,
             "datanodes": 4, "cpus": 2}
     size = {"image_layers": 40_000_000, "image_lazy": 30_000_000, "image_hot": 25_000_000,
@@ -174,8 +221,8 @@ def synthetic_lab(counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
         elif case == "bootseer_cold":
             steps = {"env": took(size["wheels"], 40e6 / n) + 5.5 * cpu
                      + took(size["env_snapshot"], hdfs / n),
-                     "started": 0.5 * cpu,
-                     "imported": took(size["image_lazy"], hdfs / n) + 0.6 * cpu,
+                     "started": took(size["image_lazy"], hdfs / n) + 0.5 * cpu,
+                     "imported": 0.6 * cpu,
                      "checkpoint": took(size["checkpoint"], hdfs / n) + 0.2 * cpu,
                      "ready": 0.0}
         elif case == "bootseer_prestaged":
@@ -185,25 +232,33 @@ def synthetic_lab(counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
         for name, seconds in steps.items():
             t += seconds * jitter
             out[name] = t
-        if case == "bootseer":
-            warm = (0.4 * cpu + took(sum(size[a] for a in ("image_hot", "env_snapshot",
-                                                           "checkpoint")), hdfs / n)) * jitter
-            out["env"] = max(1.2 * cpu, 0.97 * warm) + 0.2
+        if case == "bootseer":  # the warm stages the hot pack, the snapshot, the checkpoint
+            hot = (0.4 * cpu + took(size["image_hot"], hdfs / n)) * jitter
+            snapshot = hot + took(size["env_snapshot"], hdfs / n) * jitter
+            warm = snapshot + took(size["checkpoint"], hdfs / n) * jitter
+            out["env"] = max(1.2 * cpu, snapshot) + 0.2
             out["started"] = out["env"] + 0.5 * cpu
             out["imported"] = out["started"] + 0.6 * cpu
             out["checkpoint"] = out["ready"] = max(out["imported"] + 0.3 * cpu, warm)
             out["warm"] = warm
+        out["exited"] = out["ready"] + 0.3 * cpu
         return out
 
-    cases = {case: {str(n): {"nodes": [{"node": i, "marks": marks(case, n, i)}
-                                       for i in range(n)],
-                             "origin_bytes": {"registry": 4e7 * n}, "cpu_busy": 0.5}
-                    for n in counts}
+    def run(case: str, n: int) -> dict:
+        nodes = [{"node": i, "marks": marks(case, n, i)} for i in range(n)]
+        return {"nodes": nodes, "origin_bytes": {"registry": 4e7 * n}, "cpu_busy": 0.5,
+                "wall_s": max(node["marks"]["exited"] for node in nodes)}
+
+    cases = {case: {str(n): run(case, n) for n in counts}
              for case in ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer")}
     return {"caps": caps, "per_node_bytes": size, "cases": cases}
 
 
-@pytest.mark.parametrize("case", list(CASES))
+#: The cases with runs of their own (``bootseer_fanout`` borrows Bootseer's N = 1).
+OWN_RUNS = [case for case in CASES if not CASES[case].calibrated_from]
+
+
+@pytest.mark.parametrize("case", OWN_RUNS)
 def test_calibration_reproduces_the_one_node_run(case: str) -> None:
     lab = synthetic_lab(counts=(1,))
     (marks,) = (n["marks"] for n in lab["cases"][case]["1"]["nodes"])
@@ -220,6 +275,70 @@ def test_a_step_that_waited_for_the_warm_counts_only_its_own_work_as_work() -> N
     env = phases_from_lab(lab, "bootseer")[0]
     assert env.seconds == pytest.approx(1.2) and env.fetch.artifact == "env_snapshot"
     assert 0 < env.after < 0.5
+
+
+def one_node_lab(busy: float | None, idle: float | None) -> dict:
+    """A prestaged start alone: 3 s to ready, 1 s of teardown, all of it own work."""
+    run: dict = {"nodes": [{"node": 0, "marks": {"env": 1.0, "started": 2.0, "imported": 2.5,
+                                                 "checkpoint": 3.0, "ready": 3.0,
+                                                 "exited": 4.0}}], "wall_s": 4.0}
+    if busy is not None:
+        run["cpu_busy"] = busy
+    if idle is not None:
+        run["cpu_busy_idle"] = idle
+    return {"caps": synthetic_lab(counts=())["caps"], "per_node_bytes": {},
+            "cases": {"bootseer_prestaged": {"1": run}}}
+
+
+@pytest.mark.parametrize("busy, idle, expected", [
+    (0.75, None, 1.5),  # 0.75 x 2 cores x 4 s = 6 core-seconds over 4 own seconds
+    (0.75, 0.25, 1.0),  # the idle load's 2 core-seconds are not the node's
+    (1.0, None, 2.0),   # every core, all along
+    (None, None, 1.0),  # CPU unrecorded: one core
+])
+def test_cores_are_the_one_node_runs_core_seconds_over_its_own_seconds(
+        busy: float | None, idle: float | None, expected: float) -> None:
+    lab = one_node_lab(busy, idle)
+    own = own_seconds(lab, "bootseer_prestaged")
+    assert sum(a + b for a, b in own.values()) == pytest.approx(4.0)
+    assert cores(lab, "bootseer_prestaged", own) == pytest.approx(expected)
+
+
+def test_a_start_and_its_warm_share_the_cores_they_had_alone() -> None:
+    """A machine fully busy for Bootseer's N = 1 run: its start and warm ran at once on 2
+    cores, so each keeps at most 1 busy (the prestaged start, alone, may keep 2)."""
+    lab = synthetic_lab(counts=(1,))
+    for case in ("bootseer", "bootseer_prestaged"):
+        lab["cases"][case]["1"]["cpu_busy"] = 1.0
+    assert cores(lab, "bootseer", own_seconds(lab, "bootseer")) == pytest.approx(1.0)
+    assert cores(lab, "bootseer_prestaged", own_seconds(lab, "bootseer_prestaged")) == \
+        pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("idle, ready", [(None, 5.2), (0.5, 10.4)])
+def test_a_runs_idle_load_leaves_its_nodes_less_of_the_cores(idle, ready) -> None:
+    """Prestaged in the synthetic lab: 2.6 s of one core's work to ready (and 0.3 s of
+    teardown) per node; four nodes on 2 cores are ready at 4 x 2.6 / 2 s, on the 1 core an
+    idle load of 0.5 leaves them at 4 x 2.6 s."""
+    lab = synthetic_lab(counts=(1, 4))
+    assert cores(lab, "bootseer_prestaged", own_seconds(lab, "bootseer_prestaged")) == \
+        pytest.approx(1.0)
+    if idle is not None:
+        lab["cases"]["bootseer_prestaged"]["4"]["cpu_busy_idle"] = idle
+    (row,) = (r for r in validate(lab)["rows"]
+              if r["case"] == "bootseer_prestaged" and r["nodes"] == 4)
+    assert row["sim_max_s"] == pytest.approx(ready)
+
+
+def test_the_fanout_case_is_bootseers_start_calibrated_from_its_one_node_run() -> None:
+    lab = synthetic_lab(counts=(1, 16))
+    lab["cases"]["bootseer_fanout"] = {"16": lab["cases"]["bootseer"]["16"]}
+    rows = {(r["case"], r["nodes"]): r for r in validate(lab)["rows"]}
+    fanout, bootseer = rows["bootseer_fanout", 16], rows["bootseer", 16]
+    assert not fanout["calibration_run"]
+    assert fanout["sim_max_s"] == pytest.approx(bootseer["sim_max_s"])
+    del lab["cases"]["bootseer"]["1"]
+    assert any("bootseer: no complete N = 1 run" in w for w in validate(lab)["warnings"])
 
 
 def test_a_node_without_a_mark_is_left_out_with_a_warning() -> None:

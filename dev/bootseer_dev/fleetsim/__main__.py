@@ -31,6 +31,8 @@ def main(result: Path, png: Path) -> None:
                    f"{r['sim_p50_s']:>8.2f} {r['error_p50']:>6.1%} {r['lab_max_s']:>8.2f} "
                    f"{r['sim_max_s']:>8.2f} {r['error_max']:>6.1%}  {r['sim_limited_by']}"
                    + ("  (calibration)" if r["calibration_run"] else ""))
+    click.echo("cores a node's task keeps busy (N = 1 core-seconds / own seconds): " + ", ".join(
+        f"{case} {c['cores']:.2f}" for case, c in validation["calibration"].items()))
     error = validation["max_error"]
     click.echo(f"max error: {'n/a' if error is None else f'{error:.1%}'}. "
                f"{validation['note']}")
@@ -42,6 +44,7 @@ def main(result: Path, png: Path) -> None:
     click.echo("  per node: " + ", ".join(
         f"{k} {v / 1e9:.2f} GB" for k, v in extrapolation["parameters"]["per_node_bytes"].items()))
     click.echo(f"  own seconds: {extrapolation['rules']['own_seconds']}")
+    click.echo(f"  MAIN ASSUMPTION: {extrapolation['rules']['main_assumption']}")
     click.echo(f"{'case':20} {'N':>5} {'p50 s':>9} {'p99 s':>9} {'max s':>9}  limited by")
     for case, data in extrapolation["cases"].items():
         for r in data["runs"]:

@@ -1,30 +1,35 @@
 """The lab's cases as restart models, calibrated from their N = 1 runs and checked at N > 1.
 
 The lab (``bench-restart``'s ``lab`` section) times one restart per case and node count:
-every node starts at t = 0 and stamps a **mark** when each step ends. A case here is the
-list of its :class:`Step` s, in the order a node does them, each naming the bytes it reads
-(``per_node_bytes``), where from and how (one stream, or striped over every uplink).
+every node starts at t = 0 and stamps a **mark** when each step ends (``exited``: its
+container is gone, after ``ready``). A case here is the list of its :class:`Step` s, in
+the order a node does them, each naming the bytes it reads (``per_node_bytes``), where
+from and how (one stream, or striped over every uplink).
 
-**Calibration** (:func:`own_seconds`): from the N = 1 run, a step's own seconds are its
-measured duration (from the previous mark) less what its bytes take alone on the
-narrowest link (:meth:`Fleet.alone_s`); the fleet is the lab's, its caps from the lab dict.
-A mark may end several steps (``bootseer_cold``'s ``env`` is a pip install and the
-snapshot's upload): their own seconds go to the first. ``bootseer``'s steps read what the
-warm fetches; its warm's own seconds are its measured time less its fetches' at N = 1. A
-step whose bytes the warm fetches does its own work (the same step's in
+**Calibration** (:func:`own_seconds`, :func:`cores`): from the N = 1 run, a step's own
+seconds are its measured duration (from the previous mark) less what its bytes take alone
+on the narrowest link (:meth:`Fleet.alone_s`); the fleet is the lab's, its caps from the
+lab dict. A mark may end several steps (``bootseer_cold``'s ``env`` is a pip install and
+the snapshot's upload): their own seconds go to the first. ``bootseer``'s steps read what
+the warm fetches; its warm's own seconds are its measured time less its fetches' at N = 1.
+A step whose bytes the warm fetches does its own work (the same step's in
 ``bootseer_prestaged``: the same work with every byte local), waits for its bytes if they
 are not in yet, and spends whatever its N = 1 run took beyond that once they are in
 (``Phase.after``): so it reproduces N = 1, and does not count its wait as CPU work at
-N > 1. Nothing else is fitted: no constant of ours enters.
+N > 1. The cores a node's task keeps busy are the run's core-seconds beyond the idle load,
+``(cpu_busy - cpu_busy_idle) x cpus x wall_s``, over the node's own seconds: at N = 1 a
+node is alone, so the machine's work is its work. Nothing else is fitted: no constant of
+ours enters.
 
 **Validation** (:func:`validate`): each case at each N the lab ran, simulated on the lab's
-fleet (its caps, DataNodes and shared cores), against the lab's p50 and max of ready.
+fleet (its caps, DataNodes and shared cores less that run's idle load), against the lab's
+p50 and max of ready.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .restart import Fetch, Fleet, Origin, Phase, Warm, simulate
 
@@ -47,17 +52,27 @@ class Step:
     upload: bool = False
     scales_with: str | None = None  # artifact whose size its own work grows with
     mark: bool = True
+    teardown: bool = False  # after ready (the container's removal): not time to ready
 
 
 @dataclass(frozen=True)
 class Case:
     steps: tuple[Step, ...]
     warm: tuple[str, ...] = ()  # artifacts a warm fetches at t = 0, striped over HDFS
+    calibrated_from: str | None = None  # the case whose N = 1 run it borrows (it has none)
 
     @property
     def marks(self) -> list[str]:
         return [s.name for s in self.steps if s.mark] + (["warm"] if self.warm else [])
 
+    @property
+    def ready_marks(self) -> list[str]:
+        """The marks whose last is the node's time to ready."""
+        return [m for m in self.marks if m not in {s.name for s in self.steps if s.teardown}]
+
+
+#: The container's removal once the job has exited: its CPU contends with other nodes'.
+EXITED = Step("exited", teardown=True)
 
 CASES: dict[str, Case] = {
     # docker pull (registry) -> pip install (index) -> container -> import -> checkpoint
@@ -67,35 +82,47 @@ CASES: dict[str, Case] = {
         Step("env", "wheels", INDEX, striped=False, scales_with="wheels"),
         Step("started"), Step("imported"),
         Step("checkpoint", "checkpoint", striped=False, scales_with="checkpoint"),
-        Step("ready"))),
+        Step("ready"), EXITED)),
     # pip install, then the snapshot is published (an upload, modelled as one: node ->
-    # DataNodes) -> lazy mount -> the lazy image's demand reads -> striped checkpoint.
+    # DataNodes) -> lazy mount and the container's start, reading the lazy image on demand
+    # (``started`` is the job's first line; ``imported`` reads the environment, not the
+    # image) -> imports -> striped checkpoint.
     "bootseer_cold": Case((
         Step("pip", "wheels", INDEX, striped=False, scales_with="wheels", mark=False),
         Step("env", "env_snapshot", upload=True),
-        Step("started"), Step("imported", "image_lazy"),
-        Step("checkpoint", "checkpoint", scales_with="checkpoint"), Step("ready"))),
+        Step("started", "image_lazy"), Step("imported"),
+        Step("checkpoint", "checkpoint", scales_with="checkpoint"), Step("ready"), EXITED)),
     # Every byte staged before t = 0: own work only.
     "bootseer_prestaged": Case((
         Step("env", scales_with="env_snapshot"), Step("started"), Step("imported"),
-        Step("checkpoint", scales_with="checkpoint"), Step("ready"))),
+        Step("checkpoint", scales_with="checkpoint"), Step("ready"), EXITED)),
     # The same start, its bytes from a warm begun at t = 0 beside it.
     "bootseer": Case((
-        Step("env", "env_snapshot", scales_with="env_snapshot"), Step("started"),
-        Step("imported", "image_hot"),
-        Step("checkpoint", "checkpoint", scales_with="checkpoint"), Step("ready")),
+        Step("env", "env_snapshot", scales_with="env_snapshot"),
+        Step("started", "image_hot"), Step("imported"),
+        Step("checkpoint", "checkpoint", scales_with="checkpoint"), Step("ready"), EXITED),
         warm=("image_hot", "env_snapshot", "checkpoint")),
 }
+# Bootseer after ``bootseer job fanout``: every object the job reads kept on more DataNodes.
+# The model's striped reads are spread evenly over every DataNode already, so the start is
+# Bootseer's, calibrated from its N = 1 run (the lab runs this case at its largest N only).
+CASES["bootseer_fanout"] = replace(CASES["bootseer"], calibrated_from="bootseer")
 
 
-def lab_fleet(lab: dict, nodes: int) -> Fleet:
-    """The lab's fleet of ``nodes``: its caps, DataNodes, and its cores shared by all."""
+def lab_fleet(lab: dict, nodes: int, cpu_idle: float = 0.0) -> Fleet:
+    """The lab's fleet of ``nodes``: its caps, DataNodes, and its cores shared by all (of
+    which ``cpu_idle`` was busy before the run: the lab's idle load)."""
     caps = lab["caps"]
     return Fleet(nodes, caps["node_Bps"],
                  (Origin(HDFS, caps["datanodes"], caps["datanode_Bps"]),
                   Origin(REGISTRY, 1, caps["registry_Bps"]),
                   Origin(INDEX, 1, caps["index_Bps"])),
-                 cpus=caps["cpus"])
+                 cpus=caps["cpus"], cpu_idle=cpu_idle)
+
+
+def idle(run: dict) -> float:
+    """The machine's busy share just before the run (``cpu_busy_idle``; 0 if unrecorded)."""
+    return run.get("cpu_busy_idle") or 0.0
 
 
 def runs(lab: dict, case: str) -> dict[int, dict]:
@@ -123,9 +150,10 @@ Own = dict[str, tuple[float, float]]
 def own_seconds(lab: dict, case: str) -> Own:
     """Each step's own seconds (and ``warm``'s), calibrated from the N = 1 run."""
     spec = CASES[case]
-    kept, _ = complete(runs(lab, case).get(1, {"nodes": []}), case)
+    source = spec.calibrated_from or case
+    kept, _ = complete(runs(lab, source).get(1, {"nodes": []}), source)
     if not kept:
-        raise CalibrationError(f"{case}: no complete N = 1 run to calibrate from")
+        raise CalibrationError(f"{source}: no complete N = 1 run to calibrate from")
     marks = kept[0]
     fleet = lab_fleet(lab, 1)
     nbytes = lab["per_node_bytes"]
@@ -162,37 +190,61 @@ def own_seconds(lab: dict, case: str) -> Own:
     return own
 
 
+def core_seconds(lab: dict, case: str) -> float:
+    """The CPU work of a node's start, from the N = 1 run: the core-seconds the machine
+    used beyond its idle load, (cpu_busy - cpu_busy_idle) x cpus x wall (0: unrecorded)."""
+    run = runs(lab, CASES[case].calibrated_from or case)[1]
+    fleet = lab_fleet(lab, 1, idle(run))
+    return max(0.0, (run.get("cpu_busy", 0.0) - fleet.cpu_idle) * fleet.cpus
+               * run.get("wall_s", 0.0))
+
+
+def cores(lab: dict, case: str, own: Own) -> float:
+    """The cores each of a node's tasks keeps busy: its :func:`core_seconds` over its own
+    seconds (its tasks', summed). At most the cores the N = 1 run had over the tasks that
+    run at once (the start and its warm): own seconds were measured with no wait for a
+    core, so the node's tasks fit on them. 1 if the run's CPU is unrecorded."""
+    spec = CASES[case]
+    work, seconds = core_seconds(lab, case), sum(a + b for a, b in own.values())
+    if work <= 0 or seconds <= 0:
+        return 1.0
+    pool = lab_fleet(lab, 1, idle(runs(lab, spec.calibrated_from or case)[1])).pool
+    return min(pool / (2 if spec.warm else 1), work / seconds)
+
+
 def _fetch(step: Step, nbytes: dict[str, float], fleet: Fleet) -> Fetch:
     spread = fleet.origin(step.origin).uplinks if step.striped else 1
     return Fetch(step.artifact, nbytes[step.artifact], step.origin, spread, step.upload)
 
 
-def plan(case: str, own: Own, nbytes: dict[str, float],
-         fleet: Fleet) -> tuple[list[Phase], Warm | None]:
-    """The case's phases (and warm) on ``fleet``, with these own seconds and bytes: striped
-    steps and the warm spread over every uplink of their origin."""
+def plan(case: str, own: Own, nbytes: dict[str, float], fleet: Fleet,
+         ncores: float = 1.0) -> tuple[list[Phase], Warm | None]:
+    """The case's phases (and warm) on ``fleet``, with these own seconds, bytes and cores:
+    striped steps and the warm spread over every uplink of their origin."""
     spec = CASES[case]
     phases = [Phase(s.name, own[s.name][0], _fetch(s, nbytes, fleet) if s.artifact else None,
-                    own[s.name][1]) for s in spec.steps]
-    warm = Warm(own["warm"][0], tuple(_fetch(Step("warm", a), nbytes, fleet) for a in spec.warm)
-                ) if spec.warm else None
+                    own[s.name][1], ncores, s.teardown) for s in spec.steps]
+    warm = Warm(own["warm"][0], tuple(_fetch(Step("warm", a), nbytes, fleet) for a in spec.warm),
+                ncores) if spec.warm else None
     return phases, warm
 
 
 def phases_from_lab(lab: dict, case: str) -> list[Phase]:
     """The case's phases on the lab's fleet, calibrated from its N = 1 run."""
-    return plan(case, own_seconds(lab, case), lab["per_node_bytes"], lab_fleet(lab, 1))[0]
+    own = own_seconds(lab, case)
+    return plan(case, own, lab["per_node_bytes"], lab_fleet(lab, 1), cores(lab, case, own))[0]
 
 
 def warm_from_lab(lab: dict, case: str) -> Warm | None:
     """The case's warm on the lab's fleet (None: the case has none)."""
-    return plan(case, own_seconds(lab, case), lab["per_node_bytes"], lab_fleet(lab, 1))[1]
+    own = own_seconds(lab, case)
+    return plan(case, own, lab["per_node_bytes"], lab_fleet(lab, 1), cores(lab, case, own))[1]
 
 
 def validate(lab: dict) -> dict:
     """Every case and N of the lab, simulated on the lab's fleet, against the lab: p50 and
     max of node ready, their errors |sim - lab| / lab, and ``max_error`` over them all."""
-    rows = []
+    rows, calibration = [], {}
     warnings = [f"{case}: no model of this case: not validated"
                 for case in lab["cases"] if case not in CASES]
     for case in (c for c in CASES if c in lab["cases"]):
@@ -201,6 +253,15 @@ def validate(lab: dict) -> dict:
         except CalibrationError as error:
             warnings.append(f"{error}: not validated")
             continue
+        ncores, work = cores(lab, case, own), core_seconds(lab, case)
+        seconds = sum(a + b for a, b in own.values())
+        calibration[case] = {"own_s": own, "cores": ncores, "core_seconds": work}
+        if work > ncores * seconds * (1 + 1e-9) and not CASES[case].calibrated_from:
+            warnings.append(
+                f"{case}: its N = 1 run used {work:.1f} core-seconds, more than its tasks can "
+                f"in their {seconds:.1f} own seconds on the run's cores ({ncores:.2f} each): "
+                "the rest ran while its bytes moved or was not the node's (an idle load, a "
+                f"server's warm-up): cores capped at {ncores:.2f}")
         for nodes, run in sorted(runs(lab, case).items()):
             kept, left_out = complete(run, case)
             if left_out:
@@ -208,13 +269,14 @@ def validate(lab: dict) -> dict:
                                 "failed): left out")
             if not kept:
                 continue
-            fleet = lab_fleet(lab, nodes)
-            outcome = simulate(fleet, *plan(case, own, lab["per_node_bytes"], fleet))
+            fleet = lab_fleet(lab, nodes, idle(run))
+            outcome = simulate(fleet, *plan(case, own, lab["per_node_bytes"], fleet, ncores))
             sim = outcome.summary()
-            ready = [max(m[k] for k in CASES[case].marks) for m in kept]
+            ready = [max(m[k] for k in CASES[case].ready_marks) for m in kept]
             lab_p50, lab_max = statistics.median(ready), max(ready)
             rows.append({
-                "case": case, "nodes": nodes, "calibration_run": nodes == 1,
+                "case": case, "nodes": nodes,
+                "calibration_run": nodes == 1 and not CASES[case].calibrated_from,
                 "nodes_left_out": left_out,
                 "lab_p50_s": lab_p50, "sim_p50_s": sim["p50_s"],
                 "lab_max_s": lab_max, "sim_max_s": sim["max_s"],
@@ -224,13 +286,13 @@ def validate(lab: dict) -> dict:
                 "origin_bytes": {"lab": run.get("origin_bytes"),
                                  "sim": _lab_names(outcome.served)},
                 "cpu_busy": {"lab": run.get("cpu_busy"), "sim": sim.get("cpu_used")}})
-    return {"rows": rows,
+    return {"rows": rows, "calibration": calibration,
             "max_error": max((max(r["error_p50"], r["error_max"]) for r in rows),
                              default=None),
-            "note": "N = 1 of each case is its calibration run: its own seconds were fitted "
-                    "to it, so its error is ~0 by construction (bootseer: except where the "
-                    "model says a step waited for the warm's bytes; there it tests the warm's "
-                    "model). N > 1 are predictions.",
+            "note": "N = 1 of each case is its calibration run: its own seconds and cores "
+                    "were fitted to it, so its error is ~0 by construction. N > 1 are "
+                    "predictions, and so is every bootseer_fanout row (it borrows bootseer's "
+                    "N = 1).",
             "warnings": warnings}
 
 

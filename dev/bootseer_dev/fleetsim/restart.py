@@ -1,21 +1,28 @@
 """A job restart on N nodes, as flows and waits: what the fleet simulator computes.
 
 Every node starts at t = 0 and runs the same **phases** in order (a start: image,
-environment, process, imports, checkpoint). A :class:`Phase` is the node's own work
-(seconds of one core: CPU, process starts, decompression) and then, if it has one, a
-:class:`Fetch`: bytes read from an origin (or, ``upload``, written to it), striped over
-``spread`` of the origin's uplinks, one flow per uplink, each over the node's NIC, all
-shared max-min fairly with every other flow in flight (:mod:`.network`). Readers are put
-on an origin's uplinks round-robin, as HDFS spreads replicas and a balancer spreads
-clients.
+environment, process, imports, checkpoint; then the container's teardown). A
+:class:`Phase` is the node's own work (its seconds alone: CPU, process starts,
+decompression, on ``cores`` cores) and then, if it has one, a :class:`Fetch`: bytes read
+from an origin (or, ``upload``, written to it), striped over ``spread`` of the origin's
+uplinks, one flow per uplink, each over the node's NIC, all shared max-min fairly with
+every other flow in flight (:mod:`.network`). Readers are put on an origin's uplinks
+round-robin, as HDFS spreads replicas and a balancer spreads clients.
 
-* **CPU pool** (``Fleet.cpus``): in the lab every node shares a few cores. Own work is
-  then a flow over a ``cpu`` link of ``cpus`` core-seconds per second and the task's own
-  link of one core (a task uses at most one core): processor sharing, by the same
-  progressive filling. Without a pool (production) each task has its core to itself.
+* **CPU pool** (``Fleet.cpus``): in the lab every node shares a few cores, of which an
+  idle load (``Fleet.cpu_idle``: other processes' share) is not theirs. A phase's own work
+  is then ``seconds x cores`` core-seconds, a flow over a ``cpu`` link of the pool's
+  core-seconds per second and the task's own link of ``cores`` (a node's start is several
+  processes and threads: it keeps up to ``cores`` busy): processor sharing, by the same
+  progressive filling. Alone, a phase takes its seconds; two nodes of 2 core-seconds on
+  2 threads each, on 2 cores, take 2 s (tested). Without a pool (production) each task
+  has its cores to itself and takes its seconds.
+* **Teardown** (``Phase.teardown``): a phase after the node is ready (the container's
+  removal once the job exits): its work loads the cores, its mark is not time to ready.
 * **Warm overlap** (:class:`Warm`): a background task started at t = 0 on every node (the
-  agent's ``warm``): its own work, then all its fetches at once. A phase whose fetch is of
-  an artifact already in flight on its node waits for that flow instead of starting
+  agent's ``warm``): its own work, then its fetches one after another, in order (the
+  agent stages the image, the environments, then the checkpoints). A phase whose fetch is
+  of an artifact already in flight on its node waits for that flow instead of starting
   another: the bytes cross the network once, and the phase ends at the later of its own
   work and their arrival (plus its ``after`` seconds). The node's mark ``warm`` is when
   the warm ended.
@@ -54,20 +61,25 @@ class Fetch:
 @dataclass(frozen=True)
 class Phase:
     """A step of a start: its own seconds, then its bytes (if any) must be there, then
-    ``after`` own seconds more (what a prefetched step does once its bytes are in)."""
+    ``after`` own seconds more (what a prefetched step does once its bytes are in). Its own
+    work keeps ``cores`` cores busy (a node's start is several processes and threads)."""
 
     name: str
     seconds: float
     fetch: Fetch | None = None
     after: float = 0.0
+    cores: float = 1.0
+    teardown: bool = False  # after the node is ready: it loads the cores, not time to ready
 
 
 @dataclass(frozen=True)
 class Warm:
-    """A background task at t = 0: its own seconds, then all its fetches at once."""
+    """A background task at t = 0: its own seconds, then its fetches one after another
+    (the agent's warm stages the image, then the environments, then the checkpoints)."""
 
     seconds: float
     fetches: tuple[Fetch, ...]
+    cores: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,12 @@ class Fleet:
     nic_rate: float  # bytes per second, each node's NIC, either way
     origins: tuple[Origin, ...]
     cpus: float | None = None  # cores all nodes share (the lab); None: each has its own
+    cpu_idle: float = 0.0  # of the shared cores, the share busy with other work (idle load)
+
+    @property
+    def pool(self) -> float | None:
+        """The core-seconds per second the nodes' work can have of the shared cores."""
+        return self.cpus * (1 - self.cpu_idle) if self.cpus else None
 
     def origin(self, name: str) -> Origin:
         for origin in self.origins:
@@ -101,26 +119,33 @@ class Fleet:
 class Outcome:
     """When each node reached each mark (seconds from t = 0: its phases' names, ``warm``,
     and ``fetched:ARTIFACT`` for each fetch's arrival), the bytes each origin uplink served,
-    how long each resource's busiest link was full, and the shared pool's use."""
+    how long each resource's busiest link was full, and the shared cores' use."""
 
     marks: list[dict[str, float]]
     served: dict[str, list[float]]  # origin (or "ORIGIN_in": uploads) -> bytes per uplink
     full_s: dict[str, float]  # resource -> seconds its busiest link was full
-    cpu_used: float | None = None  # core-seconds used / (cores x job time); None: no pool
+    # The cores' busy share from t = 0 to the last mark, idle load included (the lab's
+    # cpu_busy); None: no shared pool.
+    cpu_used: float | None = None
+    teardown: frozenset[str] = frozenset()  # marks after ready (not time to ready)
 
     def ready(self) -> list[float]:
-        """Each node's time to ready: its last mark (a start and its warm both count)."""
-        return [max(marks.values(), default=0.0) for marks in self.marks]
+        """Each node's time to ready: its last mark but a teardown's (a start and its warm
+        both count)."""
+        return [max((t for m, t in marks.items() if m not in self.teardown), default=0.0)
+                for marks in self.marks]
 
     def summary(self) -> dict:
         """p50/p99/max of ready, bytes served per origin, and what limited the restart: the
-        resource whose busiest link was full for the largest share of the job (``own``: a
-        task's core, i.e. own work; ``cpu``: the shared pool; ``nic``/``nic_up``; an origin's
-        uplinks; ``ORIGIN_in``: its downlinks, for uploads)."""
+        resource whose busiest link was full for the largest share of the run, teardowns
+        included (``own``: a task's cores, i.e. own work; ``cpu``: the shared pool;
+        ``nic``/``nic_up``; an origin's uplinks; ``ORIGIN_in``: its downlinks, for
+        uploads)."""
         ready = self.ready()
         job = max(ready)
-        busy = {name: seconds / job for name, seconds in self.full_s.items()
-                if seconds > 0 and job > 0}
+        wall = max(max(marks.values(), default=0.0) for marks in self.marks)
+        busy = {name: seconds / wall for name, seconds in self.full_s.items()
+                if seconds > 0 and wall > 0}
         summary = {"p50_s": statistics.median(ready), "p99_s": percentile(ready, 99),
                    "max_s": job, "served_bytes": {k: sum(v) for k, v in self.served.items()},
                    "origin_max_over_mean": max(
@@ -163,7 +188,7 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
     uplinks = {(o.name, upload): [Link(f"{o.name}{i}", o.rate) for i in range(o.uplinks)]
                for o in fleet.origins for upload in (False, True)}
     classes = node_classes(fleet, fetches) if grouped else [[i] for i in range(fleet.nodes)]
-    pool = Link("cpu", fleet.cpus) if fleet.cpus else None
+    pool = Link("cpu", fleet.pool) if fleet.pool else None
     resources: dict[str, list[Link]] = defaultdict(list)
     for (origin, upload), links in uplinks.items():
         resources[f"{origin}_in" if upload else origin] = links
@@ -179,14 +204,17 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
         resources["nic_up"].append(nic[True])
         in_flight: dict[str, simpy.Event] = {}
 
-        def core() -> Link:
-            """A task's own core: a task uses at most one."""
-            link = Link(f"core{index}", weight)
+        def task() -> Link:
+            """A task's own cores: as many as its running phase keeps busy at most."""
+            link = Link(f"own{index}", weight)
             resources["own"].append(link)
             return link
 
-        def own(seconds: float, on: Link) -> simpy.Event:
-            return network.transfer(seconds, [on, pool] if pool else [on], weight)
+        def own(seconds: float, cores: float, mine: Link) -> simpy.Event:
+            """``seconds`` of work on ``cores`` cores: that many core-seconds, at most
+            ``cores`` at a time (the task's link has no other flow: its phases are in turn)."""
+            mine.capacity = cores * weight
+            return network.transfer(seconds * cores, [mine, pool] if pool else [mine], weight)
 
         def arrived(artifact: str) -> None:
             class_marks[index][f"fetched:{artifact}"] = env.now
@@ -205,17 +233,18 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
             return in_flight[f.artifact]
 
         def start():
-            mine = core()
+            mine = task()
             for phase in phases:
-                yield own(phase.seconds, mine)
+                yield own(phase.seconds, phase.cores, mine)
                 if phase.fetch:
                     yield fetch(phase.fetch)
-                yield own(phase.after, mine)
+                yield own(phase.after, phase.cores, mine)
                 class_marks[index][phase.name] = env.now
 
         def warming():
-            yield own(warm.seconds, core())
-            yield simpy.AllOf(env, [fetch(f) for f in warm.fetches])
+            yield own(warm.seconds, warm.cores, task())
+            for f in warm.fetches:
+                yield fetch(f)
             class_marks[index]["warm"] = env.now
 
         env.process(start())
@@ -236,6 +265,8 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
                    if upload and any(link.carried for link in links)})
     full_s = {name: max(link.full_s for link in links)
               for name, links in resources.items() if links}
-    job = max((max(m.values(), default=0.0) for m in class_marks), default=0.0)
-    cpu_used = pool.carried / (pool.capacity * job) if pool and job else None
-    return Outcome(marks, served, full_s, cpu_used)
+    wall = max((max(m.values(), default=0.0) for m in class_marks), default=0.0)
+    cpu_used = (pool.carried / (fleet.cpus * wall) + fleet.cpu_idle
+                if pool and wall else None)
+    return Outcome(marks, served, full_s, cpu_used,
+                   frozenset(p.name for p in phases if p.teardown))
