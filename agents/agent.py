@@ -116,7 +116,8 @@ class Agent:
         self._merging = threading.Lock()  # start records are merged one at a time
         self.metrics = AgentMetrics()
         self.gate = PriorityGate()  # demand reads > containers starting > warm requests
-        self.mounts = MountManager(config, self.record, self.gate)
+        self.mounts = MountManager(config, self.record, self.gate,
+                                   spare_servers=config.agent.spare_servers)
         self.pools = {kind: ThreadPoolExecutor(n, thread_name_prefix=kind) for kind, n in
                       (("mount", MOUNT_THREADS), ("release", RELEASE_THREADS),
                        ("warm", WARM_THREADS), ("query", QUERY_THREADS), ("watch", 1))}
@@ -393,6 +394,7 @@ async def _serve(agent: Agent, socket_path: Path) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(agent.mounts.watch(stop, agent.pools["watch"]))
+    agent.mounts.start_spares()
     try:
         await stop.wait()
         await watcher
@@ -403,6 +405,7 @@ async def _serve(agent: Agent, socket_path: Path) -> None:
         socket_path.unlink(missing_ok=True)
         for pool in agent.pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
+        agent.mounts.spares.close()
         agent.timeline.close()
         log.info("bootseer agent stopped")
 

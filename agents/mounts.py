@@ -59,6 +59,7 @@ from typing import Any
 from bootseer.agents.mountapi import ContainerMount, MountRequest, check_id
 from bootseer.agents.policy import RecordingPolicy
 from bootseer.agents.priority import Priority, PriorityGate
+from bootseer.agents.spare import SparePool
 from bootseer.agents.timeline import StartRecord, container_phases
 from bootseer.config import Config
 from bootseer.errors import BootseerError
@@ -153,7 +154,7 @@ class MountManager:
     in its thread pool), and safe to call from several threads."""
 
     def __init__(self, config: Config, record: Callable[[StartRecord], StartRecord],
-                 gate: PriorityGate | None = None) -> None:
+                 gate: PriorityGate | None = None, *, spare_servers: int = 0) -> None:
         self.config = config
         self.gate = gate or PriorityGate()
         self._claims: dict[str, _Claims] = {}
@@ -170,6 +171,14 @@ class MountManager:
         self._lock = threading.Lock()
         #: How servers run Bootseer: this agent's store (and its cache, by environment).
         self._bootseer = [sys.executable, "-m", "bootseer", "--store", config.store]
+        self._server_env = {**os.environ, "BOOTSEER_CACHE_DIR": str(config.cache_dir)}
+        #: Servers started ahead of need; filled by :meth:`start_spares`.
+        self.spares = SparePool(self._bootseer, self._server_env,
+                                config.cache_dir / "logs" / "spare-servers.log", spare_servers)
+
+    def start_spares(self) -> None:
+        """Start the spare servers (in the background: the first mounts do not wait)."""
+        threading.Thread(target=self.spares.fill, name="spares", daemon=True).start()
 
     # -- the API ---------------------------------------------------------------------
 
@@ -357,7 +366,7 @@ class MountManager:
             try:
                 if fd is None:
                     raise BootseerError("the connection is gone")
-                server.pid = self._start_checkpoint_server(
+                server.pid, server.fd = self._start_checkpoint_server(
                     mounted.request.checkpoints[name], self.root / container_id, name, fd,
                     takeover=True)
                 log.warning("container %s: the server of checkpoint mount %s died; pid %d "
@@ -380,9 +389,8 @@ class MountManager:
             try:
                 if fd is None or not is_mounted(directory / "lower"):
                     raise BootseerError("the connection is gone")
-                mounted.pid = self._start_server(mounted.request, directory, fd,
-                                                 takeover=True)
-                mounted.server_fd = fd
+                mounted.pid, mounted.server_fd = self._start_server(
+                    mounted.request, directory, fd, takeover=True)
                 log.warning("container %s: the FUSE server of image %s died; pid %d took "
                             "its connection over", container_id, mounted.request.image,
                             mounted.pid)
@@ -428,7 +436,7 @@ class MountManager:
         fd = pid = None
         try:
             fd = mount_fd(parts["lower"], "bootseer-image")
-            pid = self._start_server(request, directory, fd, takeover=False)
+            pid, server_fd = self._start_server(request, directory, fd, takeover=False)
             info = MountInfo.load(directory / "info.json")
             mount_overlay(parts["lower"], parts["upper"], parts["work"], parts["rootfs"])
             checkpoints = self._mount_checkpoints(request, directory)
@@ -445,7 +453,7 @@ class MountManager:
         except BaseException:
             self._teardown(directory, pid, fd)
             raise
-        return _Mounted(request, mount, pid, fd, created, checkpoints=checkpoints), fd
+        return _Mounted(request, mount, pid, server_fd, created, checkpoints=checkpoints), fd
 
     def _teardown(self, directory: Path, pid: int | None, fd: int | None) -> None:
         """Remove every mount and file of a container that must not stay (a refused or
@@ -475,15 +483,14 @@ class MountManager:
                 fd = mount_fd(target, f"bootseer:{url}")
                 self._checkpoint_fds[(request.key, name)] = fd
                 servers[name] = _Server(
-                    self._start_checkpoint_server(url, directory, name, fd, takeover=False),
-                    fd)
+                    *self._start_checkpoint_server(url, directory, name, fd, takeover=False))
         except BaseException:
             self._unmount_checkpoints(directory, request.key, servers)
             raise
         return servers
 
     def _start_checkpoint_server(self, url: str, directory: Path, name: str, fd: int, *,
-                                 takeover: bool) -> int:
+                                 takeover: bool) -> tuple[int, int]:
         """A server for checkpoint mount ``name``; the first one is waited for until it
         has listed the store directory."""
         from bootseer.stripedfs.server import ServerOptions
@@ -516,7 +523,7 @@ class MountManager:
                 _wait_or_kill(server.pid, TEARDOWN_WAIT)
 
     def _start_server(self, request: MountRequest, directory: Path, fd: int, *,
-                      takeover: bool) -> int:
+                      takeover: bool) -> tuple[int, int]:
         """A FUSE server for the image connection of ``fd``; the first one (not
         ``takeover``) is waited for until it has loaded the image (``info.json``). A
         server that takes over never records (the start's first reads went unseen)."""
@@ -539,16 +546,24 @@ class MountManager:
                            f"image {request.image}")
 
     def _spawn(self, argv: list[str], log_path: Path, fd: int, ready: Path | None,
-               what: str) -> int:
-        """Start a server process of its own session serving connection ``fd``; wait
-        until it creates ``ready`` (if given), failing with its log's tail if it exits."""
+               what: str) -> tuple[int, int]:
+        """Start a server process of its own session serving connection ``fd`` (a spare,
+        if one is there, for a first server: one with ``ready``); wait until it creates
+        ``ready`` (if given), failing with its log's tail if it exits. Its pid, and the
+        connection's number in it."""
         log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW |
                          os.O_CLOEXEC, 0o600)
         with open(log_fd, "ab") as log_file:
-            child = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                start_new_session=True, pass_fds=(fd,),
-                env={**os.environ, "BOOTSEER_CACHE_DIR": str(self.config.cache_dir)})
+            spare = self.spares.take() if ready is not None else None
+            server_fd = spare.hand_over(argv[3:], fd, log_fd, SERVER_START_TIMEOUT) \
+                if spare is not None else None  # argv[3:]: past `python -m bootseer`
+            if spare is not None and server_fd is not None:
+                child = spare.process
+            else:
+                server_fd = fd
+                child = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                    start_new_session=True, pass_fds=(fd,), env=self._server_env)
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while ready is not None and not ready.exists():
             if child.poll() is not None or time.monotonic() > deadline:
@@ -558,7 +573,7 @@ class MountManager:
                 raise BootseerError(f"the mount server of {what} failed: "
                                     f"{log_text.strip()[-800:]}")
             time.sleep(0.01)
-        return child.pid
+        return child.pid, server_fd
 
     def _report(self, directory: Path, pid: int) -> dict[str, Any] | None:
         """The server's final statistics (written after it stored the recording)."""

@@ -34,6 +34,11 @@ Cases (each on cold nodes: fresh agent caches, fresh environments, a dropped pag
 * ``bootseer_fanout`` (largest N only): ``bootseer job fanout`` raised the replication of
   everything the job reads (HDFS ``setReplication``, waited for), then as ``bootseer``.
 
+Before the timed runs, one untimed round (a baseline and a cold start on one node) pays
+the one-time costs of a fresh lab (first pull, first WebHDFS read, JIT warm-up of the
+DataNodes). Just before each t0 the machine's CPU busy fraction is read over 2 s
+(``cpu_busy_idle``: the lab's own load at rest).
+
 Per case and N: the job's time-to-ready (slowest node), p50/p99/max over nodes, the
 slowest node's phases, the bytes every origin sent (tc's counters on its capped link:
 each DataNode, the registry, the index) and their max/mean, the fan-out factor (origin
@@ -150,6 +155,8 @@ class Bench:
         self.webhdfs = f"http://{self.spec.namenode.address}:{cluster.spec.namenode_http_port}"
         self.shards: dict[int, list[tuple[str, str]]] = {}   # group -> [(name, sha256)]
         self.info: dict[str, Any] = {}
+        #: Names this round's snapshot key, hot-list workload and job: one per lab size.
+        self.round = "warmup"
 
     # -- what a node runs ----------------------------------------------------------------------
 
@@ -159,25 +166,27 @@ class Bench:
     def bootseer(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "bootseer", *args]
 
-    def requirements(self, n: int) -> Path:
-        """The job's requirements; the comment names N, so each N's first start is cold
-        (its own snapshot key) while every node of one N shares one."""
-        path = self.job / f"requirements-n{n}.txt"
-        path.write_text(f"# bench-restart, {n} nodes\n" + "\n".join(WHEELS) + "\n")
+    def requirements(self) -> Path:
+        """The job's requirements; the comment names the round, so each round's first
+        start is cold (its own snapshot key) while every node of the round shares one."""
+        path = self.job / f"requirements-{self.round}.txt"
+        path.write_text(f"# bench-restart, round {self.round}\n" + "\n".join(WHEELS) + "\n")
         return path
 
-    def install_command(self, n: int) -> list[str]:
+    def install_command(self) -> list[str]:
         index = self.spec.index_url
-        return ["sh", "-c", f"{PYTHON} -m venv {self.venv} && {self.venv}/bin/pip install "
-                f"--quiet --no-cache-dir --disable-pip-version-check --index-url {index} "
-                f"--trusted-host {self.spec.index.address} -r {self.requirements(n)}"]
+        # --isolated: no pip.conf or PIP_* of this machine (its local wheel mirrors): the
+        # wheels come from the lab's index, through the caps.
+        return ["sh", "-c", f"{PYTHON} -m venv {self.venv} && {self.venv}/bin/pip --isolated "
+                f"install --quiet --no-cache-dir --disable-pip-version-check --index-url {index} "
+                f"--trusted-host {self.spec.index.address} -r {self.requirements()}"]
 
-    def env_command(self, n: int, bootseer: bool) -> list[str]:
-        install = self.install_command(n)
+    def env_command(self, bootseer: bool) -> list[str]:
+        install = self.install_command()
         if not bootseer:
             return install
         return self.bootseer("env", "run", "--path", str(self.venv), "--key-file",
-                             str(self.requirements(n)), "--", *install)
+                             str(self.requirements()), "--", *install)
 
     def private_env(self, i: int, argv: list[str]) -> list[str]:
         """argv with node i's environment directory at the job's path (its own mount
@@ -189,7 +198,7 @@ class Bench:
     def checkpoint_url(self, group: int) -> str:
         return f"{self.hdfs}/restart/ckpt/g{group}"
 
-    def container(self, i: int, case: str, n: int) -> list[str]:
+    def container(self, i: int, case: str) -> list[str]:
         group = i % GROUPS
         common = ["run", "--rm", "--network", "host",
                   "-v", f"{self.node_env_root(i)}:{self.env_root}:ro",
@@ -200,19 +209,19 @@ class Bench:
             return [*common, f"{self.spec.registry_address}/{REGISTRY_REF}",
                     str(self.venv / "bin/python"), "/job/job.py", json.dumps(files)]
         files = [(f"/mnt/checkpoints/ckpt/{name}", digest) for name, digest in self.shards[group]]
-        return [*common, "--runtime", "bootseer", "-e", f"BOOTSEER_WORKLOAD=restart-n{n}",
-                "-e", f"BOOTSEER_JOB=restart-n{n}-{case}",
+        return [*common, "--runtime", "bootseer", "-e", f"BOOTSEER_WORKLOAD=restart-{self.round}",
+                "-e", f"BOOTSEER_JOB=restart-{self.round}-{case}",
                 "-e", f"BOOTSEER_CHECKPOINTS=ckpt={self.checkpoint_url(group)}",
                 STUB, str(self.venv / "bin/python"), "/job/job.py", json.dumps(files)]
 
-    def warm_command(self, i: int, n: int, key: str) -> list[str]:
+    def warm_command(self, i: int, key: str) -> list[str]:
         return self.bootseer("warm", "--agent", "--json", "--image", IMAGE, "--workload",
-                             f"restart-n{n}", "--env", key, "--checkpoint",
+                             f"restart-{self.round}", "--env", key, "--checkpoint",
                              self.checkpoint_url(i % GROUPS))
 
     # -- one run ---------------------------------------------------------------------------------
 
-    def node_start(self, i: int, case: str, n: int, key: str, t0: float) -> NodeRun:
+    def node_start(self, i: int, case: str, key: str, t0: float) -> NodeRun:
         run = NodeRun(i)
 
         def step(name: str, result: subprocess.CompletedProcess) -> str:
@@ -227,7 +236,7 @@ class Bench:
             if case in ("bootseer", "bootseer_fanout"):  # issued at t0, beside the start
                 def warm_now() -> None:
                     try:
-                        step("warm", self.lab.run(i, self.warm_command(i, n, key), timeout=600))
+                        step("warm", self.lab.run(i, self.warm_command(i, key), timeout=600))
                     except RunFailed as exc:
                         run.error = str(exc)
                 warm = threading.Thread(target=warm_now)
@@ -236,8 +245,8 @@ class Bench:
                 step("image", self.lab.docker(i, "pull", "--quiet",
                                               f"{self.spec.registry_address}/{REGISTRY_REF}"))
             step("env", self.lab.run(i, self.private_env(i, self.env_command(
-                n, bootseer=case != "baseline")), timeout=900))
-            out = step("exited", self.lab.docker(i, *self.container(i, case, n)))
+                bootseer=case != "baseline")), timeout=900))
+            out = step("exited", self.lab.docker(i, *self.container(i, case)))
             marks = json.loads(out.strip().splitlines()[-1])
             run.marks.update({k: round(v - t0, 3) for k, v in marks.items()})
         except (RunFailed, subprocess.TimeoutExpired, ValueError) as exc:
@@ -258,7 +267,7 @@ class Bench:
             root.mkdir(parents=True)
             self.lab.docker(i, "rmi", "--force", f"{self.spec.registry_address}/{REGISTRY_REF}")
         if case == "bootseer_prestaged":
-            results = parallel(nodes, lambda i: self.lab.run(i, self.warm_command(i, n, key),
+            results = parallel(nodes, lambda i: self.lab.run(i, self.warm_command(i, key),
                                                               timeout=600))
             for i, result in zip(nodes, results, strict=True):
                 if result.returncode != 0:
@@ -277,7 +286,7 @@ class Bench:
         idle = busy_fraction(idle0, cpu_times())
         before, cpu0 = self.origin_bytes(), cpu_times()
         t0 = time.time()
-        runs = parallel(list(range(n)), lambda i: self.node_start(i, case, n, key, t0))
+        runs = parallel(list(range(n)), lambda i: self.node_start(i, case, key, t0))
         wall = time.time() - t0
         after, cpu1 = self.origin_bytes(), cpu_times()
         failed = [r for r in runs if r.ready is None]
@@ -373,15 +382,15 @@ class Bench:
                                "shard_bytes": SHARD_BYTES,
                                "bytes_per_node": SHARDS * SHARD_BYTES}}
 
-    def env_key(self, n: int) -> str:
+    def env_key(self) -> str:
         argv = self.bootseer("env", "key", "--path", str(self.venv), "--key-file",
-                             str(self.requirements(n)), "--", *self.install_command(n))
+                             str(self.requirements()), "--", *self.install_command())
         return self.checked(self.lab.run(0, argv), "env key").strip()
 
     def fan_out(self, n: int, key: str) -> dict[str, Any]:
         """Raise the replication of what the job reads; wait until HDFS has copied it."""
-        argv = self.bootseer("job", "fanout", f"restart-n{n}", "--nodes", str(n), "--image",
-                             IMAGE, "--workload", f"restart-n{n}", "--env", key,
+        argv = self.bootseer("job", "fanout", f"restart-{self.round}", "--nodes", str(n),
+                             "--image", IMAGE, "--workload", f"restart-{self.round}", "--env", key,
                              "--max-replicas", str(self.spec.datanodes),
                              *[a for g in range(GROUPS)
                                for a in ("--checkpoint", self.checkpoint_url(g))])
@@ -412,9 +421,15 @@ class Bench:
         started = time.perf_counter()
         try:
             setup = self.setup()
+            # Untimed: the first pull, pip run, WebHDFS read and HDFS write after setup pay
+            # one-time costs (JIT, first connections) that no later restart pays.
+            key = self.env_key()
+            for case in ("baseline", "bootseer_cold"):
+                self.run_case(case, 1, key)
             cases: dict[str, dict[int, Any]] = {c: {} for c in self.cases}
             for n in self.sizes:
-                key = self.env_key(n)
+                self.round = f"n{n}"
+                key = self.env_key()
                 for case in self.cases:
                     if case == "bootseer_fanout":
                         continue
@@ -426,9 +441,11 @@ class Bench:
                     finally:
                         if fanned["objects_changed"]:
                             self.checked(self.lab.run(0, self.bootseer(
-                                "job", "restore", f"restart-n{n}")), "job restore")
+                                "job", "restore", f"restart-{self.round}")), "job restore")
         finally:
             self.lab.down()
+            if not self.args.keep_state:  # the engines' images, the caches, HDFS's blocks
+                shutil.rmtree(self.spec.state_dir, ignore_errors=True)
         return self.result(setup, cases, time.perf_counter() - started)
 
     def result(self, setup: dict[str, Any], cases: dict[str, dict[int, Any]],
@@ -447,7 +464,8 @@ class Bench:
                      "datanode_Bps": spec.datanode_link.rate_bytes_per_s,
                      "registry_Bps": spec.origin_link.rate_bytes_per_s,
                      "index_Bps": spec.origin_link.rate_bytes_per_s,
-                     "datanodes": spec.datanodes, "cpus": os_cpus()},
+                     "datanodes": spec.datanodes, "cpus": os_cpus(),
+                     "hdfs_block_size": spec.block_size, "replication": 1},
             "per_node_bytes": self.per_node_bytes(setup, cases, first_warm),
             "cases": {case: {str(n): r for n, r in runs.items()}
                       for case, runs in cases.items()},
@@ -581,6 +599,8 @@ def main() -> None:
     parser.add_argument("--origin-link", default="40MB/s")
     parser.add_argument("--hdfs-base-port", type=int, default=19700)
     parser.add_argument("--state-dir", default="/var/tmp/bootseer-bench-restart")
+    parser.add_argument("--keep-state", action="store_true",
+                        help="Keep the lab's state dir (logs, engines' images, caches).")
     parser.add_argument("--no-simulate", dest="simulate", action="store_false",
                         help="Leave out the simulator's calibration and extrapolation.")
     parser.add_argument("--resimulate", action="store_true",

@@ -143,6 +143,10 @@ class AgentConfig:
     #: This node's name in job reports (``jobs/<job>/starts/<node>/`` in the store); "":
     #: the host name.
     node_name: str = ""
+    #: Mount servers kept started ahead of need (:mod:`bootseer.agents.spare`): each takes
+    #: a second or two of CPU (interpreter, imports, the store's JVM) off a container's
+    #: start. A mount uses one per server (the image's, one per checkpoint directory).
+    spare_servers: int = 2
 
 
 @dataclass

@@ -271,3 +271,56 @@ def _run_with_checkpoints(mount: ContainerMount, script: str):
     return run_rootfs(mount.rootfs, ["sh", "-c", script], env=mount.env, timeout=120,
                       binds={mount.signal_target: Path(mount.signal_dir),
                              bind["destination"]: Path(bind["source"])})
+
+
+def _spares_of(agent_pid: int) -> set[int]:
+    """The agent's spare servers (``bootseer spare``): its children that wait for a mount
+    or serve one."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if int(stat[1]) == agent_pid and b"spare" in cmdline and stat[0] != "Z":
+            found.add(int(proc.name))
+    return found
+
+
+def _wait_for_spares(agent_pid: int, count: int, but: set[int] = frozenset()) -> set[int]:
+    deadline = time.monotonic() + 60
+    while len(spares := _spares_of(agent_pid) - but) < count:
+        assert time.monotonic() < deadline, f"the agent has spares {spares}"
+        time.sleep(0.1)
+    return spares
+
+
+def test_servers_are_spares_started_ahead_and_a_restarted_agent_takes_them_over(
+        node, tmp_path: Path) -> None:
+    """The agent keeps two spare servers (agent.spare_servers): a mount with a checkpoint
+    is served by both, the pool starts two more, and the spares turned servers keep their
+    connections where a restarted agent finds them (it replaces a killed one)."""
+    sock, procs, restart = node
+    spares = _wait_for_spares(procs[0].pid, 2)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "w.bin").write_bytes(b"w" * 5000)
+    with AgentClient(sock) as client:
+        mount = client.mount(MountRequest("c9", "py", checkpoints={
+            "ck": f"file://{tmp_path}/ckpt"}))
+        (listed,) = client.mounts()
+    servers = {listed["pid"], listed["checkpoints"]["ck"]["pid"]}
+    assert servers == spares
+    assert len(_wait_for_spares(procs[0].pid, 2, but=servers)) == 2  # the pool refilled
+    result = _run_with_checkpoints(mount, "wc -c < /mnt/checkpoints/ck/w.bin")
+    assert (result.returncode, result.stdout.strip()) == (0, "5000"), result.stderr
+    procs[0].send_signal(signal.SIGKILL)
+    procs[0].wait()
+    restart()
+    with AgentClient(sock) as client:
+        (listed,) = client.mounts()
+        assert listed["serving"] and listed["pid"] in servers
+        os.kill(listed["pid"], signal.SIGKILL)  # replaceable: its connection was taken back
+        _replaced(client, listed["pid"])
+        assert _run(mount, 'python3 -c "print(6 * 7)"').stdout == "42\n"
+        client.release("c9")

@@ -67,7 +67,7 @@ def cli(ctx: click.Context, store_url: str | None, config_file: Path | None, deb
 
 
 def _register_commands() -> None:
-    from bootseer.cli.agent_cmd import agent
+    from bootseer.cli.agent_cmd import agent, spare
     from bootseer.cli.ckpt_cmd import ckpt
     from bootseer.cli.config_cmd import config
     from bootseer.cli.env_cmd import env
@@ -85,6 +85,7 @@ def _register_commands() -> None:
     cli.add_command(job)
     cli.add_command(ready)
     cli.add_command(report)
+    cli.add_command(spare)
     cli.add_command(store)
     cli.add_command(warm)
 

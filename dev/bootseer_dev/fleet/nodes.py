@@ -81,6 +81,8 @@ def _write_config(spec: LabSpec, i: int, files: NodeFiles) -> None:
         f"socket = {json.dumps(str(files.socket))}\n"
         f"metrics_listen = {json.dumps(f'{spec.node(i).address}:{METRICS_PORT}')}\n"
         f"node_name = {json.dumps(spec.node(i).role)}\n"  # in job reports
+        "[image]\n"  # every start on a lab node may record its image's hot list
+        "record_images = [\"*\"]\n"
         "[checkpoint]\n"  # containers on the lab's nodes may mount the lab's HDFS
         f"allowed = {json.dumps([spec.checkpoint_prefix()] if spec.datanodes else [])}\n")
 
