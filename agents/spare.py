@@ -58,6 +58,7 @@ class Spare:
         the spare (what a restarted agent takes back with ``pidfd_getfd``); None if it
         did not take them within ``timeout`` (it died, say): the caller then starts a
         server the ordinary way."""
+        set_priority(0, self.process.pid)  # if it is still getting ready, it is needed now
         try:
             socket.send_fds(self.control, [json.dumps({"argv": argv}).encode()],
                             [fuse_fd, log_fd])
@@ -153,7 +154,7 @@ def serve_spare(control_fd: int, warm_up) -> list[str] | None:
     put in place, the normal priority back, the connection's number told to the agent.
     The command line to run, its ``--fuse-fd`` naming the received connection; None if
     the agent went away first."""
-    _set_priority(SPARE_NICE)
+    set_priority(SPARE_NICE)
     control = socket.socket(fileno=control_fd)
     warm_up()
     with contextlib.suppress(OSError):
@@ -175,17 +176,18 @@ def serve_spare(control_fd: int, warm_up) -> list[str] | None:
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)
-    _set_priority(0)
+    set_priority(0)
     with contextlib.suppress(OSError):
         control.sendall(f"{fuse_fd}\n".encode())
     control.close()
     return argv
 
 
-def _set_priority(nice: int) -> None:
-    """This process's nice value and its autogroup's (a session of its own is its own
-    autogroup, whose weight is what the scheduler compares with other sessions)."""
+def set_priority(nice: int, pid: int = 0) -> None:
+    """Process ``pid``'s nice value (0: this one) and its autogroup's (a session of its own
+    is its own autogroup, whose weight is what the scheduler compares with other
+    sessions). Lowering a nice value takes root; elsewhere it stays as it was."""
     with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
     with contextlib.suppress(OSError):
-        Path("/proc/self/autogroup").write_text(f"{nice}\n")
+        Path(f"/proc/{pid or 'self'}/autogroup").write_text(f"{nice}\n")
