@@ -5,7 +5,8 @@ rewritten on every start (a restarted node may listen on another port)::
 
     p2p/jobs/<job>/peers/<node>.json      {"node": ..., "address": ..., "port": ..., "time": ...}
 
-and reads every other node's (:func:`members`). A scheduler that knows the job's nodes
+and reads every other node's (:func:`members`; :func:`gather` waits until as many as the
+scheduler said would start have announced). A scheduler that knows the job's nodes
 can pass their addresses instead (:func:`bootseer.p2p.peer.parse_peers`); either way the
 result is a sorted list of :class:`~bootseer.p2p.peer.Peer`, and the swarm splits store
 reads by position in it.
@@ -44,6 +45,11 @@ JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")
 #: A node's name (``agent.node_name``).
 NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _FIELDS = {"node", "address", "port", "time"}
+#: Longest :func:`gather` waits for the members a scheduler said would start: the nodes
+#: of a restart warm within seconds of each other; one that does not come costs the
+#: others this long once, then they go on without it.
+GATHER_WAIT = 15.0
+GATHER_POLL = 0.2
 
 
 def _name(value: str, what: str, pattern: re.Pattern[str]) -> str:
@@ -91,6 +97,28 @@ def members(store: Store, job: str) -> list[Peer]:
             continue
         found.setdefault(peer.address, peer)
     return sorted(found.values())
+
+
+def gather(store: Store, job: str, expected: int | None, timeout: float = GATHER_WAIT,
+           poll: float = GATHER_POLL) -> list[Peer]:
+    """The job's members once ``expected`` of them have announced (or ``timeout``
+    passed: then those there, with a warning); with ``expected`` None, those there now.
+
+    The swarm splits the store reads by position in this list, so every node must read
+    the same one: a node that reads before the last has announced sees fewer members,
+    and its share differs from theirs (costing extra store reads, not correctness). A
+    scheduler that says how many nodes start lets every node wait for all of them.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        found = members(store, job)
+        if expected is None or len(found) >= expected:
+            return found
+        if time.monotonic() >= deadline:
+            log.warning("job %s: %d of %d peers announced within %.0f s; going on with "
+                        "those", job, len(found), expected, timeout)
+            return found
+        time.sleep(poll)
 
 
 def _parse(name: str, data: bytes) -> Peer:
