@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bootseer.p2p.peer import Peer
+if TYPE_CHECKING:
+    from bootseer.p2p.peer import Peer
 
 #: Container ids as Docker, podman, containerd and runc spell them.
 CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -93,6 +94,10 @@ def optional_count(value: Any, field: str, most: int) -> int | None:
 def peers(value: Any, field: str, most: int) -> tuple[Peer, ...]:
     """A list of at most ``most`` peer addresses (``"IP:PORT"``, IPv6 in brackets; IP
     literals only, never names to resolve), sorted, each once."""
+    # Here, not at the top: the OCI hook imports this module on every container create,
+    # and bootseer.p2p brings the store's modules along.
+    from bootseer.p2p.peer import Peer
+
     if value is None:
         return ()
     if not isinstance(value, list) or len(value) > most or \

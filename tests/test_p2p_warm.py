@@ -233,12 +233,17 @@ def lab(tmp_path_factory):
         lab.down()
 
 
-def _warm_all(lab: Lab, job: str, *, kill: int | None = None) -> tuple[list[dict | None], int]:
-    """`bootseer warm --job` on every node at once; each node's summary (None if its warm
-    failed) and the bytes the DataNode sent meanwhile. With ``kill``, that node's agent
-    is killed once the node has received its first MiB."""
-    argv = [PY, "-m", "bootseer", "warm", "--agent", "--json", "--job", job, "--nodes",
-            str(NODES), "--env", ENV_KEY, "--image", IMAGE]
+def _warm_all(lab: Lab, job: str, *, kill: int | None = None,
+              scheduler: bool = False) -> tuple[list[dict | None], int]:
+    """`bootseer warm --job J --nodes 4` on every node at once (with ``scheduler``,
+    ``--peers`` naming the nodes instead); each node's summary (None if its warm failed)
+    and the bytes the DataNode sent meanwhile. With ``kill``, that node's agent is
+    killed once the node has received its first MiB."""
+    members = ["--peers", ",".join(f"{lab.spec.node(i).address}:{P2P_PORT}"
+                                   for i in range(NODES))] if scheduler else \
+        ["--nodes", str(NODES)]
+    argv = [PY, "-m", "bootseer", "warm", "--agent", "--json", "--job", job, *members,
+            "--env", ENV_KEY, "--image", IMAGE]
     sent = lab.link_bytes("datanode-0")[0]
     received = lab.link_bytes(f"node-{kill}")[1] if kill is not None else 0
     warms = [subprocess.Popen(
@@ -313,13 +318,15 @@ def test_a_job_of_four_nodes_reads_each_byte_from_the_store_about_once(lab) -> N
 
 
 def test_a_node_killed_mid_warm_costs_the_others_time_not_their_copies(lab) -> None:
+    """The members come from the scheduler (``--peers``) this time."""
     lab.restart_agents(list(range(NODES)))  # cold nodes
     began = time.monotonic()
-    summaries, sent = _warm_all(lab, "p2pw-kill", kill=NODES - 1)
+    summaries, sent = _warm_all(lab, "p2pw-kill", kill=NODES - 1, scheduler=True)
     seconds = time.monotonic() - began
     assert summaries[NODES - 1] is None
     for i in range(NODES - 1):
         _assert_staged_and_verified(lab, i, summaries[i])
+        assert summaries[i]["members"] == NODES
     needed = _needed(summaries[0])
     print(f"node {NODES - 1} killed: {NODES - 1} nodes warmed in {seconds:.1f} s, the "
           f"DataNode sent {sent / 2**20:.1f} MiB ({sent / needed:.2f}x)")
