@@ -46,9 +46,12 @@ class WarmRequest:
     peers: tuple[Peer, ...] = ()  # the job's nodes as the scheduler knows them
 
     def to_json(self) -> dict[str, Any]:
-        return {"image": self.image, "workload": self.workload, "all": self.all_blocks,
-                "envs": list(self.envs), "checkpoints": list(self.checkpoints),
-                "job": self.job, "nodes": self.nodes, "peers": [str(p) for p in self.peers]}
+        body = {"image": self.image, "workload": self.workload, "all": self.all_blocks,
+                "envs": list(self.envs), "checkpoints": list(self.checkpoints)}
+        # Only when set: an agent older than these fields refuses a body that has them.
+        sharing = {"job": self.job, "nodes": self.nodes,
+                   "peers": [str(p) for p in self.peers] or None}
+        return body | {k: v for k, v in sharing.items() if v is not None}
 
     @classmethod
     def from_json(cls, body: Any) -> WarmRequest:

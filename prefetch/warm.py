@@ -116,15 +116,16 @@ def _hot_pack_from_peers(blobs: BlobStore, cache: NodeCache, lazy: LazyImage,
                          fanout: Fanout) -> FetchResult | None:
     """The hot pack whole into ``cache`` through the job's swarm, if a block the prefetch
     reads from it is missing (a node that lacks a few fetches it all: its store share is
-    1/N of the pack), then seeded and read by the prefetch from there. Returns what the
-    fetch cost; None if nothing was fetched."""
+    1/N of the pack) and the pack has a torrent (one recorded before torrents were
+    published has none: its blocks keep their ranged reads), then seeded and read by the
+    prefetch from there. Returns what the fetch cost; None if nothing was fetched."""
     hexd = layout.pack.removeprefix(PACK_PREFIX)
     digest = "sha256:" + hexd
     table = lazy.manifest.blocks
     needed = any(table[piece.index].digest not in cache for request in prefetcher.requests
                  if request.pack == layout.pack for piece in request.pieces)
     result = None
-    if needed and hexd not in cache:
+    if needed and hexd not in cache and fanout.shares(blobs.store, digest, layout.size):
         tmp = cache.new_temporary(hexd)
         try:
             result = fanout.fetch_object(blobs.store, layout.pack, digest, tmp)  # verified

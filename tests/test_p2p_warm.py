@@ -131,6 +131,11 @@ def test_a_recorded_hot_pack_is_warmed_whole_through_a_fanout(tmp_path: Path) ->
         # the blocks from that copy: no ranged read of the store.
         assert (result.fetched_bytes, result.fetch_requests) == (layout.size, 0)
         assert hexd in cache and swarm.stats().seeding == 1
+        # A pack without a torrent (recorded before they were published): ranged reads.
+        blobs.store.delete(torrents.key("sha256:" + hexd))
+        other = NodeCache(cache_dir / "other", 1 << 30)
+        ranged = warm_image(blobs, other, "big", "train", fanout=Fanout(swarm, ()))
+        assert ranged.complete and ranged.fetch_requests >= 1 and hexd not in other
     entry = LazyImage(blobs, "big", cache, readahead_blocks=0).lookup("/data/big.bin")
     for pack in (store_dir / "packs").iterdir():  # the warmed blocks need no store
         pack.unlink()

@@ -117,6 +117,15 @@ class Fanout:
                                      lambda offset, n: store.read_range(key, offset, n))
         return self._kept(result or read_object(store, key, digest, dest))
 
+    def shares(self, store: Store, digest: str, size: int) -> bool:
+        """Whether object ``digest`` has a usable torrent: without one, a fetch through
+        this fanout is a plain read of the whole object."""
+        try:
+            return self._torrent(store, digest, size) is not None
+        except BootseerError as exc:
+            log.warning("p2p: %s: %s", digest, exc)
+            return False
+
     def seed(self, store: Store, digest: str, path: Path) -> bool:
         """Offer ``path`` (a verified cache entry of ``digest``) to the job's peers; False
         if the object has no usable torrent or is seeded already. The swarm stops when

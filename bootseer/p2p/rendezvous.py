@@ -20,6 +20,7 @@ waste time: everything it sends is checked against the store's torrent.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import posixpath
@@ -49,7 +50,8 @@ _FIELDS = {"node", "address", "port", "time"}
 #: of a restart warm within seconds of each other; one that does not come costs the
 #: others this long once, then they go on without it.
 GATHER_WAIT = 15.0
-GATHER_POLL = 0.2
+GATHER_POLL = 0.2  # the first wait between listings; it doubles up to GATHER_POLL_MAX
+GATHER_POLL_MAX = 2.0
 
 
 def _name(value: str, what: str, pattern: re.Pattern[str]) -> str:
@@ -108,17 +110,23 @@ def gather(store: Store, job: str, expected: int | None, timeout: float = GATHER
     the same one: a node that reads before the last has announced sees fewer members,
     and its share differs from theirs (costing extra store reads, not correctness). A
     scheduler that says how many nodes start lets every node wait for all of them.
+    While waiting, a node only lists the records (one metadata call, less often as it
+    waits longer: a thousand nodes polling must not load the store); it reads them once.
     """
     deadline = time.monotonic() + timeout
-    while True:
-        found = members(store, job)
-        if expected is None or len(found) >= expected:
-            return found
-        if time.monotonic() >= deadline:
+    prefix = peers_dir(job) + "/"
+    while expected is not None:
+        listed = sum(1 for _ in itertools.islice(store.list(prefix), expected))
+        if listed >= expected:
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
             log.warning("job %s: %d of %d peers announced within %.0f s; going on with "
-                        "those", job, len(found), expected, timeout)
-            return found
-        time.sleep(poll)
+                        "those", job, listed, expected, timeout)
+            break
+        time.sleep(min(poll, left))
+        poll = min(poll * 2, GATHER_POLL_MAX)
+    return members(store, job)
 
 
 def _parse(name: str, data: bytes) -> Peer:
