@@ -128,6 +128,11 @@ def _print(summary: WarmSummary, cfg: Config, all_blocks: bool, warnings_only: b
                           f"are not local: the store failed them, or the cache "
                           f"({format_size(cfg.snapshot.cache_size)}, snapshot.cache_size) "
                           f"is too small")
+    if summary.members and not warnings_only:
+        parts = ([result] if result else []) + list(summary.envs)
+        console.print(f"shared with the job's {summary.members} nodes: "
+                      f"{format_size(sum(p.peer_bytes for p in parts))} from peers, "
+                      f"{format_size(sum(p.fetched_bytes for p in parts))} from the store")
     for ckpt in summary.checkpoints:
         if not warnings_only:
             console.print(f"checkpoint {ckpt.url}: {ckpt.files} files "
