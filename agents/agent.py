@@ -24,7 +24,8 @@ anything behind. Requests marked *root* are refused (403) to any other peer
   the runtime shim and the OCI hook.
 * ``GET /metrics``: Prometheus text format (:mod:`bootseer.agents.metrics`); also on TCP at
   ``agent.metrics_listen`` (``host:port``) when set, for Prometheus to scrape.
-* ``POST /v1/warm`` ``{"image", "workload", "all", "envs", "checkpoints"}`` -> events
+* ``POST /v1/warm`` ``{"image", "workload", "all", "envs", "checkpoints", "job", "nodes",
+  "peers"}`` -> events
   ``{"event": "plan", "bytes"}``, ``{"event": "progress", "bytes"}``..., then
   ``{"event": "result", ...}`` (:meth:`bootseer.agents.warm.WarmSummary.to_json`) or
   ``{"event": "error", "message"}``; 503 while :data:`MAX_WARMS` are in progress.
@@ -32,8 +33,16 @@ anything behind. Requests marked *root* are refused (403) to any other peer
 Each kind of work has threads of its own (mounts, releases, warms, queries, the watcher),
 and every wait has a timeout, so no number of requests of one kind holds up another.
 
+Peer-to-peer (``p2p.enabled``): the agent holds the node's one swarm
+(:mod:`bootseer.p2p`) for its lifetime. A warm that names its job (or its peers) announces
+this node in the job's records, reads the job's members (waiting briefly for ``nodes`` of
+them: every node must see the same list) and fetches the hot pack and the snapshots' shards
+through the swarm, seeding each once it is in the cache. Off, no swarm exists and
+libtorrent is never loaded; a job in a warm request changes nothing.
+
 SIGTERM and SIGINT stop it gracefully: requests in progress finish their current step,
-the socket is removed; containers' mounts keep serving and the next agent adopts them.
+the socket is removed, this node's peer records are withdrawn and the swarm closed;
+containers' mounts keep serving and the next agent adopts them.
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import uvloop
 from aiohttp import web
@@ -71,8 +80,12 @@ from bootseer.agents.timeline import StartRecord, Timeline, timeline_path
 from bootseer.agents.warm import WarmRequest, warm
 from bootseer.config import Config
 from bootseer.errors import BootseerError
+from bootseer.p2p import Fanout, open_swarm, rendezvous
 from bootseer.prefetch.lazyimage import LazyImage, block_cache, resolve_image
 from bootseer.store import BlobStore, open_configured_store
+
+if TYPE_CHECKING:  # bootseer.p2p.swarm loads libtorrent: only when the swarm exists
+    from bootseer.p2p.swarm import Swarm
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +127,10 @@ class Agent:
         self.node = fields.name(config.agent.node_name or socket.gethostname(),
                                 "agent.node_name", fields.COMPONENT)
         self._merging = threading.Lock()  # start records are merged one at a time
-        self.metrics = AgentMetrics()
+        self.swarm = _open_swarm(config)  # None when peer-to-peer is off
+        self._jobs: set[str] = set()  # jobs this node announced itself in
+        self._sharing = 0  # warms running with a Fanout (the swarm closes only after)
+        self.metrics = AgentMetrics(self.swarm.stats if self.swarm else None)
         self.gate = PriorityGate()  # demand reads > containers starting > warm requests
         self.mounts = MountManager(config, self.record, self.gate,
                                    spare_servers=config.agent.spare_servers)
@@ -230,7 +246,7 @@ class Agent:
         return web.json_response([s.to_json() for s in starts])
 
     async def serve_metrics(self, request: web.Request) -> web.Response:
-        body, content_type = self.metrics.exposition()
+        body, content_type = await self._run("query", self.metrics.exposition)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def health(self, request: web.Request) -> web.Response:
@@ -272,10 +288,12 @@ class Agent:
             self.gate.wait_turn(Priority.WARM, timeout=WARM_MAX_YIELD)
 
         def work() -> None:
+            fanout = None
             try:
+                fanout = self._fanout(warm_request)
                 with self._lazy(warm_request.image) as lazy:
                     summary = warm(self.blobs, self.config, warm_request,
-                                   image_cache=self.cache, lazy=lazy,
+                                   image_cache=self.cache, lazy=lazy, fanout=fanout,
                                    before_fetch=before_fetch,
                                    on_plan=lambda n: emit({"event": "plan", "bytes": n}),
                                    on_progress=lambda n: emit({"event": "progress",
@@ -291,6 +309,10 @@ class Agent:
                 log.exception("warm %s failed", warm_request)
                 emit({"event": "error", "message": f"internal error: {exc}"})
             finally:
+                if fanout is not None:
+                    self.metrics.shared(fanout.results)
+                    with self._lock:
+                        self._sharing -= 1
                 emit(None)
 
         task = loop.run_in_executor(self.pools["warm"], work)
@@ -300,6 +322,48 @@ class Agent:
         await response.write_eof()
         return response
 
+    def _fanout(self, request: WarmRequest) -> Fanout | None:
+        """The job's swarm for a warm: None with peer-to-peer off, for a warm of no job,
+        or if the job's members cannot be read (the warm then reads the store, as
+        without peer-to-peer). With ``peers``, those are the members; else this node
+        announces itself in the job's records and reads everyone's."""
+        if self.swarm is None or (request.job is None and not request.peers):
+            return None
+        members = list(request.peers)
+        if not members:
+            assert request.job is not None
+            try:
+                rendezvous.announce(self.blobs.store, request.job, self.node,
+                                    self.swarm.address)
+                with self._lock:
+                    self._jobs.add(request.job)
+                members = rendezvous.gather(self.blobs.store, request.job, request.nodes)
+            except (BootseerError, OSError) as exc:
+                log.warning("job %s: cannot meet its peers (%s); warming from the store",
+                            request.job, exc)
+                return None
+        with self._lock:
+            self._sharing += 1
+        return Fanout(self.swarm, tuple(members))
+
+    def close(self) -> None:
+        """Leave the jobs' swarms: withdraw this node's peer records and close the swarm
+        (unless a warm is still fetching through it: the process's exit ends it then)."""
+        if self.swarm is None:
+            return
+        for job in sorted(self._jobs):
+            try:
+                rendezvous.withdraw(self.blobs.store, job, self.node)
+            except Exception as exc:  # the store is gone: the record goes stale, harmless
+                log.warning("job %s: could not withdraw this node's peer record: %s", job,
+                            exc)
+        with self._lock:
+            sharing = self._sharing
+        if sharing:
+            log.info("%d warms still fetch through the swarm; leaving it open", sharing)
+        else:
+            self.swarm.close()
+
     @contextmanager
     def _lazy(self, name: str | None) -> Iterator[LazyImage | None]:
         if name is None:
@@ -307,6 +371,17 @@ class Agent:
         else:
             with self.image(name) as lazy:
                 yield lazy
+
+
+def _open_swarm(config: Config) -> Swarm | None:
+    """The node's swarm; None when peer-to-peer is off, or cannot listen as configured
+    (logged: the node then warms from the store, as without peer-to-peer)."""
+    try:
+        return open_swarm(config.p2p)
+    except BootseerError as exc:
+        log.error("peer-to-peer is enabled but cannot start (%s); warming from the store",
+                  exc)
+        return None
 
 
 def _give_memory_back() -> None:
@@ -406,6 +481,7 @@ async def _serve(agent: Agent, socket_path: Path) -> None:
         for pool in agent.pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
         agent.mounts.spares.close()
+        agent.close()
         agent.timeline.close()
         log.info("bootseer agent stopped")
 

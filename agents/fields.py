@@ -14,7 +14,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bootseer.p2p.peer import Peer
 
 #: Container ids as Docker, podman, containerd and runc spell them.
 CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -30,6 +33,7 @@ RUNTIME = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
 SNAPSHOT_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 MAX_URL = 4096
+MAX_PEER = 64  # "[IPv6]:port" is at most 47 characters
 MAX_ITEMS = 64  # checkpoints of a mount, snapshots or checkpoints of a warm
 
 
@@ -76,6 +80,31 @@ def urls(value: Any, field: str) -> tuple[str, ...]:
     if not isinstance(value, list) or len(value) > MAX_ITEMS:
         raise ValueError(f"{field!r} must be a list of at most {MAX_ITEMS} URLs")
     return tuple(url(v, field) for v in value)
+
+
+def optional_count(value: Any, field: str, most: int) -> int | None:
+    """None, or a whole number in 1..``most``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise ValueError(f"{field!r} must be a whole number in 1..{most} (got {_show(value)})")
+    return value
+
+
+def peers(value: Any, field: str, most: int) -> tuple[Peer, ...]:
+    """A list of at most ``most`` peer addresses (``"IP:PORT"``, IPv6 in brackets; IP
+    literals only, never names to resolve), sorted, each once."""
+    # Here, not at the top: the OCI hook imports this module on every container create,
+    # and bootseer.p2p brings the store's modules along.
+    from bootseer.p2p.peer import Peer
+
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > most or \
+            not all(isinstance(v, str) and len(v) <= MAX_PEER for v in value):
+        raise ValueError(f"{field!r} must be a list of at most {most} \"ADDRESS:PORT\" "
+                         f"strings")
+    return tuple(sorted({Peer.parse(v) for v in value}))  # PeerAddressError: a ValueError
 
 
 def boolean(value: Any, field: str, default: bool = False) -> bool:

@@ -6,21 +6,35 @@ far the prefetch lags behind the start. Counters grow as starts report to the ag
 (``POST /v1/starts``); a phase's duration is observed once, when the phase and the one
 before it are both known. The registry is the agent's own, not the process-global one,
 so several agents in one process (tests) do not share counters.
+
+With peer-to-peer on (``p2p.enabled``), also: the bytes warms fetched through the job's
+swarm, from peers and from the store, and the swarm's own counters read at each scrape
+(bytes uploaded to peers, peers connected, objects seeded, peers banned). Off, none of
+these series exist.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from bootseer.agents.timeline import PHASES, StartRecord
 from bootseer.agents.warm import WarmSummary
+from bootseer.p2p import FetchResult
+
+if TYPE_CHECKING:  # bootseer.p2p.swarm loads libtorrent: only for a swarm that exists
+    from bootseer.p2p.swarm import SwarmStats
 
 _PHASE_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
 class AgentMetrics:
-    def __init__(self) -> None:
+    def __init__(self, swarm_stats: Callable[[], SwarmStats] | None = None) -> None:
+        """``swarm_stats``: the node's swarm's counters, with peer-to-peer on."""
         self.registry = CollectorRegistry()
         self.starts = Counter("bootseer_starts", "Container starts reported to the agent",
                               ["runtime"], registry=self.registry)
@@ -47,6 +61,16 @@ class AgentMetrics:
             self.fetched_bytes.labels(source)
         for result in ("hit", "miss"):
             self.block_reads.labels(result)
+        self.p2p_bytes: Counter | None = None
+        if swarm_stats is not None:
+            self.p2p_bytes = Counter(
+                "bootseer_p2p_fetched_bytes",
+                "Bytes of objects warms fetched through the job's swarm, by where they came "
+                "from (peer: payload received, redundant bytes included)",
+                ["source"], registry=self.registry)  # peer, store
+            for source in ("peer", "store"):
+                self.p2p_bytes.labels(source)
+            self.registry.register(_SwarmCollector(swarm_stats))
 
     def observe(self, before: StartRecord | None, after: StartRecord) -> None:
         """Count what a merge of start records added (nothing is counted twice)."""
@@ -78,5 +102,33 @@ class AgentMetrics:
         fetched += sum(c.fetched_bytes for c in summary.checkpoints)
         self.fetched_bytes.labels("warm").inc(fetched)
 
+    def shared(self, results: list[FetchResult]) -> None:
+        """Count what a warm's fetches through the swarm cost."""
+        if self.p2p_bytes is None:
+            return
+        self.p2p_bytes.labels("peer").inc(sum(r.peer_bytes for r in results))
+        self.p2p_bytes.labels("store").inc(sum(r.store_bytes for r in results))
+
     def exposition(self) -> tuple[bytes, str]:
+        """The text format; reads the swarm's counters (waits up to a second for them)."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _SwarmCollector:
+    """The swarm's own counters, read when Prometheus scrapes."""
+
+    def __init__(self, stats: Callable[[], SwarmStats]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.stats()
+        yield CounterMetricFamily("bootseer_p2p_uploaded_bytes",
+                                  "Payload bytes this node sent to peers",
+                                  value=stats.uploaded_bytes)
+        yield GaugeMetricFamily("bootseer_p2p_peers", "Peer connections open now",
+                                value=stats.peers)
+        yield GaugeMetricFamily("bootseer_p2p_seeding", "Objects this node seeds now",
+                                value=stats.seeding)
+        yield GaugeMetricFamily("bootseer_p2p_banned_peers",
+                                "Peer addresses blocked for sending data that failed its "
+                                "hashes", value=stats.banned)

@@ -8,6 +8,11 @@ local.
 Warm work yields to anything more urgent: ``before_fetch`` is called before each fetch it
 issues (and before each part's metadata reads), and the agent makes it wait while reads or
 starting containers are fetching (:mod:`bootseer.agents.priority`). Standalone, nothing waits.
+
+A request may name its ``job`` (and how many ``nodes`` it has) or give its ``peers``: with
+``p2p.enabled``, the agent then fetches the hot pack and the snapshots' shards through its
+swarm from the job's other nodes (:class:`~bootseer.p2p.Fanout`). Checkpoints are always
+read from the store.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import Any
 from bootseer.agents import fields
 from bootseer.config import Config
 from bootseer.nodecache import NodeCache
+from bootseer.p2p import Fanout, Peer
+from bootseer.p2p.rendezvous import MAX_MEMBERS
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.warm import WarmResult, warm_image
 from bootseer.snapshot.stage import StageResult, shard_cache, stage_snapshot
@@ -34,22 +41,32 @@ class WarmRequest:
     all_blocks: bool = False
     envs: tuple[str, ...] = ()
     checkpoints: tuple[str, ...] = ()  # store URLs of checkpoint files or directories
+    job: str | None = None  # the job the warm is for: its nodes share what they fetch
+    nodes: int | None = None  # how many nodes the job starts on (waited for, briefly)
+    peers: tuple[Peer, ...] = ()  # the job's nodes as the scheduler knows them
 
     def to_json(self) -> dict[str, Any]:
-        return {"image": self.image, "workload": self.workload, "all": self.all_blocks,
+        body = {"image": self.image, "workload": self.workload, "all": self.all_blocks,
                 "envs": list(self.envs), "checkpoints": list(self.checkpoints)}
+        # Only when set: an agent older than these fields refuses a body that has them.
+        sharing = {"job": self.job, "nodes": self.nodes,
+                   "peers": [str(p) for p in self.peers] or None}
+        return body | {k: v for k, v in sharing.items() if v is not None}
 
     @classmethod
     def from_json(cls, body: Any) -> WarmRequest:
-        body = fields.only(body, {"image", "workload", "all", "envs", "checkpoints"},
-                           "warm request")
+        body = fields.only(body, {"image", "workload", "all", "envs", "checkpoints", "job",
+                                  "nodes", "peers"}, "warm request")
         workload = body.get("workload")
         return cls(fields.optional_name(body.get("image"), "image", fields.IMAGE),
                    "default" if workload is None else
                    fields.name(workload, "workload", fields.COMPONENT),
                    fields.boolean(body.get("all"), "all"),
                    fields.names(body.get("envs"), "envs", fields.SNAPSHOT_KEY),
-                   fields.urls(body.get("checkpoints"), "checkpoints"))
+                   fields.urls(body.get("checkpoints"), "checkpoints"),
+                   fields.optional_name(body.get("job"), "job", fields.JOB),
+                   fields.optional_count(body.get("nodes"), "nodes", MAX_MEMBERS),
+                   fields.peers(body.get("peers"), "peers", MAX_MEMBERS))
 
 
 @dataclass
@@ -58,6 +75,7 @@ class WarmSummary:
     envs: list[StageResult] = field(default_factory=list)
     checkpoints: list[CheckpointResult] = field(default_factory=list)
     via: str = "standalone"  # or "agent"
+    members: int = 0  # the job's nodes the warm shared fetches with (0: no peer-to-peer)
 
     @property
     def complete(self) -> bool:
@@ -65,7 +83,7 @@ class WarmSummary:
             all(e.complete for e in self.envs) and all(c.complete for c in self.checkpoints)
 
     def to_json(self) -> dict[str, Any]:
-        return {"complete": self.complete, "via": self.via,
+        return {"complete": self.complete, "via": self.via, "members": self.members,
                 "image": asdict(self.image) | {"complete": self.image.complete}
                 if self.image else None,
                 "envs": [asdict(e) | {"complete": e.complete} for e in self.envs],
@@ -80,16 +98,18 @@ class WarmSummary:
         return cls(WarmResult(**strip(body["image"])) if body.get("image") else None,
                    [StageResult(**strip(e)) for e in body.get("envs") or []],
                    [CheckpointResult(**strip(c)) for c in body.get("checkpoints") or []],
-                   body.get("via", "agent"))
+                   body.get("via", "agent"), body.get("members", 0))
 
 
 def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
-         image_cache: NodeCache, lazy: LazyImage | None = None,
+         image_cache: NodeCache, lazy: LazyImage | None = None, fanout: Fanout | None = None,
          on_plan: Callable[[int], None] | None = None,
          on_progress: Callable[[int], None] | None = None,
          before_fetch: Callable[[], None] | None = None) -> WarmSummary:
     """Stage what ``request`` names; ``on_plan`` gets each part's bytes as it is planned,
-    ``before_fetch`` is called (and may block) before every fetch."""
+    ``before_fetch`` is called (and may block) before every fetch. With ``fanout`` (the
+    agent's, for a job with peer-to-peer on) the hot pack and the shards come through
+    the job's swarm."""
     def turn() -> None:  # before a part's metadata reads
         if before_fetch:
             before_fetch()
@@ -101,14 +121,15 @@ def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
                            all_blocks=request.all_blocks,
                            concurrency=config.image.prefetch_concurrency,
                            request_size=config.image.prefetch_request_size, lazy=lazy,
-                           on_plan=on_plan, on_progress=on_progress,
+                           fanout=fanout, on_plan=on_plan, on_progress=on_progress,
                            before_fetch=before_fetch)
     snapshots = shard_cache(config.cache_dir, config.snapshot.cache_size)
     envs = []
     for key in request.envs:
         turn()
         envs.append(stage_snapshot(blobs, snapshots, key,
-                                   concurrency=config.snapshot.concurrency, on_plan=on_plan,
+                                   concurrency=config.snapshot.concurrency, fanout=fanout,
+                                   on_plan=on_plan,
                                    on_progress=on_progress, before_fetch=before_fetch))
     source = CheckpointSource(config)  # its stores and cache as configured
     checkpoints = []
@@ -118,4 +139,5 @@ def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
         checkpoints.append(stage_checkpoint(
             source, url, concurrency=config.checkpoint.stage_concurrency, keep=keep,
             on_plan=on_plan, on_progress=on_progress, before_fetch=before_fetch))
-    return WarmSummary(image, envs, checkpoints)
+    return WarmSummary(image, envs, checkpoints,
+                       members=len(fanout.peers) if fanout is not None else 0)

@@ -19,9 +19,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import os
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 import zstandard
@@ -119,6 +121,14 @@ class BlockSource:
     def __init__(self, store: Store, manifest: Manifest, image_id: str) -> None:
         self.store, self.manifest, self.image_id = store, manifest, image_id
         self._lock = threading.Lock()  # for the counts: a FetchCounts is shared by threads
+        self._local: dict[str, Path] = {}  # packs with a copy on this node
+
+    def use_local(self, pack: str, path: Path) -> None:
+        """Read ``pack`` from ``path``, a copy on this node (a hot pack a warm fetched
+        whole), not from the store. Its blocks are verified as any others; a read that
+        fails there (the copy was evicted) falls back to the image's own packs, as a
+        failed read of any pack but a block's home does."""
+        self._local[pack] = path
 
     def fetch(self, run: Run, stats: FetchCounts) -> Iterator[tuple[int, bytes | Exception]]:
         """Read ``run`` and yield (index, verified bytes or the error) for each block, in
@@ -127,12 +137,15 @@ class BlockSource:
         start, end = run.start, run.end
         raw: memoryview | None = None
         failure: Exception | None = None
+        local = self._local.get(run.pack)
         try:
-            raw = memoryview(self.store.read_range(run.pack, start, end - start))
+            raw = memoryview(self.store.read_range(run.pack, start, end - start)
+                             if local is None else _pread(local, start, end - start))
         except Exception as exc:
             failure = exc
         if failure is None:
-            self._count(stats, fetch_requests=1, bytes_fetched=end - start)
+            if local is None:  # counted: what came from the store
+                self._count(stats, fetch_requests=1, bytes_fetched=end - start)
         elif run.pack in self.manifest.packs:  # the blocks' home: nothing to fall back to
             self._count(stats, failed_blocks=len(run.pieces))
             for piece in run.pieces:
@@ -175,3 +188,15 @@ class BlockSource:
         with self._lock:
             for name, delta in deltas.items():
                 setattr(stats, name, getattr(stats, name) + delta)
+
+
+def _pread(path: Path, offset: int, length: int) -> bytes:
+    """``length`` bytes at ``offset`` of a local file (``EOFError`` if it is shorter)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        data = os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+    if len(data) != length:
+        raise EOFError(f"{path}: {len(data)} bytes at {offset}, not {length}")
+    return data

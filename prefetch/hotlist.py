@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from bootseer.nodecache import NodeCache
 from bootseer.prefetch.blockformat import Manifest
 from bootseer.store import BlobStore
 
@@ -147,12 +148,14 @@ def ref_name(image_id: str, workload: str) -> str:
     return f"hot/{image_id.removeprefix('sha256:')}/{workload}"
 
 
-def save(blobs: BlobStore, recording: HotList, manifest: Manifest | None = None) -> HotList:
+def save(blobs: BlobStore, recording: HotList, manifest: Manifest | None = None,
+         local: NodeCache | None = None) -> HotList:
     """Merge ``recording`` into the stored list of its image and workload; store the result.
 
     With the image's ``manifest``, the hot blocks are also laid out in a hot pack — again
     only when the merge changed which blocks are hot (a new order of the same blocks keeps
-    the pack: a prefetch reads it in list order anyway, only in more pieces).
+    the pack: a prefetch reads it in list order anyway, only in more pieces) — and a copy
+    of a new pack kept in ``local``, the node's block cache (for its torrent and seeding).
     """
     from bootseer.prefetch.hotpack import write_hot_pack
 
@@ -161,7 +164,8 @@ def save(blobs: BlobStore, recording: HotList, manifest: Manifest | None = None)
     if manifest is not None:
         layout = stored.layout if stored is not None else None
         if layout is None or set(layout.pieces) != {b.digest for b in merged.blocks}:
-            layout = write_hot_pack(blobs, manifest, [b.digest for b in merged.blocks])
+            layout = write_hot_pack(blobs, manifest, [b.digest for b in merged.blocks],
+                                    local)
         merged = HotList(merged.image_id, merged.workload, merged.blocks, merged.recordings,
                          merged.samples, layout)
     info = blobs.put(merged.encode())

@@ -91,7 +91,8 @@ class Recording:
                          self.image.image_id, self.workload, reason)
                 return None
             try:
-                self.result = hotlist.save(self.image.blobs, recording, self.image.manifest)
+                self.result = hotlist.save(self.image.blobs, recording, self.image.manifest,
+                                           self.image.cache)
             except Exception as exc:
                 log.warning("could not store the hot list of %s (%s): %s",
                             self.image.image_id, self.workload, exc)

@@ -7,8 +7,10 @@ sha256 is computed from the very bytes that enter the tar, so the manifest descr
 was packed even if the file changed between the scan and the pack (a size change is an
 error: the command is still writing).
 
-Publish order is what makes readers safe: shards, then the manifest blob, then the ref
-``env/<key>`` last and create-only. A reader that finds the ref finds everything it names;
+Publish order is what makes readers safe: shards (each with its torrent, built from the
+local spool it was compressed into, for nodes that fetch it from each other:
+:mod:`bootseer.p2p.publish`), then the manifest blob, then the ref ``env/<key>`` last and
+create-only. A reader that finds the ref finds everything it names;
 of two nodes publishing one key, the first ref wins and the other's blobs are unreferenced
 (identical content is shared anyway).
 """
@@ -31,6 +33,7 @@ import zstandard
 
 from bootseer import __version__
 from bootseer.errors import BootseerError
+from bootseer.p2p import publish_torrent
 from bootseer.snapshot.manifest import REF_PREFIX, Deletion, Manifest, Shard, SnapEntry
 from bootseer.snapshot.scan import Tree, TreeDiff
 from bootseer.store import BlobStore
@@ -95,7 +98,7 @@ class _HashingReader:
 def _build_shard(blobs: BlobStore, entries: list[SnapEntry], paths: list[str], level: int,
                  on_progress: Callable[[int], None] | None) -> tuple[Shard, list[SnapEntry]]:
     done = []
-    with tempfile.TemporaryFile() as spool:
+    with tempfile.NamedTemporaryFile(prefix="bootseer-shard.") as spool:
         compressor = zstandard.ZstdCompressor(level=level)
         with compressor.stream_writer(spool, closefd=False) as zw, \
                 tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
@@ -124,6 +127,8 @@ def _build_shard(blobs: BlobStore, entries: list[SnapEntry], paths: list[str], l
                     on_progress(entry.size)
         spool.seek(0)
         info = blobs.put(spool)
+        spool.flush()
+        publish_torrent(blobs.store, info.digest, Path(spool.name))  # nodes may share it
     return Shard(info.digest, info.size, sum(e.size for e in entries)), done
 
 

@@ -8,11 +8,17 @@ snapshot takes the manifest and every shard it finds there instead of fetching t
 job's restart on a warmed node does not wait for the network, nor even connect to the
 store. Restores themselves do
 not fill the cache: the restored environment is the copy a node keeps.
+
+Staged as one of a job's nodes with peer-to-peer on (a :class:`~bootseer.p2p.Fanout`),
+each shard comes through the job's swarm (this node's share of it from the store, the
+rest from peers) into a temporary of the cache, verified against its digest before it
+becomes an entry, and the entry is seeded at once for the nodes still fetching it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +27,7 @@ from pathlib import Path
 
 from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
+from bootseer.p2p import Fanout, FetchResult
 from bootseer.snapshot.restore import stage_manifest
 from bootseer.store import BlobStore
 
@@ -38,9 +45,10 @@ class StageResult:
     bytes: int  # compressed bytes of all shards
     already_local: int
     fetched_shards: int
-    fetched_bytes: int
+    fetched_bytes: int  # read from the store
     missing: int  # shards still not local at the end (failed, or the cache is too small)
     seconds: float
+    peer_bytes: int = 0  # received from the job's peers
 
     @property
     def complete(self) -> bool:
@@ -48,11 +56,13 @@ class StageResult:
 
 
 def stage_snapshot(blobs: BlobStore, cache: NodeCache, key: str, *, concurrency: int = 4,
+                   fanout: Fanout | None = None,
                    on_plan: Callable[[int], None] | None = None,
                    on_progress: Callable[[int], None] | None = None,
                    before_fetch: Callable[[], None] | None = None) -> StageResult:
     """Fetch every shard of snapshot ``key`` that the cache lacks; wait until done.
 
+    ``fanout``: the job's swarm to fetch shards through (see the module docstring).
     ``before_fetch`` is called before each shard is fetched and may block (the agent's
     priorities).
     """
@@ -63,20 +73,32 @@ def stage_snapshot(blobs: BlobStore, cache: NodeCache, key: str, *, concurrency:
         on_plan(total)
     wanted = [s for s in manifest.shards if s.digest.removeprefix("sha256:") not in cache]
     fetched: list[int] = []
+    store_bytes: list[int] = []
+    peer_bytes: list[int] = []
 
     def fetch(digest: str, size: int) -> None:
         if before_fetch:
             before_fetch()
-        # Streamed, never whole in memory; iter_chunks checks the whole digest at the end,
-        # before the cache file is renamed into place.
-        cache.put_stream(digest.removeprefix("sha256:"), blobs.iter_chunks(digest),
-                         verified=True)
+        if fanout is None:
+            # Streamed, never whole in memory; iter_chunks checks the whole digest at the
+            # end, before the cache file is renamed into place.
+            cache.put_stream(digest.removeprefix("sha256:"), blobs.iter_chunks(digest),
+                             verified=True)
+            store_bytes.append(size)
+        else:
+            result = _fetch_shared(blobs, cache, digest, fanout)
+            store_bytes.append(result.store_bytes)
+            peer_bytes.append(result.peer_bytes)
         fetched.append(size)
         if on_progress:
             on_progress(size)
 
     if on_progress:
         on_progress(total - sum(s.size for s in wanted))
+    if fanout is not None:  # what this node has already, for the nodes still fetching it
+        for shard in manifest.shards:
+            if shard not in wanted:
+                _seed(blobs, cache, shard.digest, fanout)
     with ThreadPoolExecutor(max(1, concurrency)) as pool:
         for shard, future in [(s, pool.submit(fetch, s.digest, s.size)) for s in wanted]:
             try:
@@ -87,5 +109,27 @@ def stage_snapshot(blobs: BlobStore, cache: NodeCache, key: str, *, concurrency:
     missing = sum(1 for s in manifest.shards if s.digest.removeprefix("sha256:") not in cache)
     return StageResult(key=key, shards=len(manifest.shards), bytes=total,
                        already_local=len(manifest.shards) - len(wanted),
-                       fetched_shards=len(fetched), fetched_bytes=sum(fetched),
-                       missing=missing, seconds=round(time.monotonic() - started, 3))
+                       fetched_shards=len(fetched), fetched_bytes=sum(store_bytes),
+                       missing=missing, seconds=round(time.monotonic() - started, 3),
+                       peer_bytes=sum(peer_bytes))
+
+
+def _fetch_shared(blobs: BlobStore, cache: NodeCache, digest: str,
+                  fanout: Fanout) -> FetchResult:
+    """Shard ``digest`` through the job's swarm into the cache, then seeded from there."""
+    hexd = digest.removeprefix("sha256:")
+    tmp = cache.new_temporary(hexd)  # a crash leaves it to the next sweep, never an entry
+    try:
+        result = fanout.fetch_blob(blobs, digest, tmp)  # checked against the digest
+        os.chmod(tmp, cache.mode)
+        cache.add_file(tmp, hexd)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _seed(blobs, cache, digest, fanout)
+    return result
+
+
+def _seed(blobs: BlobStore, cache: NodeCache, digest: str, fanout: Fanout) -> None:
+    path = cache.path(digest.removeprefix("sha256:"))
+    if path.is_file():
+        fanout.seed(blobs.store, digest, path)

@@ -35,6 +35,7 @@ from bootseer.p2p import (
     Peer,
     PeerAddressError,
     fetch_blob,
+    fetch_object,
     open_swarm,
     parse_peers,
     rendezvous,
@@ -101,6 +102,46 @@ def test_a_torrent_is_published_create_only_and_loads_checked(tmp_path: Path) ->
     assert not list(tmp_path.glob(".torrent-src.*"))
     with pytest.raises(FileNotFoundError):
         torrents.load(blob.blobs.store, "sha256:" + "0" * 64, 10)
+
+
+def test_a_blob_that_ends_inside_a_piece_has_a_torrent_and_is_fetched(tmp_path: Path) -> None:
+    """libtorrent pads such a file with a pad file of its own (not in the torrent's
+    bytes): loading accepts exactly that one, and a fetch completes without it."""
+    for size in (1, 16385, 300_000):
+        (tmp_path / str(size)).mkdir()
+        blob = _blob(tmp_path / str(size), size)
+        t = torrents.load(blob.blobs.store, blob.digest, size)
+        assert t.size == size and t.num_pieces == -(-size // t.piece_size)
+        with _loopback() as swarm:
+            fetch_blob(blob.blobs, blob.digest, tmp_path / f"{size}.got", swarm=swarm)
+        assert (tmp_path / f"{size}.got").read_bytes() == blob.data
+    two_files = _lt_torrent(tmp_path, {f"{blob.digest[7:]}/a": b"x" * 1000,
+                                       f"{blob.digest[7:]}/b": b"y" * 1000}, 16 << 10,
+                            lt.create_torrent.v2_only)
+    with pytest.raises(TorrentError):
+        torrents.parse(blob.digest, 2000, two_files)
+
+
+def test_an_object_under_its_own_key_is_fetched_checked_against_its_digest(
+        tmp_path: Path) -> None:
+    """A pack (``packs/<hex>``): no chunk table, so a plain read hashes it whole."""
+    store = open_store((tmp_path / "store").as_uri())
+    data = os.urandom(200_000)
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    store.put("packs/" + digest[7:], data)
+    result = fetch_object(store, "packs/" + digest[7:], digest, tmp_path / "a", swarm=None)
+    assert (tmp_path / "a").read_bytes() == data and result.store_bytes == len(data)
+    (tmp_path / "src").write_bytes(data)
+    assert torrents.publish(store, digest, torrents.build(digest, len(data), tmp_path / "src"))
+    with _loopback() as swarm:
+        result = fetch_object(store, "packs/" + digest[7:], digest, tmp_path / "b",
+                              swarm=swarm)
+    assert (tmp_path / "b").read_bytes() == data and result.store_bytes == len(data)
+    store.put("packs/" + "0" * 64, data)  # filed under a digest it does not have
+    with pytest.raises(IntegrityError):
+        fetch_object(store, "packs/" + "0" * 64, "sha256:" + "0" * 64, tmp_path / "c",
+                     swarm=None)
+    assert not (tmp_path / "c").exists()
 
 
 def test_build_refuses_a_file_that_is_not_the_blob(tmp_path: Path) -> None:

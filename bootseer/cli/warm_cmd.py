@@ -6,6 +6,11 @@ socket is there), the agent does the work, in its cache, sharing in-flight fetch
 everything else it serves and yielding to them; otherwise (or with ``--no-agent``) this
 process does the same work itself.
 
+With ``--job`` (and ``--nodes``, or ``--peers``) and ``p2p.enabled`` on the agent, the
+job's nodes fetch the hot pack and the snapshots' shards from each other, each byte
+leaving the store about once (``bootseer.p2p``); without an agent, or with peer-to-peer
+off, they change nothing.
+
 Exit status: 0 when everything needed is local, 3 when some of it could not be staged (the
 summary says how much and why), 1 on errors.
 """
@@ -20,6 +25,8 @@ import click
 
 from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
+from bootseer.p2p import PeerAddressError, parse_peers
+from bootseer.p2p.rendezvous import MAX_MEMBERS
 from bootseer.prefetch.hotlist import DEFAULT_WORKLOAD
 from bootseer.progress import Advance, byte_progress, console
 from bootseer.ready import READY_FILE_ENV, mark_ready
@@ -45,13 +52,22 @@ INCOMPLETE = 3
               help="Also stage this checkpoint, a file or a directory (all files under it; "
                    "a DCP checkpoint), e.g. hdfs://nn:8020/ckpt/step100; repeatable. The "
                    "checkpoint API reads the local copy while the store's file is unchanged.")
+@click.option("--job", help="The job this warm is for: with p2p.enabled, its nodes share what "
+                           "they fetch (each announces itself in the job's records).")
+@click.option("--nodes", type=click.IntRange(1, MAX_MEMBERS), metavar="N",
+              help="How many nodes of --job warm now: each waits (briefly) until all N "
+                   "have announced, so that all split the store reads alike.")
+@click.option("--peers", metavar="LIST",
+              help="The job's nodes' peer addresses, \"IP:PORT,...\" (as the scheduler "
+                   "knows them; instead of the job's records).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--agent/--no-agent", "use_agent", default=None,
               help="Warm through the node agent (default: if one is running) or in this "
                    "process.")
 @pass_app
 def warm(app: AppContext, image: str | None, workload: str, all_blocks: bool,
-         envs: tuple[str, ...], checkpoints: tuple[str, ...], as_json: bool,
+         envs: tuple[str, ...], checkpoints: tuple[str, ...], job: str | None,
+         nodes: int | None, peers: str | None, as_json: bool,
          use_agent: bool | None) -> None:
     """Stage an image's hot blocks, environment snapshots and checkpoints on this node
     before a job starts here."""
@@ -60,7 +76,12 @@ def warm(app: AppContext, image: str | None, workload: str, all_blocks: bool,
     if image is None and not envs and not checkpoints:
         raise click.UsageError("nothing to warm: give --image and/or --env and/or --checkpoint")
     cfg = app.loaded.config
-    request = WarmRequest(image, workload, all_blocks, envs, checkpoints)
+    try:
+        peer_list = tuple(parse_peers(peers or ""))
+    except PeerAddressError as exc:
+        raise click.BadParameter(str(exc), param_hint="--peers") from exc
+    request = WarmRequest(image, workload, all_blocks, envs, checkpoints, job, nodes,
+                          peer_list)
     summary = None
     with byte_progress("warming", None) as advance:
         if use_agent is not False and (use_agent or cfg.agent.socket.exists()):
@@ -107,6 +128,11 @@ def _print(summary: WarmSummary, cfg: Config, all_blocks: bool, warnings_only: b
                           f"are not local: the store failed them, or the cache "
                           f"({format_size(cfg.snapshot.cache_size)}, snapshot.cache_size) "
                           f"is too small")
+    if summary.members and not warnings_only:
+        parts = ([result] if result else []) + list(summary.envs)
+        console.print(f"shared with the job's {summary.members} nodes: "
+                      f"{format_size(sum(p.peer_bytes for p in parts))} from peers, "
+                      f"{format_size(sum(p.fetched_bytes for p in parts))} from the store")
     for ckpt in summary.checkpoints:
         if not warnings_only:
             console.print(f"checkpoint {ckpt.url}: {ckpt.files} files "

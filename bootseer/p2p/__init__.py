@@ -8,14 +8,25 @@ store about once, not N times.
 * :mod:`.rendezvous` — a job's members through records in the store (or a list the
   scheduler passes: :func:`.peer.parse_peers`);
 * :mod:`.blobfetch` — the call a node makes: :func:`open_swarm` (None when ``p2p.enabled``
-  is false) and :func:`fetch_blob` (through the swarm, else a plain store read).
+  is false), :func:`fetch_blob` and :func:`fetch_object` (through the swarm, else a plain
+  store read), a :class:`Fanout` per warm of a job;
+* :mod:`.publish` — :func:`publish_torrent`, called by whoever publishes an object.
 
 libtorrent is imported only by :mod:`.torrents` and :mod:`.swarm`, so a node with
-peer-to-peer off never loads it.
+peer-to-peer off never loads it (a process that publishes a torrent does).
 """
 
-from bootseer.p2p.blobfetch import FetchResult, fetch_blob, open_swarm, read_plain
+from bootseer.p2p.blobfetch import (
+    Fanout,
+    FetchResult,
+    fetch_blob,
+    fetch_object,
+    open_swarm,
+    read_object,
+    read_plain,
+)
 from bootseer.p2p.peer import Peer, PeerAddressError, parse_peers
+from bootseer.p2p.publish import publish_torrent
 
-__all__ = ["FetchResult", "Peer", "PeerAddressError", "fetch_blob", "open_swarm",
-           "parse_peers", "read_plain"]
+__all__ = ["Fanout", "FetchResult", "Peer", "PeerAddressError", "fetch_blob", "fetch_object",
+           "open_swarm", "parse_peers", "publish_torrent", "read_object", "read_plain"]

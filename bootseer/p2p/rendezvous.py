@@ -5,7 +5,8 @@ rewritten on every start (a restarted node may listen on another port)::
 
     p2p/jobs/<job>/peers/<node>.json      {"node": ..., "address": ..., "port": ..., "time": ...}
 
-and reads every other node's (:func:`members`). A scheduler that knows the job's nodes
+and reads every other node's (:func:`members`; :func:`gather` waits until as many as the
+scheduler said would start have announced). A scheduler that knows the job's nodes
 can pass their addresses instead (:func:`bootseer.p2p.peer.parse_peers`); either way the
 result is a sorted list of :class:`~bootseer.p2p.peer.Peer`, and the swarm splits store
 reads by position in it.
@@ -19,6 +20,7 @@ waste time: everything it sends is checked against the store's torrent.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import posixpath
@@ -44,6 +46,12 @@ JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")
 #: A node's name (``agent.node_name``).
 NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _FIELDS = {"node", "address", "port", "time"}
+#: Longest :func:`gather` waits for the members a scheduler said would start: the nodes
+#: of a restart warm within seconds of each other; one that does not come costs the
+#: others this long once, then they go on without it.
+GATHER_WAIT = 15.0
+GATHER_POLL = 0.2  # the first wait between listings; it doubles up to GATHER_POLL_MAX
+GATHER_POLL_MAX = 2.0
 
 
 def _name(value: str, what: str, pattern: re.Pattern[str]) -> str:
@@ -91,6 +99,34 @@ def members(store: Store, job: str) -> list[Peer]:
             continue
         found.setdefault(peer.address, peer)
     return sorted(found.values())
+
+
+def gather(store: Store, job: str, expected: int | None, timeout: float = GATHER_WAIT,
+           poll: float = GATHER_POLL) -> list[Peer]:
+    """The job's members once ``expected`` of them have announced (or ``timeout``
+    passed: then those there, with a warning); with ``expected`` None, those there now.
+
+    The swarm splits the store reads by position in this list, so every node must read
+    the same one: a node that reads before the last has announced sees fewer members,
+    and its share differs from theirs (costing extra store reads, not correctness). A
+    scheduler that says how many nodes start lets every node wait for all of them.
+    While waiting, a node only lists the records (one metadata call, less often as it
+    waits longer: a thousand nodes polling must not load the store); it reads them once.
+    """
+    deadline = time.monotonic() + timeout
+    prefix = peers_dir(job) + "/"
+    while expected is not None:
+        listed = sum(1 for _ in itertools.islice(store.list(prefix), expected))
+        if listed >= expected:
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            log.warning("job %s: %d of %d peers announced within %.0f s; going on with "
+                        "those", job, listed, expected, timeout)
+            break
+        time.sleep(min(poll, left))
+        poll = min(poll * 2, GATHER_POLL_MAX)
+    return members(store, job)
 
 
 def _parse(name: str, data: bytes) -> Peer:

@@ -32,7 +32,10 @@ the job:
 * **Seeding only reads.** A fetched object is seeded from where the caller keeps it (a
   node cache entry) with ``seed_mode`` (no rehash; each piece is checked when first
   uploaded) and ``upload_mode`` (never downloads, so never writes the file), until
-  :meth:`Swarm.stop_seeding` or ``seed_time`` seconds.
+  :meth:`Swarm.stop_seeding`, ``seed_time`` seconds, or the file is gone (the cache
+  evicted the entry: any process of the node may, so the swarm looks every SEED_CHECK
+  seconds rather than being told; libtorrent would otherwise serve an open file, and hold
+  its disk space, after its entry left the cache's count).
 * **The upload cap holds for every peer.** libtorrent exempts peers on private networks
   from its rate limits by default; here every peer is in the global peer class, the one
   ``upload_rate`` limits.
@@ -86,6 +89,8 @@ STORE_FAILURES = 2
 CONNECTIONS = 2000
 #: How long the session may take to open its listening socket, flush or drop a torrent.
 ENGINE_TIMEOUT = 30.0
+#: How often the swarm looks for seeds whose file is gone.
+SEED_CHECK = 2.0
 
 ReadRange = Callable[[int, int], bytes]
 """``read_range(offset, length)``: exactly ``length`` verified bytes of the blob."""
@@ -124,6 +129,7 @@ class _Transfer:
     torrent: Torrent
     handle: lt.torrent_handle
     seeding: bool
+    path: Path  # the file: where a fetch writes, or what a seed serves
     until: float = float("inf")
     store_bytes: int = 0
     from_store: set[int] = field(default_factory=set)  # pieces added from the store
@@ -472,7 +478,7 @@ class Swarm:
                         handle = self._ses.add_torrent(params)
                     except RuntimeError as exc:
                         raise SwarmError(f"cannot add {torrent.digest}: {exc}") from exc
-                    transfer = _Transfer(torrent, handle, seeding)
+                    transfer = _Transfer(torrent, handle, seeding, path)
                     self._transfers[torrent.hex] = transfer
                     return transfer
             if current is not None:
@@ -511,6 +517,7 @@ class Swarm:
         raise SwarmError(f"p2p: no listening socket on {iface} after {ENGINE_TIMEOUT} s")
 
     def _run_pump(self) -> None:
+        checked_at = time.monotonic()
         while not self._closing.is_set():
             self._ses.wait_for_alert(200)
             for alert in self._ses.pop_alerts():
@@ -519,12 +526,20 @@ class Swarm:
                 except Exception:  # one odd alert must not end the swarm's bookkeeping
                     log.exception("p2p: handling %s", type(alert).__name__)
             now = time.monotonic()
+            check = now - checked_at >= SEED_CHECK
+            if check:
+                checked_at = now
             with self._lock:
-                expired = [t for t in self._transfers.values() if t.seeding and now >= t.until]
-            for transfer in expired:
-                log.info("p2p: seeded %s for %s s; stopping", transfer.torrent.digest,
-                         self.config.seed_time)
-                self._drop(transfer, wait=False)
+                seeds = [t for t in self._transfers.values() if t.seeding]
+            for transfer in seeds:
+                if now >= transfer.until:
+                    log.info("p2p: seeded %s for %s s; stopping", transfer.torrent.digest,
+                             self.config.seed_time)
+                    self._drop(transfer, wait=False)
+                elif check and not transfer.path.exists():
+                    log.info("p2p: %s left the cache; no longer seeding it",
+                             transfer.torrent.digest)
+                    self._drop(transfer, wait=False)
 
     def _on_alert(self, alert: lt.alert) -> None:
         if isinstance(alert, lt.session_stats_alert):

@@ -220,8 +220,13 @@ def parse(digest: str, size: int, data: bytes) -> Torrent:
     except RuntimeError as exc:
         raise TorrentError(f"{what} is refused by libtorrent: {exc}") from exc
     hashes = ti.info_hashes()
-    if hashes.has_v1() or not hashes.has_v2() or ti.num_files() != 1 or \
-            ti.total_size() != size or ti.num_pieces() != pieces or \
+    files = ti.layout()
+    # libtorrent pads a v2 file that ends inside a piece with a pad file of its own
+    # (never on disk, never in the torrent's bytes): one file, or that file and its pad.
+    padded = files.num_files() == 2 and files.file_flags(1) & files.flag_pad_file and \
+        files.file_size(1) == pieces * piece - size
+    if hashes.has_v1() or not hashes.has_v2() or (files.num_files() != 1 and not padded) \
+            or files.file_size(0) != size or ti.num_pieces() != pieces or \
             ti.piece_length() != piece:
         raise TorrentError(f"{what} is not read by libtorrent as checked")
     return Torrent(digest, size, piece, pieces, data, ti)

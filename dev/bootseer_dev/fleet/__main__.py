@@ -68,10 +68,13 @@ def main(verbose: bool) -> None:
 @click.option("--block-size", default="8m", show_default=True, help="HDFS block size.")
 @click.option("--engines/--no-engines", default=False, show_default=True,
               help="Also run a Docker engine per node, with Bootseer's runtime as deployed.")
+@click.option("--p2p/--no-p2p", default=False, show_default=True,
+              help="Agents with peer-to-peer on ([p2p] enabled, listening on the node's "
+                   "address, port 6881): a job's nodes warm from each other.")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
               help="Seconds HDFS and the agents may take to come up.")
 def up(state_dir, nodes, datanodes, node_link, datanode_link, origins, origin_link, store,
-       name, hdfs_base_port, block_size, engines, timeout) -> None:
+       name, hdfs_base_port, block_size, engines, p2p, timeout) -> None:
     """Build the lab and start its HDFS and agents (a failure takes down what was made)."""
     try:
         spec = LabSpec(nodes=nodes, datanodes=datanodes, node_link=parse_link(node_link),
@@ -79,7 +82,7 @@ def up(state_dir, nodes, datanodes, node_link, datanode_link, origins, origin_li
                        origin_link=parse_link(origin_link), name=name,
                        state_dir=state_dir or default_state_dir(),
                        hdfs_base_port=hdfs_base_port, block_size=parse_size(block_size),
-                       store=store, engines=engines)
+                       store=store, engines=engines, p2p=p2p)
         lab = Lab(spec)
         lab.up(timeout_s=timeout)
     except _ERRORS as exc:

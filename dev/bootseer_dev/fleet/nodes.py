@@ -2,10 +2,11 @@
 
 Each node has a directory of its own in the lab's state dir (`nodes/n<i>/`): the agent's
 config file (the lab's store, the node's cache dir, its socket, /metrics on the node's
-address), the socket, the cache and the log. The agent is started in the node's network
-namespace only (`netns.enter_argv`): its store traffic leaves through the node's capped
-link, while its FUSE mounts stay in the host's mount namespace, where `bootseer-runtime`
-and runc, started with the node's config, find them as on a production node.
+address, with `--p2p` its peer-to-peer session there too), the socket, the cache and the
+log. The agent is started in the node's network namespace only (`netns.enter_argv`): its
+store traffic leaves through the node's capped link, while its FUSE mounts stay in the
+host's mount namespace, where `bootseer-runtime` and runc, started with the node's
+config, find them as on a production node.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from bootseer_dev import netns
 from bootseer_dev.cluster.process import ProcessRecord, launch, log_tail, why_not_running
 
-from .spec import METRICS_PORT, LabSpec
+from .spec import METRICS_PORT, P2P_PORT, LabSpec
 from .state import LabState
 
 __all__ = ["AgentStartError", "NodeFiles", "agent_env", "agent_health", "start_agents",
@@ -84,7 +85,11 @@ def _write_config(spec: LabSpec, i: int, files: NodeFiles) -> None:
         "[image]\n"  # every start on a lab node may record its image's hot list
         "record_images = [\"*\"]\n"
         "[checkpoint]\n"  # containers on the lab's nodes may mount the lab's HDFS
-        f"allowed = {json.dumps([spec.checkpoint_prefix()] if spec.datanodes else [])}\n")
+        f"allowed = {json.dumps([spec.checkpoint_prefix()] if spec.datanodes else [])}\n"
+        + ("[p2p]\n"  # the nodes of a job fetch from each other, on the lab switch
+           "enabled = true\n"
+           f"listen = {json.dumps(f'{spec.node(i).address}:{P2P_PORT}')}\n"
+           if spec.p2p else ""))
 
 
 def agent_env(client_env: dict[str, str]) -> dict[str, str]:

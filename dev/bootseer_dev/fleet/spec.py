@@ -35,6 +35,8 @@ MAX_NODES = 65000
 PRODUCTION_NIC = 25e9 / 8
 #: Port of each node agent's /metrics on its node's address (agent.metrics_listen).
 METRICS_PORT = 9464
+#: Port of each node agent's peer-to-peer session on its node's address (``--p2p``).
+P2P_PORT = 6881
 
 
 def default_state_dir() -> Path:
@@ -75,6 +77,7 @@ class LabSpec:
     block_size: int = 8 << 20
     store: str = ""          # "" = the lab's HDFS (or file store without DataNodes)
     engines: bool = False    # a Docker engine per node, with Bootseer's runtime
+    p2p: bool = False        # agents with peer-to-peer on, listening on P2P_PORT
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).absolute()

@@ -1,0 +1,40 @@
+"""Torrents published with their objects, by whoever publishes the object.
+
+The node that writes a blob (a snapshot's shard, an image's hot pack) has its bytes in a
+local file at that moment; hashing them there costs a read of a local file, where any
+later node would have to read the whole object from the store first. So the publisher
+builds the torrent (:func:`bootseer.p2p.torrents.build`) and puts it beside the object,
+whether or not peer-to-peer is enabled on this node: a torrent is a few KiB of metadata
+per object, and nodes that do enable it can only use torrents that exist.
+
+A torrent is an optimisation: failing to build or publish one (libtorrent missing, the
+store refusing the write) is logged and the object is published all the same; nodes then
+read that object from the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from bootseer.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def publish_torrent(store: Store, digest: str, path: Path) -> bool:
+    """Build the torrent of object ``digest`` from its bytes in ``path`` and publish it
+    (create-only); False, logged, if there was one already or it could not be done."""
+    try:
+        from . import torrents  # libtorrent: loaded by publishers, never by readers
+    except ImportError as exc:
+        log.warning("p2p: no torrent for %s (libtorrent is not available: %s)", digest, exc)
+        return False
+    try:
+        if store.exists(torrents.key(digest)):
+            return False
+        return torrents.publish(store, digest,
+                                torrents.build(digest, path.stat().st_size, path))
+    except Exception as exc:  # an optimisation: never the object's publish
+        log.warning("p2p: could not publish the torrent of %s: %s", digest, exc)
+        return False

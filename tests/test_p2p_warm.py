@@ -1,0 +1,360 @@
+"""`bootseer warm --job` through peers (#17).
+
+First, in this process: publishing a snapshot or a hot pack publishes torrents; staging
+through a :class:`~bootseer.p2p.Fanout` (a real swarm on the loopback, no peers) verifies,
+caches and seeds, and stops seeding what the cache evicts; warm requests check their job,
+nodes and peers.
+
+Then real agents on fleet-lab nodes with [p2p] on, the lab's HDFS behind one capped
+DataNode: four nodes warm an environment snapshot and an image's recorded hot pack at
+once, and the DataNode's egress counter (tc) says how often the bytes left the store.
+Those start HDFS in the lab's own namespaces on base port 19550: run this module under
+`flock /tmp/hdfs-tests.lock` like every test that starts the dev cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import IN_CI
+from test_prefetch_lazy import BIG, MIB, MIB_BLOCKS, big_image
+from test_prefetch_lazy import bootseer as lazy_cli
+from test_snapshot_cli import bootseer as snapshot_cli
+
+from bootseer.agents.warm import WarmRequest
+from bootseer.config import P2PConfig
+from bootseer.nodecache import NodeCache
+from bootseer.p2p import Fanout, Peer, publish_torrent, rendezvous, torrents
+from bootseer.p2p.swarm import Swarm
+from bootseer.prefetch import hotlist
+from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.prefetch.warm import warm_image
+from bootseer.snapshot.manifest import Manifest, Shard
+from bootseer.snapshot.restore import manifest_blob
+from bootseer.snapshot.stage import shard_cache, stage_snapshot
+from bootseer.store import BlobStore, open_store
+from bootseer_dev import netns
+from bootseer_dev.fleet import Lab, LabSpec, shaping
+from bootseer_dev.fleet.nodes import agent_env
+from bootseer_dev.fleet.spec import P2P_PORT
+
+PY = sys.executable
+NODES = 4
+ENV_KEY = "p2pw-env"
+#: The snapshot's content: three random files (as large compressed), one shard each.
+ENV_FILE_BYTES = 4 << 20
+SHARD_SIZE = "4MiB"
+IMAGE = "py"
+
+
+# -- in this process -----------------------------------------------------------------------
+
+
+def _loopback(**overrides: float) -> Swarm:
+    return Swarm(P2PConfig(enabled=True, listen="127.0.0.1:0", **overrides))
+
+
+def _shards(blobs: BlobStore, key: str) -> tuple[Shard, ...]:
+    _, data = manifest_blob(blobs, key)
+    return Manifest.decode(data, key).shards
+
+
+def _wait(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_published_snapshot_is_staged_through_a_fanout_verified_and_seeded(
+        tmp_path: Path) -> None:
+    store_dir, target = tmp_path / "store", tmp_path / "venv"
+    target.mkdir()
+    write = f"head -c 300000 /dev/urandom > {target}/a; head -c 1M /dev/urandom > {target}/b"
+    snapshot_cli("env", "snapshot", "--key", "k", "--path", str(target), "--", "sh", "-c",
+                 write, store=store_dir, env={"BOOTSEER_SNAPSHOT_SHARD_SIZE": "256KiB"})
+    blobs = BlobStore(open_store(store_dir.as_uri()))
+    shards = _shards(blobs, "k")
+    assert len(shards) == 2  # one ends inside a torrent piece
+    for shard in shards:  # published with the snapshot, beside each shard
+        assert torrents.load(blobs.store, shard.digest, shard.size).size == shard.size
+    cache = shard_cache(tmp_path / "cache", 1 << 30)
+    with _loopback() as swarm:
+        fanout = Fanout(swarm, ())
+        staged = stage_snapshot(blobs, cache, "k", fanout=fanout)
+        assert staged.complete and staged.fetched_shards == 2 and staged.peer_bytes == 0
+        assert staged.fetched_bytes == staged.bytes  # no peers: all from the store
+        assert sorted(r.store_bytes for r in fanout.results) == sorted(s.size for s in shards)
+        for shard in shards:
+            hexd = shard.digest.removeprefix("sha256:")
+            assert hashlib.sha256(cache.path(hexd).read_bytes()).hexdigest() == hexd
+        assert not list((cache.directory / "tmp").iterdir())
+        assert swarm.stats().seeding == 2
+        cache.drop(shards[0].digest.removeprefix("sha256:"))  # evicted: no longer seeded
+        _wait(lambda: swarm.stats().seeding == 1)
+        again = stage_snapshot(blobs, cache, "k", fanout=Fanout(swarm, ()))
+        assert (again.already_local, again.fetched_shards) == (1, 1)
+
+
+def test_a_recorded_hot_pack_is_warmed_whole_through_a_fanout(tmp_path: Path) -> None:
+    store_dir, cache_dir = tmp_path / "store", tmp_path / "cache"
+    lazy_cli("image", "convert", str(big_image(tmp_path)), "--name", "big", *MIB_BLOCKS,
+             store=store_dir, cache=cache_dir)
+    blobs = BlobStore(open_store(store_dir.as_uri()))
+    recorder_cache = NodeCache(tmp_path / "recorder", 1 << 30)
+    image = LazyImage(blobs, "big", recorder_cache, readahead_blocks=0)
+    image.recorder = hotlist.Recorder(image.image_id, "train")
+    for n in (3, 1, 4):
+        image.read(image.lookup("/data/big.bin"), n * MIB, 10)
+    layout = hotlist.save(blobs, image.recorder.stop(), image.manifest, recorder_cache).layout
+    assert layout is not None
+    hexd = layout.pack.removeprefix("packs/")
+    assert hexd in recorder_cache  # the recorder keeps its copy, to seed
+    assert torrents.load(blobs.store, "sha256:" + hexd, layout.size).size == layout.size
+    cache = NodeCache(cache_dir / "node", 1 << 30)
+    with _loopback() as swarm:
+        result = warm_image(blobs, cache, "big", "train", fanout=Fanout(swarm, ()))
+        assert result.complete and result.blocks == 3 and result.fetched_blocks == 3
+        # The pack whole through the swarm (its pieces from the store: no peers), then
+        # the blocks from that copy: no ranged read of the store.
+        assert (result.fetched_bytes, result.fetch_requests) == (layout.size, 0)
+        assert hexd in cache and swarm.stats().seeding == 1
+        # A pack without a torrent (recorded before they were published): ranged reads.
+        blobs.store.delete(torrents.key("sha256:" + hexd))
+        other = NodeCache(cache_dir / "other", 1 << 30)
+        ranged = warm_image(blobs, other, "big", "train", fanout=Fanout(swarm, ()))
+        assert ranged.complete and ranged.fetch_requests >= 1 and hexd not in other
+    entry = LazyImage(blobs, "big", cache, readahead_blocks=0).lookup("/data/big.bin")
+    for pack in (store_dir / "packs").iterdir():  # the warmed blocks need no store
+        pack.unlink()
+    warmed = LazyImage(blobs, "big", cache, readahead_blocks=0)
+    for n in (1, 3, 4):
+        assert warmed.read(entry, n * MIB, MIB) == BIG[n * MIB : (n + 1) * MIB]
+    assert warmed.stats.blocks_fetched == 0
+
+
+def test_a_torrent_that_cannot_be_published_does_not_fail_the_publish(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blobs = BlobStore(open_store((tmp_path / "store").as_uri()))
+    data = os.urandom(100_000)
+    digest = blobs.put(data).digest
+    wrong = tmp_path / "wrong"
+    wrong.write_bytes(os.urandom(100_000))  # not the blob's bytes
+    with caplog.at_level(logging.WARNING, logger="bootseer.p2p.publish"):
+        assert not publish_torrent(blobs.store, digest, wrong)
+    assert "could not publish the torrent" in caplog.text
+    right = tmp_path / "right"
+    right.write_bytes(data)
+    assert publish_torrent(blobs.store, digest, right)
+    assert not publish_torrent(blobs.store, digest, right)  # there already
+
+
+def test_warm_requests_check_their_job_nodes_and_peers() -> None:
+    body = {"envs": ["k"], "job": "train-7", "nodes": 4,
+            "peers": ["198.19.0.2:6881", "198.19.0.1:6881", "198.19.0.2:6881"]}
+    request = WarmRequest.from_json(body)
+    assert (request.job, request.nodes) == ("train-7", 4)
+    assert [str(p) for p in request.peers] == ["198.19.0.1:6881", "198.19.0.2:6881"]
+    assert WarmRequest.from_json(request.to_json()) == request
+    for bad in ({"job": "-rf"}, {"job": "../x"}, {"nodes": 0}, {"nodes": True},
+                {"nodes": 5000}, {"peers": "198.19.0.1:6881"}, {"peers": ["host:6881"]},
+                {"peers": ["198.19.0.1"]}, {"peers": ["198.19.0.1:0"]}):
+        with pytest.raises(ValueError):
+            WarmRequest.from_json(body | bad)
+
+
+def test_members_are_gathered_until_the_expected_number_announced(tmp_path: Path) -> None:
+    store = open_store((tmp_path / "store").as_uri())
+    rendezvous.announce(store, "j", "a", Peer("198.19.0.1", 6881))
+    late = threading.Timer(0.3, rendezvous.announce,
+                           (store, "j", "b", Peer("198.19.0.2", 6881)))
+    late.start()
+    began = time.monotonic()
+    assert len(rendezvous.gather(store, "j", 2, timeout=10)) == 2
+    assert 0.2 < time.monotonic() - began < 5
+    assert len(rendezvous.gather(store, "j", None)) == 2
+    began = time.monotonic()
+    assert len(rendezvous.gather(store, "j", 3, timeout=0.5)) == 2  # waited, went on
+    assert time.monotonic() - began >= 0.5
+
+
+# -- on the fleet lab ------------------------------------------------------------------------
+
+
+def _need_lab_tools() -> None:
+    reason = netns.netns_available() or shaping.tc_available()
+    if reason:
+        message = f"the fleet lab cannot run here: {reason}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def _ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A 4-node lab with peer-to-peer on, a snapshot published from node 0 and a hot list
+    (and its hot pack) recorded by a start on node 0; then node 0 is cold again."""
+    from bootseer_dev.image import build_image
+
+    _need_lab_tools()
+    state_dir = tmp_path_factory.mktemp("p2pw")
+    spec = LabSpec(nodes=NODES, datanodes=1, name="p2pw", state_dir=state_dir,
+                   hdfs_base_port=19550, block_size=1 << 20, origins=False, p2p=True)
+    lab = Lab(spec)
+    try:
+        lab.up(timeout_s=90)
+        bootseer = [PY, "-m", "bootseer"]
+        target = state_dir / "venv"
+        target.mkdir()
+        _ok(lab.run(0, [*bootseer, "env", "snapshot", "--key", ENV_KEY, "--path", str(target),
+                        "--", "sh", "-c", f"for n in 1 2 3; do head -c {ENV_FILE_BYTES} "
+                        f"/dev/urandom > {target}/blob$n; done"],
+                    env={"BOOTSEER_SNAPSHOT_SHARD_SIZE": SHARD_SIZE}))
+        _ok(lab.run(0, [*bootseer, "image", "convert", str(build_image(with_python=True)),
+                        "--name", IMAGE]))
+        start = lab.run(0, [*bootseer, "image", "run", "--record", IMAGE, "--", "python3",
+                            "-c", "import email.parser, json, http.client; print(6 * 7)"])
+        assert _ok(start).splitlines()[0] == "42"
+        lab.restart_agents([0])
+        yield lab
+    finally:
+        lab.down()
+
+
+def _warm_all(lab: Lab, job: str, *, kill: int | None = None,
+              scheduler: bool = False) -> tuple[list[dict | None], int]:
+    """`bootseer warm --job J --nodes 4` on every node at once (with ``scheduler``,
+    ``--peers`` naming the nodes instead); each node's summary (None if its warm failed)
+    and the bytes the DataNode sent meanwhile. With ``kill``, that node's agent is
+    killed once the node has received its first MiB."""
+    members = ["--peers", ",".join(f"{lab.spec.node(i).address}:{P2P_PORT}"
+                                   for i in range(NODES))] if scheduler else \
+        ["--nodes", str(NODES)]
+    argv = [PY, "-m", "bootseer", "warm", "--agent", "--json", "--job", job, *members,
+            "--env", ENV_KEY, "--image", IMAGE]
+    sent = lab.link_bytes("datanode-0")[0]
+    received = lab.link_bytes(f"node-{kill}")[1] if kill is not None else 0
+    warms = [subprocess.Popen(
+        [*netns.enter_argv(lab.spec.node(i).netns), *argv], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        env=agent_env(lab.client_env()) | {"BOOTSEER_CONFIG": str(lab.node_files(i).config)})
+        for i in range(NODES)]
+    if kill is not None:
+        deadline = time.monotonic() + 60
+        while lab.link_bytes(f"node-{kill}")[1] - received < 1 << 20:
+            assert time.monotonic() < deadline, "the node never started fetching"
+            time.sleep(0.02)
+        os.kill(lab.agent_record(kill).pid, signal.SIGKILL)
+    summaries = []
+    for i, warm in enumerate(warms):
+        out, err = warm.communicate(timeout=120)
+        if i != kill:
+            assert warm.returncode == 0, f"node {i}: {err[-3000:]}"
+        summaries.append(json.loads(out) if warm.returncode == 0 else None)
+    return summaries, lab.link_bytes("datanode-0")[0] - sent
+
+
+def _needed(summary: dict) -> int:
+    """The bytes one node stages: the hot blocks (the hot pack) and the shards."""
+    return summary["image"]["bytes"] + sum(env["bytes"] for env in summary["envs"])
+
+
+def _assert_staged_and_verified(lab: Lab, i: int, summary: dict) -> None:
+    """The warm completed, and every cache entry on the node hashes to its name."""
+    assert summary["complete"] and summary["image"]["hot_list"], summary
+    (env,) = summary["envs"]
+    assert env["shards"] == 3 and env["missing"] == 0, env
+    entries = list(lab.node_files(i).cache_dir.glob("*/entries/*/*"))
+    shards = list(lab.node_files(i).cache_dir.glob("snapshots/entries/*/*"))
+    assert len(shards) == env["shards"] + 1  # and the manifest
+    for entry in entries:
+        assert hashlib.sha256(entry.read_bytes()).hexdigest() == entry.name, entry
+
+
+def _metrics(lab: Lab, i: int) -> dict[str, float]:
+    transport = httpx.HTTPTransport(uds=str(lab.node_files(i).socket))
+    with httpx.Client(transport=transport, base_url="http://agent") as client:
+        text = client.get("/metrics").raise_for_status().text
+    return {name: float(value) for name, _, value in
+            (line.rpartition(" ") for line in text.splitlines())
+            if name.startswith("bootseer_p2p")}
+
+
+def test_a_job_of_four_nodes_reads_each_byte_from_the_store_about_once(lab) -> None:
+    began = time.monotonic()
+    summaries, sent = _warm_all(lab, "p2pw-once")
+    seconds = time.monotonic() - began
+    needed = _needed(summaries[0])
+    for i, summary in enumerate(summaries):
+        _assert_staged_and_verified(lab, i, summary)
+        assert summary["members"] == NODES, summary
+        assert _needed(summary) == needed
+    peer_bytes = [summary["image"]["peer_bytes"] + summary["envs"][0]["peer_bytes"]
+                  for summary in summaries]
+    metrics = [_metrics(lab, i) for i in range(NODES)]
+    print(f"{NODES} nodes, {needed / 2**20:.1f} MiB each, in {seconds:.1f} s: the DataNode "
+          f"sent {sent / 2**20:.1f} MiB ({sent / needed:.2f}x); from peers (MiB): "
+          f"{[round(b / 2**20, 1) for b in peer_bytes]}; seconds (hot pack, shards): "
+          f"{[(s['image']['seconds'], s['envs'][0]['seconds']) for s in summaries]}")
+    # Without peers each node reads it all (4x); metadata (manifests, the hot list,
+    # torrents) is read by every node, HDFS frames its data.
+    assert sent <= 1.3 * needed, (sent, needed)
+    assert sum(peer_bytes) >= needed, peer_bytes  # most of 3 nodes' bytes came from peers
+    assert any(m['bootseer_p2p_fetched_bytes_total{source="peer"}'] > 0 for m in metrics)
+    assert sum(m["bootseer_p2p_uploaded_bytes_total"] for m in metrics) > 0, metrics
+    assert all(m["bootseer_p2p_seeding"] >= 1 for m in metrics), metrics
+
+
+def test_a_node_killed_mid_warm_costs_the_others_time_not_their_copies(lab) -> None:
+    """The members come from the scheduler (``--peers``) this time."""
+    lab.restart_agents(list(range(NODES)))  # cold nodes
+    began = time.monotonic()
+    summaries, sent = _warm_all(lab, "p2pw-kill", kill=NODES - 1, scheduler=True)
+    seconds = time.monotonic() - began
+    assert summaries[NODES - 1] is None
+    for i in range(NODES - 1):
+        _assert_staged_and_verified(lab, i, summaries[i])
+        assert summaries[i]["members"] == NODES
+    needed = _needed(summaries[0])
+    print(f"node {NODES - 1} killed: {NODES - 1} nodes warmed in {seconds:.1f} s, the "
+          f"DataNode sent {sent / 2**20:.1f} MiB ({sent / needed:.2f}x)")
+    # The dead node's share was read again by the others, once, not once each.
+    assert sent <= 2 * needed, (sent, needed)
+
+
+def test_with_p2p_off_every_node_reads_the_store_and_nothing_listens(lab) -> None:
+    lab.spec.p2p = False
+    lab.restart_agents(list(range(NODES)))  # cold, and configs without [p2p]
+    began = time.monotonic()
+    summaries, sent = _warm_all(lab, "p2pw-off")
+    seconds = time.monotonic() - began
+    needed = _needed(summaries[0])
+    print(f"p2p off: {NODES} nodes warmed in {seconds:.1f} s, the DataNode sent "
+          f"{sent / 2**20:.1f} MiB ({sent / needed:.2f}x)")
+    for i, summary in enumerate(summaries):
+        _assert_staged_and_verified(lab, i, summary)
+        assert summary["members"] == 0 and summary["image"]["peer_bytes"] == 0, summary
+        assert summary["envs"][0]["fetched_bytes"] == summary["envs"][0]["bytes"]
+        assert _metrics(lab, i) == {}
+        pid = lab.agent_record(i).pid
+        assert "libtorrent" not in Path(f"/proc/{pid}/maps").read_text()
+        listening = _ok(lab.run(i, ["ss", "-Htln"]))
+        assert f":{P2P_PORT} " not in listening, listening
+    assert sent >= NODES * needed, (sent, needed)
