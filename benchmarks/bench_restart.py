@@ -31,6 +31,10 @@ Cases (each on cold nodes: fresh agent caches, fresh environments, a dropped pag
   checkpoint finished before t0 (a scheduler that knows the next nodes), then the start;
 * ``bootseer``: a later restart: ``bootseer warm`` is issued on every node at t0, beside
   the start; a node is ready when both are done;
+* ``bootseer_p2p``: the warm issued at t0 as one job's (``--job --nodes N``), the start
+  once it returned (a start racing its warm reads what is not yet local from the store
+  itself): the nodes' agents share the hot pack and the snapshot shards peer-to-peer
+  (libtorrent; each piece from the store about once); checkpoints still come from HDFS;
 * ``bootseer_fanout`` (largest N only): ``bootseer job fanout`` raised the replication of
   everything the job reads (HDFS ``setReplication``, waited for), then as ``bootseer``.
 
@@ -79,7 +83,10 @@ from bootseer_dev.image import build_image, read_build_info
 
 log = logging.getLogger("bench-restart")
 MB, MIB = 1e6, 1 << 20
-CASES = ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer", "bootseer_fanout")
+CASES = ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer", "bootseer_p2p",
+         "bootseer_fanout")
+#: Cases whose warm is issued at t0, beside the start.
+WARM_AT_T0 = ("bootseer", "bootseer_fanout")
 IMAGE = "job"                       # the lazy image's name in the store
 STUB = "bootseer/job:1"             # its stub in each node's engine
 REGISTRY_REF = "job/python:1"       # the same image in the lab's registry
@@ -144,7 +151,7 @@ class Bench:
                             datanode_link=parse_link(args.datanode_link),
                             origin_link=parse_link(args.origin_link), name="rst",
                             state_dir=Path(args.state_dir), hdfs_base_port=args.hdfs_base_port,
-                            engines=True)
+                            engines=True, p2p=True)
         self.lab = Lab(self.spec)
         self.job = self.spec.state_dir / "job"
         self.env_root = self.job / "envroot"        # every node's environment is here...
@@ -214,14 +221,17 @@ class Bench:
                 "-e", f"BOOTSEER_CHECKPOINTS=ckpt={self.checkpoint_url(group)}",
                 STUB, str(self.venv / "bin/python"), "/job/job.py", json.dumps(files)]
 
-    def warm_command(self, i: int, key: str) -> list[str]:
-        return self.bootseer("warm", "--agent", "--json", "--image", IMAGE, "--workload",
-                             f"restart-{self.round}", "--env", key, "--checkpoint",
-                             self.checkpoint_url(i % GROUPS))
+    def warm_command(self, i: int, key: str, swarm: int = 0) -> list[str]:
+        """The job's warm on node i; with ``swarm`` nodes, as one job whose nodes share
+        what they fetch (peer-to-peer)."""
+        job = ["--job", f"restart-{self.round}", "--nodes", str(swarm)] if swarm else []
+        return self.bootseer("warm", "--agent", "--json", *job, "--image", IMAGE,
+                             "--workload", f"restart-{self.round}", "--env", key,
+                             "--checkpoint", self.checkpoint_url(i % GROUPS))
 
     # -- one run ---------------------------------------------------------------------------------
 
-    def node_start(self, i: int, case: str, key: str, t0: float) -> NodeRun:
+    def node_start(self, i: int, case: str, n: int, key: str, t0: float) -> NodeRun:
         run = NodeRun(i)
 
         def step(name: str, result: subprocess.CompletedProcess) -> str:
@@ -233,7 +243,10 @@ class Bench:
 
         warm: threading.Thread | None = None
         try:
-            if case in ("bootseer", "bootseer_fanout"):  # issued at t0, beside the start
+            if case == "bootseer_p2p":  # the job's warm first: its nodes share the fetches
+                step("staged", self.lab.run(i, self.warm_command(i, key, swarm=n),
+                                            timeout=600))
+            elif case in WARM_AT_T0:
                 def warm_now() -> None:
                     try:
                         step("warm", self.lab.run(i, self.warm_command(i, key), timeout=600))
@@ -286,7 +299,7 @@ class Bench:
         idle = busy_fraction(idle0, cpu_times())
         before, cpu0 = self.origin_bytes(), cpu_times()
         t0 = time.time()
-        runs = parallel(list(range(n)), lambda i: self.node_start(i, case, key, t0))
+        runs = parallel(list(range(n)), lambda i: self.node_start(i, case, n, key, t0))
         wall = time.time() - t0
         after, cpu1 = self.origin_bytes(), cpu_times()
         failed = [r for r in runs if r.ready is None]
@@ -492,6 +505,11 @@ class Bench:
                                                 ready("bootseer", top, "p50")),
             "datanode_max_over_mean_fanout_n16":
                 cases.get("bootseer_fanout", {}).get(top, {}).get("datanode_max_over_mean"),
+            "p2p_origin_bytes_over_node_bytes_n16":
+                cases.get("bootseer_p2p", {}).get(top, {}).get("fanout_factor"),
+            "p2p_ready_n16_over_n1": ratio(ready("bootseer_p2p", top), ready("bootseer_p2p", 1)),
+            "p2p_p99_over_p50_n16": ratio(ready("bootseer_p2p", top, "p99"),
+                                           ready("bootseer_p2p", top, "p50")),
             "datanode_max_over_mean_n16":
                 cases.get("bootseer", {}).get(top, {}).get("datanode_max_over_mean"),
             "largest_n": top,
