@@ -22,6 +22,7 @@ from bootseer_dev.fleetsim.calibrate import (
     validate,
     warm_from_lab,
 )
+from bootseer_dev.fleetsim.placement import Layout, Placement
 from bootseer_dev.fleetsim.production import Production
 from bootseer_dev.fleetsim.restart import Fetch, Fleet, Origin, Phase, Warm, node_classes, simulate
 
@@ -192,6 +193,115 @@ def test_node_classes_give_the_per_node_answer() -> None:
     assert grouped.summary()["p99_s"] == pytest.approx(per_node.summary()["p99_s"])
 
 
+# -- HDFS placement ----------------------------------------------------------------------
+
+
+def hdfs(nodes: int, datanodes: int, placement: Placement, nic: float = 1000 * MB) -> Fleet:
+    return Fleet(nodes, nic, (Origin("hdfs", datanodes, 10 * MB, placement),))
+
+
+def balance(served: list[float]) -> float:
+    return max(served) / (sum(served) / len(served))
+
+
+@pytest.mark.parametrize("replication", [1, 2, 3, 7])
+@pytest.mark.parametrize("nodes", [5, 64])  # each reader draws; readers' draws averaged
+def test_one_block_is_served_by_its_replicas_datanodes_only(replication: int,
+                                                            nodes: int) -> None:
+    """One block of 8 MB, `replication` replicas on 7 DataNodes, read by every node: its
+    bytes leave at most `replication` DataNodes (exactly those, once the readers' draws
+    are averaged), the others serve none, and every byte is served."""
+    placement = Placement(block_size=8 * MB, replication=replication)
+    fleet = hdfs(nodes, 7, placement)
+    outcome = simulate(fleet, [Phase("read", 0.0, Fetch("block", 8 * MB, "hdfs", spread=7))])
+    served = outcome.served["hdfs"]
+    carrying = [d for d, b in enumerate(served) if b > 0]
+    assert sum(served) == pytest.approx(nodes * 8 * MB)
+    assert len(carrying) <= replication and served.count(0.0) >= 7 - replication
+    if nodes > placement.exact_nodes:
+        assert len(carrying) == replication
+        assert served == [pytest.approx(nodes * 8 * MB / replication) if d in carrying else 0.0
+                          for d in range(7)]
+
+
+def test_with_a_replica_on_every_datanode_many_readers_balance_them() -> None:
+    """Replication = DataNodes: each reader's random pick leaves the busiest of 4
+    DataNodes well above the mean with 8 readers, within 5% of it with 4,000 (each drawing
+    its own), and at the mean when the draws are averaged."""
+    fetches = [Fetch("hot", 8 * MB, "hdfs", spread=4)]
+
+    def drawn(nodes: int, exact_nodes: int = 10**6) -> float:
+        placement = Placement(block_size=8 * MB, replication=4, exact_nodes=exact_nodes)
+        return balance(Layout(hdfs(nodes, 4, placement), fetches).served("hdfs"))
+
+    assert drawn(8) > 1.2
+    assert drawn(4000) < 1.05
+    assert drawn(4000, exact_nodes=16) == pytest.approx(1.0)
+
+
+def test_placement_is_deterministic_for_a_seed() -> None:
+    """The same seed places blocks and reads alike (marks and bytes); another seed
+    differs."""
+    phases = [Phase("ready", 0.5, Fetch("ckpt", 64 * MB, "hdfs", spread=8, pieces=2))]
+
+    def run(seed: int):
+        fleet = hdfs(12, 8, Placement(block_size=8 * MB, replication=2, seed=seed), 25 * MB)
+        outcome = simulate(fleet, phases)
+        return outcome.served["hdfs"], outcome.marks
+
+    assert run(7) == run(7)
+    assert run(7)[0] != run(8)[0]
+
+
+def test_fanout_replication_is_replicas_for_the_jobs_nodes() -> None:
+    """One replica per 4 readers, at most the DataNodes (or max_replicas), never below the
+    replication the objects had, never above the DataNodes."""
+    placement = Placement(block_size=MB, replication=3)
+    assert placement.replicas(16, 4, fanout=True) == 4
+    assert placement.replicas(4, 200, fanout=True) == 3
+    assert placement.replicas(10, 200, fanout=True) == 3
+    assert placement.replicas(100, 200, fanout=True) == 25
+    assert placement.replicas(4000, 200, fanout=True) == 200
+    assert placement.replicas(4000, 200) == 3
+    assert Placement(block_size=MB, replication=3, max_replicas=50).replicas(
+        4000, 200, fanout=True) == 50
+    assert Placement(block_size=MB, replication=3).replicas(1, 2) == 2
+
+
+def test_a_one_stream_read_takes_its_blocks_one_after_another() -> None:
+    """Four 10 MB blocks, each on all 4 DataNodes of 10 MB/s, a fast NIC: one stream reads
+    them in turn (40 MB at 10 MB/s: 4 s), a striped read from every DataNode at once
+    (readers' draws averaged: 1 s)."""
+    fleet = hdfs(1, 4, Placement(block_size=10 * MB, replication=4, exact_nodes=0))
+
+    def took(spread: int) -> float:
+        return simulate(fleet, [Phase("read", 0.0, Fetch("ckpt", 40 * MB, "hdfs", spread))]
+                        ).marks[0]["read"]
+
+    assert took(1) == pytest.approx(4.0)
+    assert took(4) == pytest.approx(1.0)
+    assert fleet.alone_s(Fetch("ckpt", 40 * MB, "hdfs", 1)) == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("exact_nodes", [16, 4])
+def test_node_classes_under_placement_give_the_per_node_answer(exact_nodes: int) -> None:
+    """Twelve nodes reading a checkpoint's two parts (one stream) and a shared pack
+    (striped) from 2 replicas of blocks on 5 DataNodes, with a warm: nodes that read alike
+    are one class, and grouping changes nothing."""
+    fleet = Fleet(12, 25 * MB, (Origin("hdfs", 5, 40 * MB, Placement(
+        block_size=8 * MB, replication=2, exact_nodes=exact_nodes)),), cpus=2)
+    phases = [Phase("imported", 0.3, Fetch("hot", 30 * MB, "hdfs", 5), after=0.2),
+              Phase("checkpoint", 0.2, Fetch("ckpt", 33 * MB, "hdfs", pieces=2))]
+    warm = Warm(0.4, (Fetch("hot", 30 * MB, "hdfs", 5),))
+    grouped, per_node = (simulate(fleet, phases, warm, grouped=g) for g in (True, False))
+    for mine, theirs in zip(grouped.marks, per_node.marks):
+        assert mine == {k: pytest.approx(v) for k, v in theirs.items()}
+    assert grouped.served == {k: [pytest.approx(b) for b in v]
+                              for k, v in per_node.served.items()}
+    if exact_nodes < fleet.nodes:  # parts x replica turns of the one-stream read
+        assert len(node_classes(fleet, [p.fetch for p in phases])) == 2 * 2
+
+
 # -- the lab: calibration, validation, extrapolation ------------------------------------
 
 
@@ -330,13 +440,21 @@ def test_a_runs_idle_load_leaves_its_nodes_less_of_the_cores(idle, ready) -> Non
     assert row["sim_max_s"] == pytest.approx(ready)
 
 
-def test_the_fanout_case_is_bootseers_start_calibrated_from_its_one_node_run() -> None:
+def test_the_fanout_case_is_bootseers_start_on_more_replicas() -> None:
+    """bootseer_fanout borrows Bootseer's N = 1 calibration; at 16 nodes it reads every
+    block from 4 replicas (one per 4 readers, at most the 4 DataNodes) instead of 1, so its
+    DataNodes are more even, for the seed and over the seeds."""
     lab = synthetic_lab(counts=(1, 16))
     lab["cases"]["bootseer_fanout"] = {"16": lab["cases"]["bootseer"]["16"]}
-    rows = {(r["case"], r["nodes"]): r for r in validate(lab)["rows"]}
+    result = validate(lab)
+    rows = {(r["case"], r["nodes"]): r for r in result["rows"]}
     fanout, bootseer = rows["bootseer_fanout", 16], rows["bootseer", 16]
     assert not fanout["calibration_run"]
-    assert fanout["sim_max_s"] == pytest.approx(bootseer["sim_max_s"])
+    assert result["calibration"]["bootseer_fanout"] == result["calibration"]["bootseer"]
+    assert result["placement"]["replication"] == 1 and result["placement"]["max_replicas"] == 4
+    assert fanout["sim_datanode_max_over_mean"] < bootseer["sim_datanode_max_over_mean"]
+    assert fanout["sim_datanode_max_over_mean_seeds"]["median"] < \
+        bootseer["sim_datanode_max_over_mean_seeds"]["median"]
     del lab["cases"]["bootseer"]["1"]
     assert any("bootseer: no complete N = 1 run" in w for w in validate(lab)["warnings"])
 
@@ -368,5 +486,13 @@ def test_report_validates_extrapolates_and_plots(tmp_path: Path) -> None:
     assert [r["nodes"] for r in runs] == [1, 100, 1000]
     assert runs[-1]["max_s"] > runs[0]["max_s"] and runs[-1]["limited_by"] == "index"
     assert 0 < result["sim_bootseer_vs_baseline_n1000"] < 1
+    # At 1,000 nodes, 3 replicas of what every node reads make a few DataNodes the hot
+    # spots; the fan-out keeps it on all 200 (ceil(1000 / 4) capped), evenly.
+    (plain, fanned) = (result["extrapolation"]["cases"][c]["runs"][-1]
+                       for c in ("bootseer", "bootseer_fanout"))
+    assert (plain["replication"], fanned["replication"]) == (3, 200)
+    assert fanned["datanode_max_over_mean"] == pytest.approx(1.0)
+    assert plain["datanode_max_over_mean"] > 1.5
+    assert fanned["max_s"] < plain["max_s"]
     json.dumps(result)  # it goes into bench-results/restart.json
     assert Path(result["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,6 +1,7 @@
 """A flow-level simulator of a fleet restart (issue #16), calibrated from the lab.
 
 :mod:`.network` moves bytes over links shared max-min fairly, on SimPy's event loop;
+:mod:`.placement` says which uplinks a node's bytes leave from (HDFS blocks on DataNodes);
 :mod:`.restart` runs a start (and a warm beside it) on N nodes over it; :mod:`.calibrate`
 fits each case's own seconds to the lab's N = 1 runs and checks N > 1 against the lab;
 :mod:`.production` extrapolates to a stated production fleet. :func:`report` does all
@@ -13,10 +14,11 @@ from pathlib import Path
 
 from .calibrate import validate
 from .network import Flow, Link, Network
+from .placement import Placement
 from .production import Production, extrapolate, plot
 
-__all__ = ["Flow", "Link", "Network", "Production", "extrapolate", "plot", "report",
-           "validate"]
+__all__ = ["Flow", "Link", "Network", "Placement", "Production", "extrapolate", "plot",
+           "report", "validate"]
 
 
 def report(lab: dict, png: Path, params: Production | None = None) -> dict:

@@ -8,7 +8,7 @@ from and how (one stream, or striped over every uplink).
 
 **Calibration** (:func:`own_seconds`, :func:`cores`): from the N = 1 run, a step's own
 seconds are its measured duration (from the previous mark) less what its bytes take alone
-on the narrowest link (:meth:`Fleet.alone_s`); the fleet is the lab's, its caps from the
+(:meth:`Fleet.alone_s`: over its NIC and the uplinks they are placed on); the fleet is the lab's, its caps from the
 lab dict. A mark may end several steps (``bootseer_cold``'s ``env`` is a pip install and
 the snapshot's upload): their own seconds go to the first. ``bootseer``'s steps read what
 the warm fetches; its warm's own seconds are its measured time less its fetches' at N = 1.
@@ -23,7 +23,14 @@ ours enters.
 
 **Validation** (:func:`validate`): each case at each N the lab ran, simulated on the lab's
 fleet (its caps, DataNodes and shared cores less that run's idle load), against the lab's
-p50 and max of ready.
+p50 and max of ready, and the busiest DataNode's bytes over their mean against the lab's.
+
+**HDFS** (:mod:`.placement`): the lab's block size and replication are its caps'
+``hdfs_block_size`` and ``replication`` (when absent: the fleet lab's defaults, 8 MiB and
+1), the fan-out's readers per replica ``readers_per_replica`` (absent: ``bootseer job
+fanout``'s default, 4) and its bound the DataNodes (the benchmark passes
+``--max-replicas`` = DataNodes); ``checkpoint_groups`` (absent: 1) is how many distinct
+parts of the checkpoint the nodes read (node i reads part i % groups).
 """
 
 from __future__ import annotations
@@ -31,9 +38,16 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
+from bootseer_dev.cluster.spec import ClusterSpec
+from bootseer_dev.fleet.spec import LabSpec
+
+from .placement import Layout, Placement
 from .restart import Fetch, Fleet, Origin, Phase, Warm, simulate
 
 HDFS, REGISTRY, INDEX = "hdfs", "registry", "index"
+#: The placement's seed (every validation row draws with it), and the seeds whose spread of
+#: DataNode max/mean the validation reports beside it (the lab's is one draw of its own).
+SEED, SEEDS = 0, 20
 
 
 class CalibrationError(ValueError):
@@ -60,6 +74,7 @@ class Case:
     steps: tuple[Step, ...]
     warm: tuple[str, ...] = ()  # artifacts a warm fetches at t = 0, striped over HDFS
     calibrated_from: str | None = None  # the case whose N = 1 run it borrows (it has none)
+    fanout: bool = False  # what it reads from HDFS is replicated for its nodes first
 
     @property
     def marks(self) -> list[str]:
@@ -103,18 +118,33 @@ CASES: dict[str, Case] = {
         Step("checkpoint", "checkpoint", scales_with="checkpoint"), Step("ready"), EXITED),
         warm=("image_hot", "env_snapshot", "checkpoint")),
 }
-# Bootseer after ``bootseer job fanout``: every object the job reads kept on more DataNodes.
-# The model's striped reads are spread evenly over every DataNode already, so the start is
-# Bootseer's, calibrated from its N = 1 run (the lab runs this case at its largest N only).
-CASES["bootseer_fanout"] = replace(CASES["bootseer"], calibrated_from="bootseer")
+# Bootseer after ``bootseer job fanout``: every object the job reads kept on more DataNodes
+# (:mod:`.placement`); the start is Bootseer's, calibrated from its N = 1 run (the lab runs
+# this case at its largest N only).
+CASES["bootseer_fanout"] = replace(CASES["bootseer"], calibrated_from="bootseer", fanout=True)
 
 
-def lab_fleet(lab: dict, nodes: int, cpu_idle: float = 0.0) -> Fleet:
-    """The lab's fleet of ``nodes``: its caps, DataNodes, and its cores shared by all (of
-    which ``cpu_idle`` was busy before the run: the lab's idle load)."""
+def lab_placement(lab: dict, seed: int = SEED) -> Placement:
+    """The lab's HDFS: its block size, replication and fan-out (the module's defaults)."""
+    caps = lab["caps"]
+    return Placement(caps.get("hdfs_block_size") or LabSpec.block_size,
+                     caps.get("replication") or ClusterSpec.replication,
+                     caps.get("readers_per_replica") or Placement.readers_per_replica,
+                     max_replicas=caps["datanodes"], seed=seed)
+
+
+def parts(lab: dict) -> dict[str, int]:
+    """The distinct parts of each artifact the lab's nodes read (the checkpoint's groups)."""
+    return {"checkpoint": lab.get("checkpoint_groups") or 1}
+
+
+def lab_fleet(lab: dict, nodes: int, cpu_idle: float = 0.0, seed: int = SEED) -> Fleet:
+    """The lab's fleet of ``nodes``: its caps, DataNodes (and HDFS placement), and its
+    cores shared by all (of which ``cpu_idle`` was busy before the run: the idle load)."""
     caps = lab["caps"]
     return Fleet(nodes, caps["node_Bps"],
-                 (Origin(HDFS, caps["datanodes"], caps["datanode_Bps"]),
+                 (Origin(HDFS, caps["datanodes"], caps["datanode_Bps"],
+                         lab_placement(lab, seed)),
                   Origin(REGISTRY, 1, caps["registry_Bps"]),
                   Origin(INDEX, 1, caps["index_Bps"])),
                  cpus=caps["cpus"], cpu_idle=cpu_idle)
@@ -162,7 +192,7 @@ def own_seconds(lab: dict, case: str) -> Own:
     prestaged: Own = {}
     if spec.warm:
         _, warm = plan(case, dict.fromkeys([s.name for s in spec.steps] + ["warm"], (0.0, 0.0)),
-                       nbytes, fleet)
+                       nbytes, fleet, parts=parts(lab))
         alone = simulate(fleet, [], warm).marks[0]
         own["warm"] = (max(0.0, marks["warm"] - alone["warm"]), 0.0)
         arrival = {a: own["warm"][0] + alone[f"fetched:{a}"] for a in spec.warm}
@@ -176,8 +206,8 @@ def own_seconds(lab: dict, case: str) -> Own:
         if not step.mark:
             continue
         end = marks[step.name]
-        moving = sum(fleet.alone_s(_fetch(s, nbytes, fleet)) for s in interval
-                     if s.artifact and s.artifact not in spec.warm)
+        moving = sum(fleet.alone_s(_fetch(s, nbytes, fleet, case, parts(lab)))
+                     for s in interval if s.artifact and s.artifact not in spec.warm)
         seconds, after = max(0.0, end - start - moving), 0.0
         if step.artifact in arrival and step.name in prestaged:
             # Its own work is the same step's with every byte local; what it took beyond
@@ -212,33 +242,40 @@ def cores(lab: dict, case: str, own: Own) -> float:
     return min(pool / (2 if spec.warm else 1), work / seconds)
 
 
-def _fetch(step: Step, nbytes: dict[str, float], fleet: Fleet) -> Fetch:
+def _fetch(step: Step, nbytes: dict[str, float], fleet: Fleet, case: str,
+           pieces: dict[str, int]) -> Fetch:
     spread = fleet.origin(step.origin).uplinks if step.striped else 1
-    return Fetch(step.artifact, nbytes[step.artifact], step.origin, spread, step.upload)
+    return Fetch(step.artifact, nbytes[step.artifact], step.origin, spread, step.upload,
+                 pieces.get(step.artifact, 1), CASES[case].fanout and not step.upload)
 
 
 def plan(case: str, own: Own, nbytes: dict[str, float], fleet: Fleet,
-         ncores: float = 1.0) -> tuple[list[Phase], Warm | None]:
+         ncores: float = 1.0, parts: dict[str, int] | None = None
+         ) -> tuple[list[Phase], Warm | None]:
     """The case's phases (and warm) on ``fleet``, with these own seconds, bytes and cores:
-    striped steps and the warm spread over every uplink of their origin."""
-    spec = CASES[case]
-    phases = [Phase(s.name, own[s.name][0], _fetch(s, nbytes, fleet) if s.artifact else None,
+    striped steps and the warm over every uplink of their origin, ``parts`` the distinct
+    parts of an artifact the nodes read (default: one)."""
+    spec, pieces = CASES[case], parts or {}
+    phases = [Phase(s.name, own[s.name][0],
+                    _fetch(s, nbytes, fleet, case, pieces) if s.artifact else None,
                     own[s.name][1], ncores, s.teardown) for s in spec.steps]
-    warm = Warm(own["warm"][0], tuple(_fetch(Step("warm", a), nbytes, fleet) for a in spec.warm),
-                ncores) if spec.warm else None
+    warm = Warm(own["warm"][0], tuple(_fetch(Step("warm", a), nbytes, fleet, case, pieces)
+                                      for a in spec.warm), ncores) if spec.warm else None
     return phases, warm
 
 
 def phases_from_lab(lab: dict, case: str) -> list[Phase]:
     """The case's phases on the lab's fleet, calibrated from its N = 1 run."""
     own = own_seconds(lab, case)
-    return plan(case, own, lab["per_node_bytes"], lab_fleet(lab, 1), cores(lab, case, own))[0]
+    return plan(case, own, lab["per_node_bytes"], lab_fleet(lab, 1), cores(lab, case, own),
+                parts(lab))[0]
 
 
 def warm_from_lab(lab: dict, case: str) -> Warm | None:
     """The case's warm on the lab's fleet (None: the case has none)."""
     own = own_seconds(lab, case)
-    return plan(case, own, lab["per_node_bytes"], lab_fleet(lab, 1), cores(lab, case, own))[1]
+    return plan(case, own, lab["per_node_bytes"], lab_fleet(lab, 1), cores(lab, case, own),
+                parts(lab))[1]
 
 
 def validate(lab: dict) -> dict:
@@ -270,7 +307,8 @@ def validate(lab: dict) -> dict:
             if not kept:
                 continue
             fleet = lab_fleet(lab, nodes, idle(run))
-            outcome = simulate(fleet, *plan(case, own, lab["per_node_bytes"], fleet, ncores))
+            phases, warm = plan(case, own, lab["per_node_bytes"], fleet, ncores, parts(lab))
+            outcome = simulate(fleet, phases, warm)
             sim = outcome.summary()
             ready = [max(m[k] for k in CASES[case].ready_marks) for m in kept]
             lab_p50, lab_max = statistics.median(ready), max(ready)
@@ -285,15 +323,37 @@ def validate(lab: dict) -> dict:
                 "sim_limited_by": sim["limited_by"], "sim_busy": sim["busy"],
                 "origin_bytes": {"lab": run.get("origin_bytes"),
                                  "sim": _lab_names(outcome.served)},
+                "lab_datanode_max_over_mean": run.get("datanode_max_over_mean"),
+                "sim_datanode_max_over_mean": sim["max_over_mean"].get(HDFS),
+                "sim_datanode_max_over_mean_seeds": _seeds(lab, nodes, phases, warm),
                 "cpu_busy": {"lab": run.get("cpu_busy"), "sim": sim.get("cpu_used")}})
     return {"rows": rows, "calibration": calibration,
+            "placement": {"seed": SEED, "seeds": SEEDS} | {
+                k: v for k, v in vars(lab_placement(lab)).items() if k != "seed"},
             "max_error": max((max(r["error_p50"], r["error_max"]) for r in rows),
                              default=None),
             "note": "N = 1 of each case is its calibration run: its own seconds and cores "
                     "were fitted to it, so its error is ~0 by construction. N > 1 are "
                     "predictions, and so is every bootseer_fanout row (it borrows bootseer's "
-                    "N = 1).",
+                    "N = 1). DataNode max/mean is a sampled quantity (where blocks and reads "
+                    "land): sim_datanode_max_over_mean is the draw of placement.seed, "
+                    "sim_datanode_max_over_mean_seeds its spread over placement.seeds seeds; "
+                    "the lab's is one draw of its own.",
             "warnings": warnings}
+
+
+def _seeds(lab: dict, nodes: int, phases: list[Phase], warm: Warm | None) -> dict | None:
+    """The DataNode max/mean of ``SEEDS`` placements (where blocks and reads land, with no
+    simulation: the bytes alone): min, median and max (None: nothing read from HDFS)."""
+    fetches = [p.fetch for p in phases if p.fetch] + list(warm.fetches if warm else ())
+    draws = []
+    for seed in range(SEEDS):
+        served = Layout(lab_fleet(lab, nodes, seed=seed), fetches).served(HDFS)
+        if sum(served) > 0:
+            draws.append(max(served) / statistics.mean(served))
+    if not draws:
+        return None
+    return {"min": min(draws), "median": statistics.median(draws), "max": max(draws)}
 
 
 def _lab_names(served: dict[str, list[float]]) -> dict[str, float]:

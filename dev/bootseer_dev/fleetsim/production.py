@@ -20,9 +20,15 @@ lab steps of a few seconds, scaled 100-400 fold, give minutes (the baseline's on
 start is ~1,500 s, against the paper's ~45 s at < 10 GPUs), and the warm's own seconds
 (its process and requests as much as its bytes) are scaled with all it fetches.
 
-At 4,000 nodes the simulation stays fast because nodes that use the same uplinks are one
-class (:func:`.restart.node_classes`): a striped read makes every node alike, so a
-Bootseer restart is one class whatever N; one-stream reads make one class per DataNode.
+HDFS keeps what the job reads in blocks of ``block_size`` with ``replication`` replicas on
+DataNodes drawn at random (:mod:`.placement`); ``bootseer_fanout`` is Bootseer after
+``bootseer job fanout`` raised the replication of everything it reads to
+``replicas_for(N, readers_per_replica, max_replicas)``.
+
+At 4,000 nodes the simulation stays fast because nodes that read the same bytes from the
+same uplinks are one class (:func:`.restart.node_classes`): beyond a few nodes the readers'
+replica draws are taken at their average (:mod:`.placement`), so a restart has a class per
+checkpoint part (and, for one-stream reads, per replica turn) whatever N.
 """
 
 from __future__ import annotations
@@ -31,13 +37,24 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .calibrate import CASES, HDFS, INDEX, REGISTRY, CalibrationError, Own, own_seconds, plan
+from .calibrate import (
+    CASES,
+    HDFS,
+    INDEX,
+    REGISTRY,
+    SEED,
+    CalibrationError,
+    Own,
+    own_seconds,
+    plan,
+)
+from .placement import Placement
 from .restart import Fleet, Origin, simulate
 
 GBIT = 1e9 / 8  # bytes per second
 
 #: The curves extrapolated.
-EXTRAPOLATED = ("baseline", "bootseer", "bootseer_prestaged")
+EXTRAPOLATED = ("baseline", "bootseer", "bootseer_prestaged", "bootseer_fanout")
 
 #: The paper's production figures (startup time, seconds), marked on the plot for scale:
 #: ~45 s below 10 GPUs (about one 8-GPU node), ~500 s above 3,000 GPUs (375+ nodes), and
@@ -65,6 +82,10 @@ class Production:
     snapshot_ratio: float = 0.5  # env snapshot shards (compressed), per installed byte
     checkpoint_bytes: float = 100e9  # the whole checkpoint
     nodes_per_replica: int = 8  # a data-parallel replica's nodes each read 1/8 of it
+    block_size: float = 256 * 2**20  # HDFS blocks (128-256 MiB are usual)
+    replication: int = 3  # HDFS's default dfs.replication
+    readers_per_replica: int = 4  # the fan-out's (``bootseer job fanout``'s default)
+    max_replicas: int | None = None  # the fan-out's bound; None: every DataNode
     node_counts: tuple[int, ...] = (1, 10, 100, 1000, 4000)
 
     def per_node_bytes(self) -> dict[str, float]:
@@ -75,9 +96,18 @@ class Production:
                 "env_snapshot": self.env_bytes * self.snapshot_ratio,
                 "checkpoint": self.checkpoint_bytes / self.nodes_per_replica}
 
+    def parts(self) -> dict[str, int]:
+        """Distinct parts of an artifact the nodes read: the checkpoint's, one per node of
+        a data-parallel replica (node i reads part i % nodes_per_replica)."""
+        return {"checkpoint": self.nodes_per_replica}
+
+    def placement(self) -> Placement:
+        return Placement(self.block_size, self.replication, self.readers_per_replica,
+                         self.max_replicas, seed=SEED)
+
     def fleet(self, nodes: int) -> Fleet:
         return Fleet(nodes, self.nic_gbit_s * GBIT, (
-            Origin(HDFS, self.datanodes, self.datanode_gbit_s * GBIT),
+            Origin(HDFS, self.datanodes, self.datanode_gbit_s * GBIT, self.placement()),
             Origin(REGISTRY, self.registry_frontends, self.registry_gbit_s * GBIT),
             Origin(INDEX, self.index_mirrors, self.index_gbit_s * GBIT)))
 
@@ -97,8 +127,10 @@ def scaled(case: str, own: Own, lab_bytes: dict[str, float],
 
 
 def extrapolate(lab: dict, params: Production = Production()) -> dict:
-    """Baseline, Bootseer and Bootseer prestaged on ``params`` at each node count: time to
-    ready (p50, p99, max), what limited each run, and Bootseer / baseline at 1,000."""
+    """Baseline, Bootseer, Bootseer prestaged and Bootseer after a fan-out on ``params`` at
+    each node count: time to ready (p50, p99, max), what limited each run, the busiest
+    DataNode's bytes over their mean and the replication read, and Bootseer / baseline at
+    1,000."""
     began = time.monotonic()
     prod_bytes = params.per_node_bytes()
     cases, warnings = {}, []
@@ -108,15 +140,19 @@ def extrapolate(lab: dict, params: Production = Production()) -> dict:
         except CalibrationError as error:
             warnings.append(f"{error}: not extrapolated")
             continue
-        phases, warm = plan(case, own, prod_bytes, params.fleet(1))
+        phases, warm = plan(case, own, prod_bytes, params.fleet(1), parts=params.parts())
         runs = []
         for nodes in params.node_counts:
             summary = simulate(params.fleet(nodes), phases, warm).summary()
             runs.append({"nodes": nodes} | {k: summary[k] for k in (
-                "p50_s", "p99_s", "max_s", "limited_by", "busy", "served_bytes")})
+                "p50_s", "p99_s", "max_s", "limited_by", "busy", "served_bytes")} | {
+                "datanode_max_over_mean": summary["max_over_mean"].get(HDFS),
+                "replication": params.placement().replicas(nodes, params.datanodes,
+                                                           CASES[case].fanout)})
         cases[case] = {"own_s": own, "runs": runs}
     return {
-        "parameters": asdict(params) | {"per_node_bytes": prod_bytes, "cpu_pool": None},
+        "parameters": asdict(params) | {"per_node_bytes": prod_bytes, "cpu_pool": None,
+                                        "placement_seed": SEED},
         "rules": {
             "own_seconds": "lab own seconds x production bytes / lab bytes of the artifact "
                            "the step's work grows with (pull: image_layers, pip: wheels, "
@@ -126,8 +162,15 @@ def extrapolate(lab: dict, params: Production = Production()) -> dict:
                                "fixed (process, JVM, container starts): the lab measures "
                                "each artifact at one size, so it cannot separate the two; "
                                "absolute levels are upper estimates",
-            "placement": "striped reads over every uplink of their origin; one-stream reads "
-                         "and pulls on one uplink each, round-robin over the nodes",
+            "placement": "HDFS: blocks of block_size, replication replicas each on "
+                         "DataNodes drawn at random (placement_seed), every reader reading a "
+                         "block from a replica drawn at random (beyond 16 nodes: each block's "
+                         "bytes evenly from its replicas, the average of many readers' "
+                         "draws); striped reads all blocks at once, one-stream reads one "
+                         "after another; bootseer_fanout: replication raised to "
+                         "min(max_replicas or datanodes, ceil(N / readers_per_replica)). "
+                         "Registry and index: pulls and installs on one uplink each, "
+                         "round-robin over the nodes",
             "links": "NICs and origin uplinks capped, shared max-min fairly; no latency",
             "status": "every parameter is an assumption, not a measurement"},
         "cases": cases,

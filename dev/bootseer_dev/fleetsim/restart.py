@@ -4,10 +4,12 @@ Every node starts at t = 0 and runs the same **phases** in order (a start: image
 environment, process, imports, checkpoint; then the container's teardown). A
 :class:`Phase` is the node's own work (its seconds alone: CPU, process starts,
 decompression, on ``cores`` cores) and then, if it has one, a :class:`Fetch`: bytes read
-from an origin (or, ``upload``, written to it), striped over ``spread`` of the origin's
-uplinks, one flow per uplink, each over the node's NIC, all shared max-min fairly with
-every other flow in flight (:mod:`.network`). Readers are put on an origin's uplinks
-round-robin, as HDFS spreads replicas and a balancer spreads clients.
+from an origin (or, ``upload``, written to it), striped (``spread > 1``) or one stream,
+one flow per uplink it uses, each over the node's NIC, all shared max-min fairly with
+every other flow in flight (:mod:`.network`). Which uplinks, and how many bytes from each,
+is :mod:`.placement` 's: an HDFS origin's blocks sit on DataNodes drawn at random and each
+reader draws a replica of each; other origins' readers are dealt over their uplinks in
+turn, as a balancer spreads clients.
 
 * **CPU pool** (``Fleet.cpus``): in the lab every node shares a few cores, of which an
   idle load (``Fleet.cpu_idle``: other processes' share) is not theirs. A phase's own work
@@ -26,10 +28,12 @@ round-robin, as HDFS spreads replicas and a balancer spreads clients.
   another: the bytes cross the network once, and the phase ends at the later of its own
   work and their arrival (plus its ``after`` seconds). The node's mark ``warm`` is when
   the warm ended.
-* **Node classes**: nodes that use the same uplinks of every origin behave identically
-  (max-min shares are symmetric), so each class is simulated once, as flows of weight
-  ``members`` over class links of ``members`` times a node's capacity. Per-node simulation
-  (``grouped=False``) gives the same answer, slower; a test holds them equal.
+* **Node classes**: nodes that move the same bytes over the same uplinks of every origin
+  behave identically (max-min shares are symmetric), so each class is simulated once, as
+  flows of weight ``members`` over class links of ``members`` times a node's capacity.
+  Per-node simulation (``grouped=False``) gives the same answer, slower; a test holds them
+  equal. (Beyond a few nodes, :mod:`.placement` takes the readers' replica draws at what
+  they average to, so that nodes still fall into few classes.)
 
 Nothing here is a constant of ours: own seconds and bytes come from the lab
 (:mod:`.calibrate`) or from stated production parameters (:mod:`.production`).
@@ -40,11 +44,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import simpy
 
 from .network import Link, Network
+from .placement import Layout, Placement
 
 
 @dataclass(frozen=True)
@@ -54,8 +59,10 @@ class Fetch:
     artifact: str  # two fetches of one artifact on one node share one transfer
     bytes: float
     origin: str
-    spread: int = 1  # uplinks of the origin it is striped over (HDFS DataNodes)
+    spread: int = 1  # uplinks of the origin it is striped over; 1: one stream
     upload: bool = False
+    pieces: int = 1  # distinct parts of it the nodes read: node i reads part i % pieces
+    fanout: bool = False  # its replication raised for the job's nodes (``bootseer job fanout``)
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,7 @@ class Origin:
     name: str
     uplinks: int  # e.g. DataNodes
     rate: float  # bytes per second, each, either way (the lab caps both ways alike)
+    placement: Placement | None = None  # HDFS blocks on the uplinks; None: readers in turn
 
 
 @dataclass(frozen=True)
@@ -109,10 +117,10 @@ class Fleet:
         raise ValueError(f"the fleet has no origin {name!r}")
 
     def alone_s(self, fetch: Fetch) -> float:
-        """Seconds one node alone takes for ``fetch``: its bytes over the narrowest of its
-        NIC and the uplinks it is striped over."""
-        origin = self.origin(fetch.origin)
-        return fetch.bytes / min(self.nic_rate, min(fetch.spread, origin.uplinks) * origin.rate)
+        """Seconds one node alone takes for ``fetch``: its bytes over its NIC and the
+        uplinks it reads them from (node 0's, as placed), no other work."""
+        alone = replace(self, nodes=1, cpus=None, cpu_idle=0.0)
+        return simulate(alone, [Phase("alone", 0.0, fetch)]).marks[0]["alone"]
 
 
 @dataclass
@@ -136,7 +144,9 @@ class Outcome:
                 for marks in self.marks]
 
     def summary(self) -> dict:
-        """p50/p99/max of ready, bytes served per origin, and what limited the restart: the
+        """p50/p99/max of ready, bytes served per origin and its busiest uplink's over their
+        mean (``max_over_mean``, the largest as ``origin_max_over_mean``), and what limited
+        the restart: the
         resource whose busiest link was full for the largest share of the run, teardowns
         included (``own``: a task's cores, i.e. own work; ``cpu``: the shared pool;
         ``nic``/``nic_up``; an origin's uplinks; ``ORIGIN_in``: its downlinks, for
@@ -146,11 +156,12 @@ class Outcome:
         wall = max(max(marks.values(), default=0.0) for marks in self.marks)
         busy = {name: seconds / wall for name, seconds in self.full_s.items()
                 if seconds > 0 and wall > 0}
+        balance = {origin: max(v) / statistics.mean(v) for origin, v in self.served.items()
+                   if statistics.mean(v) > 0}
         summary = {"p50_s": statistics.median(ready), "p99_s": percentile(ready, 99),
                    "max_s": job, "served_bytes": {k: sum(v) for k, v in self.served.items()},
-                   "origin_max_over_mean": max(
-                       (max(v) / statistics.mean(v) for v in self.served.values()
-                        if statistics.mean(v) > 0), default=1.0),
+                   "max_over_mean": balance,
+                   "origin_max_over_mean": max(balance.values(), default=1.0),
                    "limited_by": max(busy, key=busy.__getitem__) if busy else None,
                    "busy": {k: round(v, 4) for k, v in sorted(busy.items(),
                                                               key=lambda kv: -kv[1])}}
@@ -166,16 +177,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def node_classes(fleet: Fleet, fetches: list[Fetch]) -> list[list[int]]:
-    """Nodes grouped by the uplinks they use (round-robin placement): each group behaves
-    as one node."""
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    spreads = sorted({(f.origin, min(f.spread, fleet.origin(f.origin).uplinks))
-                      for f in fetches})
-    for index in range(fleet.nodes):
-        key = tuple((index * spread) % fleet.origin(origin).uplinks
-                    for origin, spread in spreads)
-        groups[key].append(index)
-    return list(groups.values())
+    """Nodes grouped by the bytes they move over each uplink (:mod:`.placement`): each
+    group behaves as one node."""
+    return Layout(fleet, fetches).classes()
 
 
 def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
@@ -187,7 +191,8 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
     fetches = [p.fetch for p in phases if p.fetch] + list(warm.fetches if warm else ())
     uplinks = {(o.name, upload): [Link(f"{o.name}{i}", o.rate) for i in range(o.uplinks)]
                for o in fleet.origins for upload in (False, True)}
-    classes = node_classes(fleet, fetches) if grouped else [[i] for i in range(fleet.nodes)]
+    layout = Layout(fleet, fetches)
+    classes = layout.classes() if grouped else [[i] for i in range(fleet.nodes)]
     pool = Link("cpu", fleet.pool) if fleet.pool else None
     resources: dict[str, list[Link]] = defaultdict(list)
     for (origin, upload), links in uplinks.items():
@@ -219,15 +224,19 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
         def arrived(artifact: str) -> None:
             class_marks[index][f"fetched:{artifact}"] = env.now
 
+        def one_by_one(routes, links: list[Link], mine: Link):
+            for uplink, nbytes in routes:
+                yield network.transfer(nbytes, [links[uplink], mine], weight)
+
         def fetch(f: Fetch) -> simpy.Event:
             if f.artifact not in in_flight:
-                links = uplinks[f.origin, f.upload]
-                spread = min(f.spread, len(links))
-                first = (members[0] * spread) % len(links)
-                done = simpy.AllOf(env, [
-                    network.transfer(f.bytes / spread,
-                                     [links[(first + k) % len(links)], nic[f.upload]], weight)
-                    for k in range(spread)])
+                links, routes = uplinks[f.origin, f.upload], layout.routes(f, members[0])
+                if layout.sequential(f):
+                    done = env.process(one_by_one(routes, links, nic[f.upload]))
+                else:
+                    done = simpy.AllOf(env, [
+                        network.transfer(nbytes, [links[uplink], nic[f.upload]], weight)
+                        for uplink, nbytes in routes])
                 done.callbacks.append(lambda _, artifact=f.artifact: arrived(artifact))
                 in_flight[f.artifact] = done
             return in_flight[f.artifact]
