@@ -480,6 +480,7 @@ class Bench:
                      "datanodes": spec.datanodes, "cpus": os_cpus(),
                      "hdfs_block_size": spec.block_size, "replication": 1},
             "per_node_bytes": self.per_node_bytes(setup, cases, first_warm),
+            "checkpoint_groups": GROUPS,  # node i reads group i % GROUPS
             "cases": {case: {str(n): r for n, r in runs.items()}
                       for case, runs in cases.items()},
         }

@@ -8,10 +8,11 @@ from and how (one stream, or striped over every uplink).
 
 **Calibration** (:func:`own_seconds`, :func:`cores`): from the N = 1 run, a step's own
 seconds are its measured duration (from the previous mark) less what its bytes take alone
-(:meth:`Fleet.alone_s`: over its NIC and the uplinks they are placed on); the fleet is the lab's, its caps from the
-lab dict. A mark may end several steps (``bootseer_cold``'s ``env`` is a pip install and
-the snapshot's upload): their own seconds go to the first. ``bootseer``'s steps read what
-the warm fetches; its warm's own seconds are its measured time less its fetches' at N = 1.
+(:meth:`Fleet.alone_s`: over its NIC and the uplinks they are placed on); the fleet is the
+lab's, its caps from the lab dict. A mark may end several steps (``bootseer_cold``'s
+``env`` is a pip install and the snapshot's upload): their own seconds go to the first.
+``bootseer``'s steps read what the warm fetches; its warm's own seconds are its measured
+time less its fetches' at N = 1.
 A step whose bytes the warm fetches does its own work (the same step's in
 ``bootseer_prestaged``: the same work with every byte local), waits for its bytes if they
 are not in yet, and spends whatever its N = 1 run took beyond that once they are in
