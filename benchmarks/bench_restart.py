@@ -40,8 +40,9 @@ Cases (each on cold nodes: fresh agent caches, fresh environments, a dropped pag
 
 Before the timed runs, one untimed round (a baseline and a cold start on one node) pays
 the one-time costs of a fresh lab (first pull, first WebHDFS read, JIT warm-up of the
-DataNodes). Just before each t0 the machine's CPU busy fraction is read over 2 s
-(``cpu_busy_idle``: the lab's own load at rest).
+DataNodes). Before each t0 the run waits (at most 2 min) until the machine's CPU busy
+fraction over 2 s is at most 0.2, and records the last reading (``cpu_busy_idle``: the
+lab's own load at rest).
 
 Per case and N: the job's time-to-ready (slowest node), p50/p99/max over nodes, the
 slowest node's phases, the bytes every origin sent (tc's counters on its capped link:
@@ -94,8 +95,11 @@ WHEELS = ("numpy==2.2.6", "nvidia-cuda-runtime==13.0.96")
 GROUPS, SHARDS, SHARD_BYTES = 2, 2, 16 * MIB
 PYTHON = "/usr/bin/python3"         # Debian's, as in the image: the venv runs in both
 LATENCY = "none added: kernel has no sch_netem"
-#: Seconds over which the machine's CPU busy fraction is read just before t0.
+#: Seconds over which the machine's CPU busy fraction is read just before t0; a run
+#: starts once it is at most QUIET_BUSY, or after QUIET_WAIT_S.
 IDLE_PROBE_S = 2.0
+QUIET_BUSY = 0.2
+QUIET_WAIT_S = 120.0
 JOB_PY = '''\
 import hashlib, json, os, sys, time, urllib.request
 marks = {"started": time.time()}
@@ -294,9 +298,15 @@ class Bench:
 
     def run_case(self, case: str, n: int, key: str) -> dict[str, Any]:
         self.prepare(case, n, key)
-        idle0 = cpu_times()
-        time.sleep(IDLE_PROBE_S)  # the lab's own load (agents, engines, HDFS) at rest
-        idle = busy_fraction(idle0, cpu_times())
+        # The lab's own load at rest (agents, engines, HDFS): wait for what the preparation
+        # set going (restarted agents' JVMs, an engine deleting an image) to settle.
+        deadline = time.monotonic() + QUIET_WAIT_S
+        while True:
+            idle0 = cpu_times()
+            time.sleep(IDLE_PROBE_S)
+            idle = busy_fraction(idle0, cpu_times())
+            if idle <= QUIET_BUSY or time.monotonic() > deadline:
+                break
         before, cpu0 = self.origin_bytes(), cpu_times()
         t0 = time.time()
         runs = parallel(list(range(n)), lambda i: self.node_start(i, case, n, key, t0))
