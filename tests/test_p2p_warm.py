@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import IN_CI
+from test_fleet_lab import _need_lab_tools
 from test_prefetch_lazy import BIG, MIB, MIB_BLOCKS, big_image
 from test_prefetch_lazy import bootseer as lazy_cli
 from test_snapshot_cli import bootseer as snapshot_cli
@@ -46,7 +46,7 @@ from bootseer.snapshot.restore import manifest_blob
 from bootseer.snapshot.stage import shard_cache, stage_snapshot
 from bootseer.store import BlobStore, open_store
 from bootseer_dev import netns
-from bootseer_dev.fleet import Lab, LabSpec, shaping
+from bootseer_dev.fleet import Lab, LabSpec
 from bootseer_dev.fleet.nodes import agent_env
 from bootseer_dev.fleet.spec import P2P_PORT
 
@@ -191,15 +191,6 @@ def test_members_are_gathered_until_the_expected_number_announced(tmp_path: Path
 
 
 # -- on the fleet lab ------------------------------------------------------------------------
-
-
-def _need_lab_tools() -> None:
-    reason = netns.netns_available() or shaping.tc_available()
-    if reason:
-        message = f"the fleet lab cannot run here: {reason}"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 def _ok(result: subprocess.CompletedProcess) -> str:
