@@ -11,8 +11,8 @@ starting containers are fetching (:mod:`bootseer.agents.priority`). Standalone, 
 
 A request may name its ``job`` (and how many ``nodes`` it has) or give its ``peers``: with
 ``p2p.enabled``, the agent then fetches the hot pack and the snapshots' shards through its
-swarm from the job's other nodes (:class:`~bootseer.p2p.Fanout`). Checkpoints are always
-read from the store.
+swarm from the job's other nodes (:class:`~bootseer.p2p.Fanout`), and the checkpoints'
+files too (their torrents built by the nodes together: :mod:`bootseer.p2p.sharedfile`).
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
          before_fetch: Callable[[], None] | None = None) -> WarmSummary:
     """Stage what ``request`` names; ``on_plan`` gets each part's bytes as it is planned,
     ``before_fetch`` is called (and may block) before every fetch. With ``fanout`` (the
-    agent's, for a job with peer-to-peer on) the hot pack and the shards come through
-    the job's swarm."""
+    agent's, for a job with peer-to-peer on) the hot pack, the shards and the checkpoint
+    files come through the job's swarm."""
     def turn() -> None:  # before a part's metadata reads
         if before_fetch:
             before_fetch()
@@ -138,6 +138,7 @@ def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
         turn()
         checkpoints.append(stage_checkpoint(
             source, url, concurrency=config.checkpoint.stage_concurrency, keep=keep,
-            on_plan=on_plan, on_progress=on_progress, before_fetch=before_fetch))
+            fanout=fanout, records=blobs.store, on_plan=on_plan, on_progress=on_progress,
+            before_fetch=before_fetch))
     return WarmSummary(image, envs, checkpoints,
                        members=len(fanout.peers) if fanout is not None else 0)

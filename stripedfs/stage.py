@@ -7,6 +7,8 @@ each comes from one DataNode), ``concurrency`` in flight, written and hashed in 
 Every checkpoint read (:func:`bootseer.stripedfs.files.open_reader`) then reads the copies
 instead of the network, for as long as the store's objects are the ones copied. The stores
 and the cache are the :class:`~bootseer.stripedfs.files.CheckpointSource`'s: as configured.
+For a job with peer-to-peer on, files come through the job's swarm instead
+(:mod:`bootseer.p2p.sharedfile`): each byte leaves the store about once for all its nodes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from bootseer.errors import BootseerError
+from bootseer.p2p import Fanout
+from bootseer.p2p.sharedfile import SharedFile
 from bootseer.store import Store
 from bootseer.store.base import ObjectInfo
 from bootseer.stripedfs.checkpoint_cache import (
@@ -35,6 +39,9 @@ from bootseer.stripedfs.layout import Stripe, StripeLayout
 
 log = logging.getLogger(__name__)
 
+#: Files of one checkpoint fetched through the job's swarm at once.
+SHARED_FILES = 4
+
 
 @dataclass
 class CheckpointResult:
@@ -46,6 +53,7 @@ class CheckpointResult:
     fetched_bytes: int
     missing: int  # files still not local at the end (failed, or the cache is too small)
     seconds: float
+    peer_bytes: int = 0  # of fetched_bytes, received from the job's peers (p2p)
 
     @property
     def complete(self) -> bool:
@@ -72,7 +80,8 @@ def checkpoint_files(source: CheckpointSource, url: str) -> tuple[Store, list[Ob
 
 def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int = 8,
                      request_size: int = StripeConfig.stripe_size,
-                     keep: set[str] | None = None,
+                     keep: set[str] | None = None, fanout: Fanout | None = None,
+                     records: Store | None = None,
                      on_plan: Callable[[int], None] | None = None,
                      on_progress: Callable[[int], None] | None = None,
                      before_fetch: Callable[[], None] | None = None) -> CheckpointResult:
@@ -81,7 +90,10 @@ def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int = 8
 
     ``keep`` collects the digests of the copies this warm needs, so staging one checkpoint
     never evicts another of the same request. ``before_fetch`` is called before each
-    ranged read and may block (the agent's priorities).
+    ranged read and may block (the agent's priorities). With ``fanout`` (a job's, p2p on)
+    and ``records`` (Bootseer's store, where the files' torrents are kept) each file
+    comes through the job's swarm (:meth:`Fanout.fetch_file`), and from the store as
+    before when it cannot.
     """
     started = time.monotonic()
     cache = source.copies
@@ -99,26 +111,83 @@ def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int = 8
                 on_progress(info.size)
         else:
             wanted.append(info)
-    fetched: list[int] = []
-    for info in wanted:
+    sharing = fanout is not None and records is not None
+
+    def stage(info: ObjectInfo) -> tuple[int, int] | None:
+        """One file: (bytes, of which from peers), or None if it could not be staged."""
         file_url = object_url(store, info.key)
         try:
             cache.discard(file_url)  # stale or damaged: never read again
             if info.size > cache.max_bytes:
                 raise StagingError(f"{info.size} bytes do not fit in the checkpoint cache "
                                    f"({cache.max_bytes} bytes, checkpoint.cache_size)")
-            record = _copy(cache, store, info, keep, concurrency=concurrency,
+            if fanout is not None and records is not None:
+                shared = _share(cache, SharedFile(store, records, info.key, file_url,
+                                                  info.size, info.mtime),
+                                info, keep, fanout, on_progress=on_progress,
+                                before_fetch=before_fetch)
+                if shared is not None:
+                    return info.size, shared
+            record = _copy(cache, store, info, set(keep), concurrency=concurrency,
                            request_size=request_size, on_progress=on_progress,
                            before_fetch=before_fetch)
             keep.add(record.sha256)
-            fetched.append(info.size)
+            return info.size, 0
         except (OSError, BootseerError) as exc:  # counted as missing below
             log.warning("checkpoint %s could not be staged: %s", file_url, exc)
+            return None
+
+    # Through peers, files overlap: each spends most of its time waiting (for the other
+    # members' hashes, for connections), not reading. From the store, one at a time,
+    # each with ``concurrency`` reads in flight.
+    with ThreadPoolExecutor(SHARED_FILES if sharing else 1,
+                            thread_name_prefix="ckpt-stage") as pool:
+        staged = [r for r in pool.map(stage, wanted) if r is not None]
+    fetched = [size for size, _ in staged]
+    peer_bytes = sum(from_peers for _, from_peers in staged)
     return CheckpointResult(url=url, files=len(files), bytes=total,
                             already_local=len(files) - len(wanted),
                             fetched_files=len(fetched), fetched_bytes=sum(fetched),
                             missing=len(wanted) - len(fetched),
-                            seconds=round(time.monotonic() - started, 3))
+                            seconds=round(time.monotonic() - started, 3),
+                            peer_bytes=peer_bytes)
+
+
+def _share(cache: CheckpointCache, shared: SharedFile, info: ObjectInfo, keep: set[str],
+           fanout: Fanout, *, on_progress: Callable[[int], None] | None,
+           before_fetch: Callable[[], None] | None) -> int | None:
+    """Fetch one object through the job's swarm into a temporary, hash it, commit it (its
+    digest into ``keep``) and seed the copy: the bytes peers sent; None (nothing kept) if
+    the swarm cannot have it."""
+    store, url = shared.store, shared.url
+    if before_fetch:
+        before_fetch()
+    tmp, spool = cache.begin(), cache.begin()
+    try:
+        # 0600 until commit: libtorrent would create it readable by all.
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600))
+        result = fanout.fetch_file(shared, tmp, spool)
+        if result is None:
+            return None
+        digest = hashlib.sha256()
+        with open(tmp, "rb") as f:
+            while chunk := f.read(4 << 20):
+                digest.update(chunk)
+            os.fsync(f.fileno())
+        if store.stat(info.key) != info:
+            raise StagingError(f"{url} changed while it was being staged")
+        # A copy of ``keep`` (atomic): other files' threads add to it meanwhile.
+        record = cache.commit(tmp, url, info, digest.hexdigest(), store.access(info.key),
+                              keep=set(keep))
+        if on_progress:
+            on_progress(info.size)
+        keep.add(record.sha256)
+        fanout.seed_file(shared, cache.copies.path(record.sha256))
+        return result.peer_bytes
+    finally:
+        tmp.unlink(missing_ok=True)
+        spool.unlink(missing_ok=True)
 
 
 def _copy(cache: CheckpointCache, store: Store, info: ObjectInfo, keep: set[str], *,

@@ -9,6 +9,9 @@
 * ``seed``: the blob read plainly from the store, seeded; announce; ready; wait for stop.
 * ``attacker``: a bare libtorrent session with hash checks off seeding a corrupted copy
   (every byte flipped) in seed mode, so it serves bad pieces; announce; ready; stop.
+* ``share``: like ``fetch``, for the store object at ``key`` (no digest, no torrent
+  published beforehand: a checkpoint file) through ``Fanout.fetch_file``, with ``extra``
+  peers that never answer added to the members; prints the result (or ``shared: false``).
 * ``off``: p2p disabled: ``open_swarm`` and ``fetch_blob`` as a node would call them;
   prints the result, whether libtorrent was loaded, and the sockets listening in the
   namespace.
@@ -71,6 +74,8 @@ def main(spec: dict) -> None:
         return
     if spec["role"] == "attacker":
         return attacker(spec, blobs, work)
+    if spec["role"] == "share":
+        return share(spec, config, store, work)
     from bootseer.p2p import torrents  # loads libtorrent: not for the "off" role
 
     swarm = open_swarm(config)
@@ -106,6 +111,48 @@ def main(spec: dict) -> None:
     stats = swarm.stats()
     swarm.close()
     say(stopped=True, uploaded=stats.uploaded_bytes, seeding=stats.seeding)
+
+
+def share(spec: dict, config: P2PConfig, store, work: Path) -> None:
+    from bootseer.p2p import Fanout, parse_peers
+    from bootseer.p2p.sharedfile import SharedFile
+
+    swarm = open_swarm(config)
+    assert swarm is not None
+    key = spec["key"]
+    counted = [0]
+    lock = threading.Lock()
+    read_range = store.read_range
+
+    def counting(k: str, offset: int, length: int) -> bytes:
+        time.sleep(spec.get("store_delay", 0.0))
+        if k == key:
+            with lock:
+                counted[0] += length
+        return read_range(k, offset, length)
+
+    store.read_range = counting  # every store read of the object, the hashing's included
+    rendezvous.announce(store, spec["job"], spec["node"], swarm.address)
+    say(ready=str(swarm.address))
+    wait_for(spec["go"])
+    peers = rendezvous.members(store, spec["job"]) + parse_peers(spec.get("extra", ""))
+    info = store.stat(key)
+    shared = SharedFile(store, store, key, f"{store.url}/{key}", info.size, info.mtime)
+    fanout = Fanout(swarm, tuple(peers))
+    dest, spool = work / "copy", work / "spool"
+    result = fanout.fetch_file(shared, dest, spool)
+    if result is None:
+        say(shared=False, store_bytes=counted[0], exists=dest.exists())
+    else:
+        final = work / "cache" / "copy"
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(dest, final)
+        fanout.seed_file(shared, final)
+        say(shared=True, store_bytes=counted[0], peer_bytes=result.peer_bytes,
+            seconds=result.seconds, members=len(peers), sha256=sha256_of(final))
+    wait_for(spec["stop"])
+    swarm.close()
+    say(stopped=True)
 
 
 def attacker(spec: dict, blobs: BlobStore, work: Path) -> None:

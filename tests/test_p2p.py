@@ -144,6 +144,26 @@ def test_an_object_under_its_own_key_is_fetched_checked_against_its_digest(
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.parametrize("size", [(5 << 20) + 123, 3 << 20, (600 << 10) + 1, 17 << 14])
+def test_a_torrent_from_piece_hashes_is_the_one_libtorrent_builds(tmp_path: Path,
+                                                                   size: int) -> None:
+    # Nodes that hash a checkpoint's pieces where they read them must agree, byte for
+    # byte, with libtorrent hashing the whole file (sizes ending inside a block, a
+    # piece, and on a piece boundary).
+    data = os.urandom(size)
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    (tmp_path / digest[7:]).write_bytes(data)
+    piece = torrents.piece_size_for(size)
+    layer = b"".join(torrents.piece_hash(data[i:i + piece], piece)
+                     for i in range(0, size, piece))
+    built = torrents.build_from_layer(digest, size, piece, layer)
+    assert built == torrents.build(digest, size, tmp_path / digest[7:])
+    assert torrents.parse(digest, size, built, addressed=False).addressed is False
+    with pytest.raises(TorrentError, match="piece hashes"):
+        torrents.build_from_layer(digest, size, piece, layer[:-32])
+    assert torrents.key(digest, addressed=False).startswith("p2p/files/")
+
+
 def test_build_refuses_a_file_that_is_not_the_blob(tmp_path: Path) -> None:
     data = os.urandom(100_000)
     path = tmp_path / "f"
@@ -549,6 +569,73 @@ def test_a_peer_sending_bad_pieces_is_banned_and_nothing_bad_is_kept(cluster, tm
     print(f"bad peer banned; the victim done in {result['seconds']:.2f} s")
     cluster.stop.touch()
     assert attacker.next()["uploaded"] > 0
+
+
+def _shared_object(tmp_path: Path, size: int = BLOB_SIZE) -> tuple[Blob, str, str]:
+    """A blob (the cluster's spec needs one) and an object with no digest or torrent (a
+    checkpoint file) under a key of its own: (blob, key, the object's sha256)."""
+    blob = _blob(tmp_path, torrent=False)
+    data = os.urandom(size)
+    blob.blobs.store.put("ckpt/model.bin", data)
+    return blob, "ckpt/model.bin", "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def test_four_nodes_hash_a_file_together_and_read_it_from_the_store_once(
+        cluster, tmp_path: Path) -> None:
+    blob, key, digest = _shared_object(tmp_path)
+    nodes = [cluster(blob, i, "share", "ckpt", key=key) for i in range(4)]
+    assert all("ready" in n.next() for n in nodes)
+    cluster.go.touch()
+    results = [n.next() for n in nodes]
+    assert all(r["shared"] and r["sha256"] == digest for r in results), results
+    store_bytes = sum(r["store_bytes"] for r in results)
+    # Each reads its quarter once, to hash it and to give it to the swarm.
+    assert store_bytes <= 1.2 * BLOB_SIZE, results
+    store = blob.blobs.store
+    assert [i.key.rsplit("/", 1)[1] for i in store.list("p2p/files/")
+            if ".layers/" in i.key] == ["4-0", "4-1", "4-2", "4-3"]
+    # The next restart of the same checkpoint finds its torrent: no hashing, and the
+    # late node's bytes come from the four seeds.
+    late = cluster(blob, 4, "share", "ckpt", key=key)
+    assert "ready" in late.next()
+    result = late.next()
+    assert result["shared"] and result["sha256"] == digest, result
+    assert result["store_bytes"] == 0 and result["peer_bytes"] >= BLOB_SIZE, result
+
+
+def test_a_member_that_never_hashes_its_share_costs_time_not_correctness(
+        cluster, tmp_path: Path) -> None:
+    blob, key, digest = _shared_object(tmp_path)
+    # Members 198.18.64.250 is listed but never answers: its share is read by the others.
+    spec = {"key": key, "extra": "198.18.64.250:6881", "piece_grace": 0.5}
+    nodes = [cluster(blob, i, "share", "gone", **spec) for i in range(3)]
+    assert all("ready" in n.next() for n in nodes)
+    cluster.go.touch()
+    results = [n.next(timeout=60) for n in nodes]
+    assert all(r["shared"] and r["sha256"] == digest for r in results), results
+    assert sum(r["store_bytes"] for r in results) <= 3.5 * BLOB_SIZE, results
+
+
+def test_hashes_that_lie_fail_the_share_and_nothing_is_kept(cluster, tmp_path) -> None:
+    from bootseer.p2p.sharedfile import SharedFile
+
+    blob, key, digest = _shared_object(tmp_path)
+    store = blob.blobs.store
+    info = store.stat(key)
+    shared = SharedFile(store, store, key, f"{store.url}/{key}", info.size, info.mtime)
+    pieces = BLOB_SIZE // torrents.piece_size_for(BLOB_SIZE)
+    # Member 1 of 2's hashes, forged before either node starts.
+    store.put(torrents.key(shared.identity, addressed=False) + ".layers/2-1",
+              os.urandom(32 * (pieces // 2)))
+    nodes = [cluster(blob, i, "share", "liar", key=key) for i in range(2)]
+    assert all("ready" in n.next() for n in nodes)
+    cluster.go.touch()
+    results = [n.next(timeout=60) for n in nodes]
+    # The store's own bytes fail the torrent built from them: no copy, the torrent and
+    # the hashes removed so that the next restart hashes again; the caller reads plainly.
+    assert all(not r["shared"] and not r["exists"] for r in results), results
+    assert not any(".layers/" in i.key or i.key.endswith(shared.identity[7:])
+                   for i in store.list("p2p/files/")), list(store.list("p2p/files/"))
 
 
 def test_the_upload_cap_holds(cluster, tmp_path: Path) -> None:

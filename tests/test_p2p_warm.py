@@ -57,6 +57,9 @@ ENV_KEY = "p2pw-env"
 ENV_FILE_BYTES = 4 << 20
 SHARD_SIZE = "4MiB"
 IMAGE = "py"
+#: A checkpoint directory of two shards, in the lab's HDFS (1 MiB blocks).
+CKPT = "p2pw-ckpt"
+CKPT_SHARD_BYTES = 6 << 20
 
 
 # -- in this process -----------------------------------------------------------------------
@@ -200,8 +203,9 @@ def _ok(result: subprocess.CompletedProcess) -> str:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """A 4-node lab with peer-to-peer on, a snapshot published from node 0 and a hot list
-    (and its hot pack) recorded by a start on node 0; then node 0 is cold again."""
+    """A 4-node lab with peer-to-peer on, a snapshot published from node 0, a hot list
+    (and its hot pack) recorded by a start on node 0 and a checkpoint put in HDFS; then
+    node 0 is cold again."""
     from bootseer_dev.image import build_image
 
     _need_lab_tools()
@@ -223,6 +227,12 @@ def lab(tmp_path_factory):
         start = lab.run(0, [*bootseer, "image", "run", "--record", IMAGE, "--", "python3",
                             "-c", "import email.parser, json, http.client; print(6 * 7)"])
         assert _ok(start).splitlines()[0] == "42"
+        local = state_dir / "ckpt-src"
+        local.mkdir()
+        for n in range(2):
+            (local / f"shard{n}.bin").write_bytes(os.urandom(CKPT_SHARD_BYTES))
+        _ok(lab.run(0, [*bootseer, "ckpt", "put", str(local),
+                        f"{lab.spec.checkpoint_prefix()}{CKPT}"]))
         lab.restart_agents([0])
         yield lab
     finally:
@@ -239,7 +249,8 @@ def _warm_all(lab: Lab, job: str, *, kill: int | None = None,
                                    for i in range(NODES))] if scheduler else \
         ["--nodes", str(NODES)]
     argv = [PY, "-m", "bootseer", "warm", "--agent", "--json", "--job", job, *members,
-            "--env", ENV_KEY, "--image", IMAGE]
+            "--env", ENV_KEY, "--image", IMAGE,
+            "--checkpoint", f"{lab.spec.checkpoint_prefix()}{CKPT}"]
     sent = lab.link_bytes("datanode-0")[0]
     received = lab.link_bytes(f"node-{kill}")[1] if kill is not None else 0
     warms = [subprocess.Popen(
@@ -263,8 +274,15 @@ def _warm_all(lab: Lab, job: str, *, kill: int | None = None,
 
 
 def _needed(summary: dict) -> int:
-    """The bytes one node stages: the hot blocks (the hot pack) and the shards."""
-    return summary["image"]["bytes"] + sum(env["bytes"] for env in summary["envs"])
+    """The bytes one node stages: the hot blocks (the hot pack), the shards and the
+    checkpoint."""
+    return summary["image"]["bytes"] + sum(env["bytes"] for env in summary["envs"]) + \
+        sum(ckpt["bytes"] for ckpt in summary["checkpoints"])
+
+
+def _peer_bytes(summary: dict) -> int:
+    return summary["image"]["peer_bytes"] + summary["envs"][0]["peer_bytes"] + \
+        summary["checkpoints"][0]["peer_bytes"]
 
 
 def _assert_staged_and_verified(lab: Lab, i: int, summary: dict) -> None:
@@ -272,7 +290,12 @@ def _assert_staged_and_verified(lab: Lab, i: int, summary: dict) -> None:
     assert summary["complete"] and summary["image"]["hot_list"], summary
     (env,) = summary["envs"]
     assert env["shards"] == 3 and env["missing"] == 0, env
+    (ckpt,) = summary["checkpoints"]
+    assert ckpt["files"] == 2 and ckpt["missing"] == 0, ckpt
     entries = list(lab.node_files(i).cache_dir.glob("*/entries/*/*"))
+    copies = list(lab.node_files(i).cache_dir.glob("checkpoints/copies/entries/*/*"))
+    assert len(copies) == 2
+    entries += copies
     shards = list(lab.node_files(i).cache_dir.glob("snapshots/entries/*/*"))
     assert len(shards) == env["shards"] + 1  # and the manifest
     for entry in entries:
@@ -297,15 +320,16 @@ def test_a_job_of_four_nodes_reads_each_byte_from_the_store_about_once(lab) -> N
         _assert_staged_and_verified(lab, i, summary)
         assert summary["members"] == NODES, summary
         assert _needed(summary) == needed
-    peer_bytes = [summary["image"]["peer_bytes"] + summary["envs"][0]["peer_bytes"]
-                  for summary in summaries]
+    peer_bytes = [_peer_bytes(summary) for summary in summaries]
+    parts = [(s["image"]["seconds"], s["envs"][0]["seconds"], s["checkpoints"][0]["seconds"])
+             for s in summaries]
     metrics = [_metrics(lab, i) for i in range(NODES)]
     print(f"{NODES} nodes, {needed / 2**20:.1f} MiB each, in {seconds:.1f} s: the DataNode "
           f"sent {sent / 2**20:.1f} MiB ({sent / needed:.2f}x); from peers (MiB): "
-          f"{[round(b / 2**20, 1) for b in peer_bytes]}; seconds (hot pack, shards): "
-          f"{[(s['image']['seconds'], s['envs'][0]['seconds']) for s in summaries]}")
+          f"{[round(b / 2**20, 1) for b in peer_bytes]}; seconds (hot pack, shards, "
+          f"checkpoint): {parts}")
     # Without peers each node reads it all (4x); metadata (manifests, the hot list,
-    # torrents) is read by every node, HDFS frames its data.
+    # torrents, the checkpoint's piece hashes) is read by every node, HDFS frames its data.
     assert sent <= 1.3 * needed, (sent, needed)
     assert sum(peer_bytes) >= needed, peer_bytes  # most of 3 nodes' bytes came from peers
     assert any(m['bootseer_p2p_fetched_bytes_total{source="peer"}'] > 0 for m in metrics)
@@ -343,6 +367,8 @@ def test_with_p2p_off_every_node_reads_the_store_and_nothing_listens(lab) -> Non
         _assert_staged_and_verified(lab, i, summary)
         assert summary["members"] == 0 and summary["image"]["peer_bytes"] == 0, summary
         assert summary["envs"][0]["fetched_bytes"] == summary["envs"][0]["bytes"]
+        assert summary["checkpoints"][0]["fetched_bytes"] == 2 * CKPT_SHARD_BYTES
+        assert summary["checkpoints"][0]["peer_bytes"] == 0
         assert _metrics(lab, i) == {}
         pid = lab.agent_record(i).pid
         assert "libtorrent" not in Path(f"/proc/{pid}/maps").read_text()

@@ -35,6 +35,7 @@ from bootseer.store import BlobStore, Store
 from .peer import Peer
 
 if TYPE_CHECKING:
+    from .sharedfile import SharedFile
     from .swarm import Swarm
     from .torrents import Torrent
 
@@ -116,6 +117,41 @@ class Fanout:
         result = self._through_swarm(store, digest, size, dest,
                                      lambda offset, n: store.read_range(key, offset, n))
         return self._kept(result or read_object(store, key, digest, dest))
+
+    def fetch_file(self, file: SharedFile, dest: Path, spool: Path) -> FetchResult | None:
+        """A store object with no digest known (a checkpoint file) into ``dest`` through
+        the swarm, its torrent built by the job's members together if none is published
+        yet (:mod:`bootseer.p2p.sharedfile`; ``spool``, a path of the caller's that it
+        removes, holds this node's share meanwhile). Every piece is checked against that
+        torrent. None when the file is not shared (too small, no other member) or the
+        swarm failed: then read it from the store."""
+        from . import sharedfile
+
+        try:
+            found = sharedfile.shared_torrent(self.swarm, file, self.peers, spool,
+                                              self.swarm.config.piece_grace)
+            if found is None:
+                return None
+            torrent, held = found
+            with self._lock:
+                self._torrents[torrent.digest] = torrent
+            reader = sharedfile.spool_reader(file, spool, held, torrent.piece_size)
+            return self._kept(self.swarm.fetch(torrent, dest, self.peers, reader))
+        except IntegrityError as exc:  # the store's bytes fail the torrent: it is wrong
+            log.warning("p2p: %s: %s; its torrent is removed, reading it from the store",
+                        file.url, exc)
+            sharedfile.forget(file)
+        except BootseerError as exc:
+            log.warning("p2p: %s: %s; reading it from the store", file.url, exc)
+        dest.unlink(missing_ok=True)
+        return None
+
+    def seed_file(self, file: SharedFile, path: Path) -> bool:
+        """Offer ``path``, a verified copy of ``file`` fetched by :meth:`fetch_file`, to the
+        job's peers (see :meth:`seed`)."""
+        with self._lock:
+            torrent = self._torrents.get(file.identity)
+        return torrent is not None and self.swarm.seed(torrent, path, self.peers)
 
     def shares(self, store: Store, digest: str, size: int) -> bool:
         """Whether object ``digest`` has a usable torrent: without one, a fetch through

@@ -224,9 +224,7 @@ class Swarm:
         error ``dest`` is removed.
         """
         began = time.monotonic()
-        me = self.address
-        # This node once, at its current port (a record of an earlier start is stale).
-        members = sorted({p for p in peers if p.address != me.address} | {me})
+        members = self.members(peers)
         transfer = self._add(torrent, dest, seeding=False)
         try:
             result = self._download(transfer, members, read_range, began)
@@ -238,8 +236,16 @@ class Swarm:
             self._drop(transfer, wait=True)
             dest.unlink(missing_ok=True)
             raise
-        _check_digest(dest, torrent.digest)
+        if torrent.addressed:
+            _check_digest(dest, torrent.digest)
         return result
+
+    def members(self, peers: Sequence[Peer]) -> list[Peer]:
+        """A fetch's members, in the order that deals out its store reads (member ``k``
+        of ``N`` owns pieces ``p % N == k``): ``peers`` and this node once, at its
+        current port (a record of an earlier start is stale)."""
+        me = self.address
+        return sorted({p for p in peers if p.address != me.address} | {me})
 
     def seed(self, torrent: Torrent, path: Path, peers: Sequence[Peer] = ()) -> bool:
         """Offer the blob in ``path`` (complete and verified: a node cache entry) to peers

@@ -7,6 +7,11 @@ create-only beside it::
 
     p2p/torrents/sha256/ab/<hex>      one file named <hex>, <size> bytes, piece layer included
 
+A store object that has no content address (a checkpoint file, named by its URL, size
+and mtime: :mod:`bootseer.p2p.sharedfile`) gets its torrent under ``p2p/files/ab/<id>``
+instead, named by that identity; only its merkle root vouches for its bytes (every piece
+is checked against it), since no whole-file digest is known before it is read.
+
 Loading one is reading hostile input (anyone who can write the store can write it), so
 :func:`load` checks, before libtorrent sees it, that it is no larger than its piece count
 allows, and then that it is v2 only, holds exactly one file named ``<hex>`` of exactly
@@ -46,6 +51,7 @@ from bootseer.store import BlobStore, Store
 log = logging.getLogger(__name__)
 
 PREFIX = "p2p/torrents/sha256"
+FILES_PREFIX = "p2p/files"
 #: The piece size a large blob gets: large enough that a piece's request and hash cost
 #: little per byte, small enough that N nodes each have a share to start from.
 TARGET_PIECE = 1 << 20
@@ -70,6 +76,10 @@ class Torrent:
     num_pieces: int
     data: bytes = field(repr=False)  # the bencoded torrent, as published
     info: lt.torrent_info = field(repr=False, compare=False)
+    #: True: ``digest`` is the sha256 of the content (a blob), checked once fetched.
+    #: False: it names a store object's identity (``p2p/files``), and the merkle root,
+    #: against which every piece is checked, is all that vouches for the bytes.
+    addressed: bool = True
 
     @property
     def hex(self) -> str:
@@ -81,9 +91,11 @@ class Torrent:
         return offset, min(self.piece_size, self.size - offset)
 
 
-def key(digest: str) -> str:
+def key(digest: str, *, addressed: bool = True) -> str:
+    """Where the torrent of ``digest`` is published: a blob's under ``p2p/torrents``, an
+    identity's (``addressed=False``) under ``p2p/files``."""
     hexd = _hex(digest)
-    return f"{PREFIX}/{hexd[:2]}/{hexd}"
+    return f"{PREFIX if addressed else FILES_PREFIX}/{hexd[:2]}/{hexd}"
 
 
 def piece_size_for(size: int) -> int:
@@ -128,6 +140,38 @@ def build(digest: str, size: int, path: Path) -> bytes:
         return lt.bencode(ct.generate())
 
 
+def piece_hash(data: bytes | memoryview, piece_size: int) -> bytes:
+    """The v2 piece-layer hash of one piece (BEP 52): the merkle root of its 16 KiB
+    blocks' SHA-256, the last block possibly short, padded with zero leaves to
+    ``piece_size`` (the last piece of a file is hashed as if it were whole)."""
+    leaves = [hashlib.sha256(data[i:i + BLOCK]).digest() for i in range(0, len(data), BLOCK)]
+    leaves += [bytes(32)] * (piece_size // BLOCK - len(leaves))
+    while len(leaves) > 1:
+        leaves = [hashlib.sha256(leaves[i] + leaves[i + 1]).digest()
+                  for i in range(0, len(leaves), 2)]
+    return leaves[0]
+
+
+def build_from_layer(digest: str, size: int, piece_size: int, layer: bytes) -> bytes:
+    """The bencoded v2 torrent of a file named after ``digest`` whose piece hashes
+    (:func:`piece_hash`, in order) are ``layer``: the same bytes :func:`build` makes from
+    the file, for a file whose pieces were hashed where they were read (on several
+    nodes) rather than in one place. At least two pieces: a one-piece file's root is not
+    a piece hash."""
+    hexd = _hex(digest)
+    pieces = -(-size // piece_size)
+    if pieces < 2 or len(layer) != 32 * pieces:
+        raise TorrentError(f"{digest}: {len(layer) // 32} piece hashes for {pieces} pieces "
+                           f"(at least 2) of {piece_size} bytes")
+    root = _layer_root(layer, piece_size)
+    name = hexd.encode()
+    return lt.bencode({
+        b"info": {b"file tree": {name: {b"": {b"length": size, b"pieces root": root}}},
+                  b"meta version": 2, b"name": name, b"piece length": piece_size},
+        b"piece layers": {root: layer},
+    })
+
+
 def build_from_store(blobs: BlobStore, digest: str, workdir: Path) -> bytes:
     """The torrent of a blob that is only in the store: its verified bytes are copied to a
     temporary file in ``workdir`` (removed afterwards) and hashed there."""
@@ -142,29 +186,29 @@ def build_from_store(blobs: BlobStore, digest: str, workdir: Path) -> bytes:
         os.unlink(name)
 
 
-def publish(store: Store, digest: str, data: bytes) -> bool:
+def publish(store: Store, digest: str, data: bytes, *, addressed: bool = True) -> bool:
     """Put a torrent beside its blob, create-only; False if one was there already (two
     nodes building the same blob's torrent build the same info dictionary)."""
     try:
-        store.put(key(digest), data, overwrite=False)
+        store.put(key(digest, addressed=addressed), data, overwrite=False)
     except FileExistsError:
         return False
     return True
 
 
-def load(store: Store, digest: str, size: int) -> Torrent:
+def load(store: Store, digest: str, size: int, *, addressed: bool = True) -> Torrent:
     """The checked torrent of blob ``digest`` (``size`` bytes, as the caller knows from
     the store); ``FileNotFoundError`` if none was published, :class:`TorrentError` if the
     one published is malformed or describes anything but this blob."""
     max_pieces = min(TORRENT_MAX_PIECES, -(-size // TORRENT_MIN_PIECE))
     try:
-        data = store.get(key(digest), torrent_bytes_limit(max_pieces))
+        data = store.get(key(digest, addressed=addressed), torrent_bytes_limit(max_pieces))
     except IntegrityError as exc:  # SizeLimitError: larger than the blob's pieces allow
         raise TorrentError(f"torrent of {digest}: {exc}") from exc
-    return parse(digest, size, data)
+    return parse(digest, size, data, addressed=addressed)
 
 
-def parse(digest: str, size: int, data: bytes) -> Torrent:
+def parse(digest: str, size: int, data: bytes, *, addressed: bool = True) -> Torrent:
     """Check ``data`` as the torrent of blob ``digest`` of ``size`` bytes (see the module
     docstring for what is checked)."""
     hexd = _hex(digest)
@@ -229,7 +273,7 @@ def parse(digest: str, size: int, data: bytes) -> Torrent:
             or files.file_size(0) != size or ti.num_pieces() != pieces or \
             ti.piece_length() != piece:
         raise TorrentError(f"{what} is not read by libtorrent as checked")
-    return Torrent(digest, size, piece, pieces, data, ti)
+    return Torrent(digest, size, piece, pieces, data, ti, addressed)
 
 
 def _layer_root(layer: bytes, piece: int) -> bytes:
