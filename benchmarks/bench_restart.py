@@ -86,6 +86,9 @@ log = logging.getLogger("bench-restart")
 MB, MIB = 1e6, 1 << 20
 CASES = ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer", "bootseer_p2p",
          "bootseer_fanout")
+#: What bootseer_p2p's nodes fetch through their swarm (the rest of its warm, the
+#: checkpoint, from HDFS), in the lab dict for the simulator.
+P2P_SHARED = ("image_hot", "env_snapshot")
 #: Cases whose warm is issued at t0, beside the start.
 WARM_AT_T0 = ("bootseer", "bootseer_fanout")
 IMAGE = "job"                       # the lazy image's name in the store
@@ -491,6 +494,7 @@ class Bench:
                      "hdfs_block_size": spec.block_size, "replication": 1},
             "per_node_bytes": self.per_node_bytes(setup, cases, first_warm),
             "checkpoint_groups": GROUPS,  # node i reads group i % GROUPS
+            "p2p_shared": list(P2P_SHARED),
             "cases": {case: {str(n): r for n, r in runs.items()}
                       for case, runs in cases.items()},
         }
@@ -560,6 +564,7 @@ def add_simulation(result: dict[str, Any], png: Path) -> None:
     result["sim"] = sim
     result["sim_max_validation_error"] = sim["sim_max_validation_error"]
     result["sim_bootseer_vs_baseline_n1000"] = sim["sim_bootseer_vs_baseline_n1000"]
+    result["sim_p2p_ready_n1000_over_n1"] = sim["sim_p2p_ready_n1000_over_n1"]
 
 
 def os_cpus() -> int:

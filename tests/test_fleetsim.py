@@ -321,6 +321,8 @@ def synthetic_lab(counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
     def marks(case: str, n: int, i: int) -> dict[str, float]:
         cpu = max(1.0, (2 * n if case == "bootseer" else n) / caps["cpus"])
         steps: dict[str, float] = {}
+        start = {"env": 1.2 * cpu, "started": 0.5 * cpu, "imported": 0.6 * cpu,
+                 "checkpoint": 0.3 * cpu, "ready": 0.0}
         if case == "baseline":
             readers = len(range(i % 4, n, 4))  # one stream from DataNode i % 4
             steps = {"image": took(size["image_layers"], 40e6 / n) + 1.5 * cpu,
@@ -336,8 +338,10 @@ def synthetic_lab(counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
                      "checkpoint": took(size["checkpoint"], hdfs / n) + 0.2 * cpu,
                      "ready": 0.0}
         elif case == "bootseer_prestaged":
-            steps = {"env": 1.2 * cpu, "started": 0.5 * cpu, "imported": 0.6 * cpu,
-                     "checkpoint": 0.3 * cpu, "ready": 0.0}
+            steps = start
+        elif case == "bootseer_p2p":  # hot pack and snapshot from peers (the store's once)
+            steps = {"staged": 0.4 * cpu + took(size["image_hot"] + size["env_snapshot"], hdfs)
+                     + took(size["checkpoint"], hdfs / n)} | start
         jitter, t, out = 1 + 0.02 * i / n, 0.0, {}
         for name, seconds in steps.items():
             t += seconds * jitter
@@ -360,7 +364,8 @@ def synthetic_lab(counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
                 "wall_s": max(node["marks"]["exited"] for node in nodes)}
 
     cases = {case: {str(n): run(case, n) for n in counts}
-             for case in ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer")}
+             for case in ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer",
+                          "bootseer_p2p")}
     return {"caps": caps, "per_node_bytes": size, "cases": cases}
 
 
@@ -469,7 +474,7 @@ def test_a_node_without_a_mark_is_left_out_with_a_warning() -> None:
     assert any("bootseer_cold: no complete N = 1 run" in w for w in result["warnings"])
     assert any("p2p_pull: no model" in w for w in result["warnings"])
     assert {r["case"] for r in result["rows"]} == {"baseline", "bootseer_prestaged",
-                                                   "bootseer"}
+                                                   "bootseer", "bootseer_p2p"}
 
 
 def test_report_validates_extrapolates_and_plots(tmp_path: Path) -> None:
@@ -477,15 +482,17 @@ def test_report_validates_extrapolates_and_plots(tmp_path: Path) -> None:
     result = report(lab, tmp_path / "fleet.png",
                     Production(node_counts=(1, 100, 1000)))
     assert set(result) == {"validation", "extrapolation", "sim_max_validation_error",
-                           "sim_bootseer_vs_baseline_n1000", "png"}
+                           "sim_bootseer_vs_baseline_n1000", "sim_p2p_ready_n1000_over_n1",
+                           "png"}
     rows = result["validation"]["rows"]
-    assert len(rows) == 4 * 5 and all(r["calibration_run"] == (r["nodes"] == 1) for r in rows)
+    assert len(rows) == 5 * 5 and all(r["calibration_run"] == (r["nodes"] == 1) for r in rows)
     assert max(max(r["error_p50"], r["error_max"]) for r in rows if r["nodes"] == 1) < 0.01
     assert result["sim_max_validation_error"] == result["validation"]["max_error"]
     runs = result["extrapolation"]["cases"]["baseline"]["runs"]
     assert [r["nodes"] for r in runs] == [1, 100, 1000]
     assert runs[-1]["max_s"] > runs[0]["max_s"] and runs[-1]["limited_by"] == "index"
     assert 0 < result["sim_bootseer_vs_baseline_n1000"] < 1
+    assert 1 <= result["sim_p2p_ready_n1000_over_n1"] <= 2  # the goal
     # At 1,000 nodes, 3 replicas of what every node reads make a few DataNodes the hot
     # spots; the fan-out keeps it on all 200 (ceil(1000 / 4) capped), evenly.
     (plain, fanned) = (result["extrapolation"]["cases"][c]["runs"][-1]

@@ -1,7 +1,8 @@
 """A flow-level simulator of a fleet restart (issue #16), calibrated from the lab.
 
 :mod:`.network` moves bytes over links shared max-min fairly, on SimPy's event loop;
-:mod:`.placement` says which uplinks a node's bytes leave from (HDFS blocks on DataNodes);
+:mod:`.placement` says which uplinks a node's bytes leave from (HDFS blocks on DataNodes),
+:mod:`.peers` which of the job's other nodes' uplinks when they share them (a swarm);
 :mod:`.restart` runs a start (and a warm beside it) on N nodes over it; :mod:`.calibrate`
 fits each case's own seconds to the lab's N = 1 runs and checks N > 1 against the lab;
 :mod:`.production` extrapolates to a stated production fleet. :func:`report` does all
@@ -24,10 +25,11 @@ __all__ = ["Flow", "Link", "Network", "Placement", "Production", "extrapolate", 
 def report(lab: dict, png: Path, params: Production | None = None) -> dict:
     """The simulator's part of ``bench-results/restart.json``, from its ``lab`` section:
     the validation against the lab, the extrapolation to ``params`` (default: the stated
-    production assumptions), their two headline figures, and the plot written to ``png``."""
+    production assumptions), their headline figures, and the plot written to ``png``."""
     validation = validate(lab)
     extrapolation = extrapolate(lab, params or Production())
     return {"validation": validation, "extrapolation": extrapolation,
             "sim_max_validation_error": validation["max_error"],
             "sim_bootseer_vs_baseline_n1000": extrapolation["bootseer_vs_baseline_n1000"],
+            "sim_p2p_ready_n1000_over_n1": extrapolation["p2p_ready_n1000_over_n1"],
             "png": str(plot(extrapolation, Path(png)))}

@@ -58,14 +58,17 @@ def main(result: Path, png: Path) -> None:
     click.echo(f"  MAIN ASSUMPTION: {extrapolation['rules']['main_assumption']}")
     click.echo(f"  placement: {extrapolation['rules']['placement']}")
     click.echo(f"{'case':20} {'N':>5} {'p50 s':>9} {'p99 s':>9} {'max s':>9} {'repl':>4} "
-               f"{'DN max/mean':>11}  limited by")
+               f"{'DN max/mean':>11} {'origin GB':>10} {'peer GB':>9}  limited by")
     for case, data in extrapolation["cases"].items():
         for r in data["runs"]:
             click.echo(f"{case:20} {r['nodes']:>5} {r['p50_s']:>9.1f} {r['p99_s']:>9.1f} "
                        f"{r['max_s']:>9.1f} {r['replication']:>4} "
-                       f"{_ratio(r['datanode_max_over_mean']):>11}  {r['limited_by']}")
-    ratio = out["sim_bootseer_vs_baseline_n1000"]
+                       f"{_ratio(r['datanode_max_over_mean']):>11} "
+                       f"{sum(r['served_bytes'].values()) / 1e9:>10.1f} "
+                       f"{r['peer_bytes'] / 1e9:>9.1f}  {r['limited_by']}")
+    ratio, p2p = out["sim_bootseer_vs_baseline_n1000"], out["sim_p2p_ready_n1000_over_n1"]
     click.echo(f"bootseer / baseline at 1,000 nodes: {'n/a' if ratio is None else f'{ratio:.3f}'}"
+               f"; bootseer_p2p at 1,000 nodes / 1: {'n/a' if p2p is None else f'{p2p:.3f}'}"
                f"   (simulated in {extrapolation['runtime_s']:.1f} s; plot: {out['png']})")
 
 

@@ -65,7 +65,7 @@ class Step:
     origin: str = HDFS
     striped: bool = True  # over every uplink of the origin; False: one stream (spread 1)
     upload: bool = False
-    scales_with: str | None = None  # artifact whose size its own work grows with
+    scales_with: tuple[str, ...] = ()  # artifacts whose size its own work grows with
     mark: bool = True
     teardown: bool = False  # after ready (the container's removal): not time to ready
 
@@ -76,6 +76,7 @@ class Case:
     warm: tuple[str, ...] = ()  # artifacts a warm fetches at t = 0, striped over HDFS
     calibrated_from: str | None = None  # the case whose N = 1 run it borrows (it has none)
     fanout: bool = False  # what it reads from HDFS is replicated for its nodes first
+    peers: bool = False  # its nodes share what the lab shares (p2p_shared) as one swarm
 
     @property
     def marks(self) -> list[str]:
@@ -94,35 +95,48 @@ CASES: dict[str, Case] = {
     # docker pull (registry) -> pip install (index) -> container -> import -> checkpoint
     # read as one sequential HDFS stream.
     "baseline": Case((
-        Step("image", "image_layers", REGISTRY, striped=False, scales_with="image_layers"),
-        Step("env", "wheels", INDEX, striped=False, scales_with="wheels"),
+        Step("image", "image_layers", REGISTRY, striped=False, scales_with=("image_layers",)),
+        Step("env", "wheels", INDEX, striped=False, scales_with=("wheels",)),
         Step("started"), Step("imported"),
-        Step("checkpoint", "checkpoint", striped=False, scales_with="checkpoint"),
+        Step("checkpoint", "checkpoint", striped=False, scales_with=("checkpoint",)),
         Step("ready"), EXITED)),
     # pip install, then the snapshot is published (an upload, modelled as one: node ->
     # DataNodes) -> lazy mount and the container's start, reading the lazy image on demand
     # (``started`` is the job's first line; ``imported`` reads the environment, not the
     # image) -> imports -> striped checkpoint.
     "bootseer_cold": Case((
-        Step("pip", "wheels", INDEX, striped=False, scales_with="wheels", mark=False),
+        Step("pip", "wheels", INDEX, striped=False, scales_with=("wheels",), mark=False),
         Step("env", "env_snapshot", upload=True),
         Step("started", "image_lazy"), Step("imported"),
-        Step("checkpoint", "checkpoint", scales_with="checkpoint"), Step("ready"), EXITED)),
+        Step("checkpoint", "checkpoint", scales_with=("checkpoint",)), Step("ready"), EXITED)),
     # Every byte staged before t = 0: own work only.
     "bootseer_prestaged": Case((
-        Step("env", scales_with="env_snapshot"), Step("started"), Step("imported"),
-        Step("checkpoint", scales_with="checkpoint"), Step("ready"), EXITED)),
+        Step("env", scales_with=("env_snapshot",)), Step("started"), Step("imported"),
+        Step("checkpoint", scales_with=("checkpoint",)), Step("ready"), EXITED)),
     # The same start, its bytes from a warm begun at t = 0 beside it.
     "bootseer": Case((
-        Step("env", "env_snapshot", scales_with="env_snapshot"),
+        Step("env", "env_snapshot", scales_with=("env_snapshot",)),
         Step("started", "image_hot"), Step("imported"),
-        Step("checkpoint", "checkpoint", scales_with="checkpoint"), Step("ready"), EXITED),
+        Step("checkpoint", "checkpoint", scales_with=("checkpoint",)), Step("ready"), EXITED),
         warm=("image_hot", "env_snapshot", "checkpoint")),
 }
 # Bootseer after ``bootseer job fanout``: every object the job reads kept on more DataNodes
 # (:mod:`.placement`); the start is Bootseer's, calibrated from its N = 1 run (the lab runs
 # this case at its largest N only).
 CASES["bootseer_fanout"] = replace(CASES["bootseer"], calibrated_from="bootseer", fanout=True)
+# The job's warm first (``bootseer warm --job J --nodes N``: hot pack, snapshot, checkpoint
+# in turn, what ``p2p_shared`` names from the swarm), then the start with every byte local.
+# The swarm's fixed costs (its session, the rendezvous, the connect wait) are in the
+# staging's own seconds, before the hot pack.
+CASES["bootseer_p2p"] = Case((
+    Step("hot", "image_hot", mark=False,
+         scales_with=("image_hot", "env_snapshot", "checkpoint")),
+    Step("snapshot", "env_snapshot", mark=False), Step("staged", "checkpoint"),
+    Step("env", scales_with=("env_snapshot",)), Step("started"), Step("imported"),
+    Step("checkpoint", scales_with=("checkpoint",)), Step("ready"), EXITED), peers=True)
+#: What bench-restart's p2p case shares between its nodes when its lab dict does not say
+#: (``p2p_shared``): the hot pack and the snapshot's shards; checkpoints from HDFS.
+P2P_SHARED = ("image_hot", "env_snapshot")
 
 
 def lab_placement(lab: dict, seed: int = SEED) -> Placement:
@@ -139,16 +153,23 @@ def parts(lab: dict) -> dict[str, int]:
     return {"checkpoint": lab.get("checkpoint_groups") or 1}
 
 
+def shared(lab: dict) -> frozenset[str]:
+    """The artifacts the lab's p2p case shares between its nodes (``p2p_shared``;
+    absent: :data:`P2P_SHARED`)."""
+    return frozenset(lab.get("p2p_shared") or P2P_SHARED)
+
+
 def lab_fleet(lab: dict, nodes: int, cpu_idle: float = 0.0, seed: int = SEED) -> Fleet:
-    """The lab's fleet of ``nodes``: its caps, DataNodes (and HDFS placement), and its
-    cores shared by all (of which ``cpu_idle`` was busy before the run: the idle load)."""
+    """The lab's fleet of ``nodes``: its caps, DataNodes (and HDFS placement), its
+    cores shared by all (of which ``cpu_idle`` was busy before the run: the idle load),
+    and its nodes' upload cap to peers (``p2p_upload_Bps``; absent: none)."""
     caps = lab["caps"]
     return Fleet(nodes, caps["node_Bps"],
                  (Origin(HDFS, caps["datanodes"], caps["datanode_Bps"],
                          lab_placement(lab, seed)),
                   Origin(REGISTRY, 1, caps["registry_Bps"]),
                   Origin(INDEX, 1, caps["index_Bps"])),
-                 cpus=caps["cpus"], cpu_idle=cpu_idle)
+                 cpus=caps["cpus"], cpu_idle=cpu_idle, peer_upload=caps.get("p2p_upload_Bps"))
 
 
 def idle(run: dict) -> float:
@@ -193,7 +214,7 @@ def own_seconds(lab: dict, case: str) -> Own:
     prestaged: Own = {}
     if spec.warm:
         _, warm = plan(case, dict.fromkeys([s.name for s in spec.steps] + ["warm"], (0.0, 0.0)),
-                       nbytes, fleet, parts=parts(lab))
+                       nbytes, fleet, parts=parts(lab), shared=shared(lab))
         alone = simulate(fleet, [], warm).marks[0]
         own["warm"] = (max(0.0, marks["warm"] - alone["warm"]), 0.0)
         arrival = {a: own["warm"][0] + alone[f"fetched:{a}"] for a in spec.warm}
@@ -207,7 +228,7 @@ def own_seconds(lab: dict, case: str) -> Own:
         if not step.mark:
             continue
         end = marks[step.name]
-        moving = sum(fleet.alone_s(_fetch(s, nbytes, fleet, case, parts(lab)))
+        moving = sum(fleet.alone_s(_fetch(s, nbytes, fleet, case, parts(lab), shared(lab)))
                      for s in interval if s.artifact and s.artifact not in spec.warm)
         seconds, after = max(0.0, end - start - moving), 0.0
         if step.artifact in arrival and step.name in prestaged:
@@ -244,24 +265,27 @@ def cores(lab: dict, case: str, own: Own) -> float:
 
 
 def _fetch(step: Step, nbytes: dict[str, float], fleet: Fleet, case: str,
-           pieces: dict[str, int]) -> Fetch:
+           pieces: dict[str, int], shared: frozenset[str]) -> Fetch:
     spread = fleet.origin(step.origin).uplinks if step.striped else 1
     return Fetch(step.artifact, nbytes[step.artifact], step.origin, spread, step.upload,
-                 pieces.get(step.artifact, 1), CASES[case].fanout and not step.upload)
+                 pieces.get(step.artifact, 1), CASES[case].fanout and not step.upload,
+                 CASES[case].peers and step.artifact in shared)
 
 
 def plan(case: str, own: Own, nbytes: dict[str, float], fleet: Fleet,
-         ncores: float = 1.0, parts: dict[str, int] | None = None
-         ) -> tuple[list[Phase], Warm | None]:
+         ncores: float = 1.0, parts: dict[str, int] | None = None,
+         shared: frozenset[str] = frozenset()) -> tuple[list[Phase], Warm | None]:
     """The case's phases (and warm) on ``fleet``, with these own seconds, bytes and cores:
     striped steps and the warm over every uplink of their origin, ``parts`` the distinct
-    parts of an artifact the nodes read (default: one)."""
+    parts of an artifact the nodes read (default: one), ``shared`` the artifacts a case
+    with ``peers`` fetches from its swarm."""
     spec, pieces = CASES[case], parts or {}
     phases = [Phase(s.name, own[s.name][0],
-                    _fetch(s, nbytes, fleet, case, pieces) if s.artifact else None,
+                    _fetch(s, nbytes, fleet, case, pieces, shared) if s.artifact else None,
                     own[s.name][1], ncores, s.teardown) for s in spec.steps]
-    warm = Warm(own["warm"][0], tuple(_fetch(Step("warm", a), nbytes, fleet, case, pieces)
-                                      for a in spec.warm), ncores) if spec.warm else None
+    warm = Warm(own["warm"][0], tuple(_fetch(Step("warm", a), nbytes, fleet, case, pieces,
+                                             shared) for a in spec.warm),
+                ncores) if spec.warm else None
     return phases, warm
 
 
@@ -269,14 +293,14 @@ def phases_from_lab(lab: dict, case: str) -> list[Phase]:
     """The case's phases on the lab's fleet, calibrated from its N = 1 run."""
     own = own_seconds(lab, case)
     return plan(case, own, lab["per_node_bytes"], lab_fleet(lab, 1), cores(lab, case, own),
-                parts(lab))[0]
+                parts(lab), shared(lab))[0]
 
 
 def warm_from_lab(lab: dict, case: str) -> Warm | None:
     """The case's warm on the lab's fleet (None: the case has none)."""
     own = own_seconds(lab, case)
     return plan(case, own, lab["per_node_bytes"], lab_fleet(lab, 1), cores(lab, case, own),
-                parts(lab))[1]
+                parts(lab), shared(lab))[1]
 
 
 def validate(lab: dict) -> dict:
@@ -308,7 +332,8 @@ def validate(lab: dict) -> dict:
             if not kept:
                 continue
             fleet = lab_fleet(lab, nodes, idle(run))
-            phases, warm = plan(case, own, lab["per_node_bytes"], fleet, ncores, parts(lab))
+            phases, warm = plan(case, own, lab["per_node_bytes"], fleet, ncores, parts(lab),
+                                shared(lab))
             outcome = simulate(fleet, phases, warm)
             sim = outcome.summary()
             ready = [max(m[k] for k in CASES[case].ready_marks) for m in kept]
@@ -324,6 +349,7 @@ def validate(lab: dict) -> dict:
                 "sim_limited_by": sim["limited_by"], "sim_busy": sim["busy"],
                 "origin_bytes": {"lab": run.get("origin_bytes"),
                                  "sim": _lab_names(outcome.served)},
+                "sim_peer_bytes": outcome.peer_bytes,
                 "lab_datanode_max_over_mean": run.get("datanode_max_over_mean"),
                 "sim_datanode_max_over_mean": sim["max_over_mean"].get(HDFS),
                 "sim_datanode_max_over_mean_seeds": _seeds(lab, nodes, phases, warm),

@@ -17,6 +17,11 @@ A flow may stand for ``weight`` identical flows (a class of identical nodes, eac
 own NIC): it takes ``weight`` times its rate from every link it crosses, and a link of the
 class (its NICs) has ``weight`` times one member's capacity, so each member gets exactly
 what it would have had as a flow of its own: max-min shares are symmetric.
+
+A flow may cross a link **in part** (its ``shares``, one per link of its path, 1 by
+default): it loads that link with only that share of its rate. A node's download from
+its job's other nodes (:mod:`.restart`'s peers) is one flow over its own NIC and a share
+of each other node's uplink: its bytes come from all of them at once.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import simpy
@@ -49,12 +55,18 @@ class Flow:
     path: tuple[Link, ...]
     done: simpy.Event
     weight: int = 1  # identical flows it stands for
+    shares: tuple[float, ...] = ()  # of each link of path, the share it loads (empty: 1s)
     remaining: float = field(init=False)
     rate: float = 0.0
     started: float = 0.0
 
     def __post_init__(self) -> None:
         self.remaining = self.size
+        self.shares = self.shares or (1.0,) * len(self.path)
+
+    def crossings(self) -> Iterator[tuple[Link, float]]:
+        """(link, share) for each link of its path."""
+        return zip(self.path, self.shares)
 
 
 class Network:
@@ -70,18 +82,21 @@ class Network:
         env.process(self._run())
 
     def transfer(self, size: float, path: list[Link] | tuple[Link, ...],
-                 weight: int = 1) -> simpy.Event:
+                 weight: int = 1, shares: tuple[float, ...] = ()) -> simpy.Event:
         """An event that fires when ``size`` bytes have crossed every link of ``path``
-        (for each of ``weight`` identical flows)."""
-        if size < 0 or not path or any(link.capacity <= 0 for link in path) or weight < 1:
-            raise ValueError("a transfer has a size >= 0, a weight >= 1 and a path of links "
-                             "with capacity")
+        (for each of ``weight`` identical flows), loading each with its share of them
+        (``shares``, one per link; default: all of them)."""
+        if size < 0 or not path or any(link.capacity <= 0 for link in path) or weight < 1 \
+                or (shares and (len(shares) != len(path) or min(shares) <= 0)):
+            raise ValueError("a transfer has a size >= 0, a weight >= 1, a path of links "
+                             "with capacity and a share > 0 of each")
         done = self.env.event()
         if size == 0:
             done.succeed(0.0)
             return done
         self._advance()
-        self.flows.append(Flow(float(size), tuple(path), done, weight, started=self.env.now))
+        self.flows.append(Flow(float(size), tuple(path), done, weight, tuple(shares),
+                               started=self.env.now))
         self._stale = True  # rates are recomputed once for all flows started at this instant
         if not self._changed.triggered:
             self._changed.succeed()
@@ -118,8 +133,8 @@ class Network:
         for flow in self.flows:
             moved = min(flow.remaining, flow.rate * elapsed)
             flow.remaining -= moved
-            for link in flow.path:
-                link.carried += moved * flow.weight
+            for link, share in flow.crossings():
+                link.carried += moved * flow.weight * share
         for link in self._full:
             link.full_s += elapsed
 
@@ -128,8 +143,8 @@ class Network:
         load: dict[Link, float] = {}
         for flow, rate in max_min_rates(self.flows).items():
             flow.rate = rate
-            for link in flow.path:
-                load[link] = load.get(link, 0.0) + rate * flow.weight
+            for link, share in flow.crossings():
+                load[link] = load.get(link, 0.0) + rate * flow.weight * share
         self._full = [link for link, used in load.items()
                       if used >= link.capacity * (1 - EPSILON)]
 
@@ -137,19 +152,22 @@ class Network:
 def max_min_rates(flows: list[Flow]) -> dict[Flow, float]:
     """The max-min fair rate of every flow, per member (progressive filling).
 
-    All flows rise together; the link with the least spare capacity per flow (member)
-    crossing it fills first, and its flows keep that rate; the others rise on. Each link's
-    fill level (spare over the weight still rising through it) only grows as flows freeze,
-    so a heap of levels, refreshed when a link's flows change, finds each next full link:
-    O(P log P) for P flow-link crossings, which keeps thousands of flows fast."""
+    All flows rise together; the link with the least spare capacity per flow (member,
+    times its share of the link) crossing it fills first, and its flows keep that rate; the
+    others rise on. Each link's fill level (spare over the weighted shares still rising
+    through it) only grows as flows freeze, so a heap of levels, refreshed when a link's
+    flows change, finds each next full link: O(P log P) for P flow-link crossings, which
+    keeps thousands of flows fast."""
     rates: dict[Flow, float] = {}
     spare: dict[Link, float] = {}
-    rising: dict[Link, int] = defaultdict(int)  # weight of the flows still rising through it
+    rising: dict[Link, float] = defaultdict(float)  # weight x share of flows still rising
+    left: dict[Link, int] = defaultdict(int)  # how many flows still rise through it
     crossing: dict[Link, list[Flow]] = defaultdict(list)
     for flow in flows:
-        for link in flow.path:
+        for link, share in flow.crossings():
             spare[link] = link.capacity
-            rising[link] += flow.weight
+            rising[link] += flow.weight * share
+            left[link] += 1
             crossing[link].append(flow)
     pushed = itertools.count()  # ties: first pushed first (links do not compare)
     latest = {link: spare[link] / rising[link] for link in spare}
@@ -164,10 +182,11 @@ def max_min_rates(flows: list[Flow]) -> dict[Flow, float]:
             if flow in rates:
                 continue
             rates[flow] = level
-            for other in flow.path:
-                spare[other] -= level * flow.weight
-                rising[other] -= flow.weight
-                if other in latest and rising[other] > 0:
+            for other, share in flow.crossings():
+                spare[other] -= level * flow.weight * share
+                rising[other] -= flow.weight * share
+                left[other] -= 1
+                if other in latest and left[other] > 0:
                     # Never below the level reached (rounding): rates only rise.
                     latest[other] = max(level, spare[other] / rising[other])
                     heapq.heappush(heap, (latest[other], next(pushed), other))

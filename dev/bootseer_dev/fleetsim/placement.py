@@ -28,6 +28,10 @@ replica turn), whatever N.
 **Other origins** (a registry's frontends, an index mirror) and uploads: a one-stream
 read or upload is on one uplink, the nodes dealt over the uplinks in turn; a striped one
 is spread evenly over ``spread`` uplinks from there.
+
+**Peers** (``Fetch.peers``): the nodes that read the same part of an artifact are one
+swarm (:meth:`Layout.members`); each reads its share of the pieces from the origin (the
+routes above, scaled by :mod:`.restart`) and the rest from the others.
 """
 
 from __future__ import annotations
@@ -157,21 +161,31 @@ class Layout:
                 per_datanode[datanode] += size
         return tuple(sorted(per_datanode.items()))
 
+    def members(self, fetch: Fetch, node: int) -> int:
+        """The nodes of ``node`` 's swarm for ``fetch``: those that read its part (every
+        ``pieces``-th node), when it is shared between peers; else 1 (itself)."""
+        if not fetch.peers:
+            return 1
+        return len(range(node % fetch.pieces, self.fleet.nodes, fetch.pieces))
+
     def classes(self) -> list[list[int]]:
-        """Nodes grouped by what they read from where: each group behaves as one node
-        (max-min shares are symmetric)."""
+        """Nodes grouped by what they read from where (and, for a fetch shared between
+        peers, in which swarm): each group behaves as one node (max-min shares are
+        symmetric)."""
         groups: dict[tuple, list[int]] = defaultdict(list)
         for node in range(self.fleet.nodes):
-            groups[tuple(self.routes(f, node) for f in self.fetches)].append(node)
+            groups[tuple((self.routes(f, node), node % f.pieces if f.peers else None)
+                         for f in self.fetches)].append(node)
         return list(groups.values())
 
     def served(self, origin: str) -> list[float]:
         """The bytes each uplink of ``origin`` serves for the nodes' reads (each artifact
-        once per node), without simulating: the placement's answer alone."""
+        once per node, or its share of a swarm's), without simulating: the placement's
+        answer alone."""
         served = [0.0] * self.fleet.origin(origin).uplinks
         reads = {f.artifact: f for f in self.fetches if f.origin == origin and not f.upload}
         for node in range(self.fleet.nodes):
             for fetch in reads.values():
                 for uplink, nbytes in self.routes(fetch, node):
-                    served[uplink] += nbytes
+                    served[uplink] += nbytes / self.members(fetch, node)
         return served

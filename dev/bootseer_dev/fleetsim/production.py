@@ -54,7 +54,8 @@ from .restart import Fleet, Origin, simulate
 GBIT = 1e9 / 8  # bytes per second
 
 #: The curves extrapolated.
-EXTRAPOLATED = ("baseline", "bootseer", "bootseer_prestaged", "bootseer_fanout")
+EXTRAPOLATED = ("baseline", "bootseer", "bootseer_prestaged", "bootseer_fanout",
+                "bootseer_p2p")
 
 #: The paper's production figures (startup time, seconds), marked on the plot for scale:
 #: ~45 s below 10 GPUs (about one 8-GPU node), ~500 s above 3,000 GPUs (375+ nodes), and
@@ -86,6 +87,11 @@ class Production:
     replication: int = 3  # HDFS's default dfs.replication
     readers_per_replica: int = 4  # the fan-out's (``bootseer job fanout``'s default)
     max_replicas: int | None = None  # the fan-out's bound; None: every DataNode
+    # What bootseer_p2p's nodes share as a swarm (a checkpoint part: among the nodes that
+    # read it, one per data-parallel replica): everything its warm fetches, the issue's
+    # design (the lab shared the hot pack and snapshot; checkpoints after it).
+    p2p_shared: tuple[str, ...] = ("image_hot", "env_snapshot", "checkpoint")
+    p2p_upload_gbit_s: float | None = None  # p2p.upload_rate per node; None: no cap (0)
     node_counts: tuple[int, ...] = (1, 10, 100, 1000, 4000)
 
     def per_node_bytes(self) -> dict[str, float]:
@@ -109,7 +115,8 @@ class Production:
         return Fleet(nodes, self.nic_gbit_s * GBIT, (
             Origin(HDFS, self.datanodes, self.datanode_gbit_s * GBIT, self.placement()),
             Origin(REGISTRY, self.registry_frontends, self.registry_gbit_s * GBIT),
-            Origin(INDEX, self.index_mirrors, self.index_gbit_s * GBIT)))
+            Origin(INDEX, self.index_mirrors, self.index_gbit_s * GBIT)),
+            peer_upload=self.p2p_upload_gbit_s * GBIT if self.p2p_upload_gbit_s else None)
 
 
 def scaled(case: str, own: Own, lab_bytes: dict[str, float],
@@ -119,7 +126,8 @@ def scaled(case: str, own: Own, lab_bytes: dict[str, float],
         return sum(prod_bytes[a] for a in artifacts) / sum(lab_bytes[a] for a in artifacts)
 
     spec = CASES[case]
-    factors = {s.name: ratio([s.scales_with]) if s.scales_with else 1.0 for s in spec.steps}
+    factors = {s.name: ratio(list(s.scales_with)) if s.scales_with else 1.0
+               for s in spec.steps}
     if spec.warm:
         factors["warm"] = ratio(list(spec.warm))
     return {name: (before * factors[name], after * factors[name])
@@ -127,10 +135,11 @@ def scaled(case: str, own: Own, lab_bytes: dict[str, float],
 
 
 def extrapolate(lab: dict, params: Production = Production()) -> dict:
-    """Baseline, Bootseer, Bootseer prestaged and Bootseer after a fan-out on ``params`` at
-    each node count: time to ready (p50, p99, max), what limited each run, the busiest
-    DataNode's bytes over their mean and the replication read, and Bootseer / baseline at
-    1,000."""
+    """Baseline, Bootseer, Bootseer prestaged, Bootseer after a fan-out and Bootseer with
+    peers on ``params`` at each node count: time to ready (p50, p99, max), what limited
+    each run, the busiest DataNode's bytes over their mean and the replication read, the
+    bytes the nodes had from each other; Bootseer / baseline at 1,000, and the p2p job's
+    time to ready at 1,000 nodes over 1."""
     began = time.monotonic()
     prod_bytes = params.per_node_bytes()
     cases, warnings = {}, []
@@ -140,12 +149,14 @@ def extrapolate(lab: dict, params: Production = Production()) -> dict:
         except CalibrationError as error:
             warnings.append(f"{error}: not extrapolated")
             continue
-        phases, warm = plan(case, own, prod_bytes, params.fleet(1), parts=params.parts())
+        phases, warm = plan(case, own, prod_bytes, params.fleet(1), parts=params.parts(),
+                            shared=frozenset(params.p2p_shared))
         runs = []
         for nodes in params.node_counts:
             summary = simulate(params.fleet(nodes), phases, warm).summary()
             runs.append({"nodes": nodes} | {k: summary[k] for k in (
-                "p50_s", "p99_s", "max_s", "limited_by", "busy", "served_bytes")} | {
+                "p50_s", "p99_s", "max_s", "limited_by", "busy", "served_bytes",
+                "peer_bytes")} | {
                 "datanode_max_over_mean": summary["max_over_mean"].get(HDFS),
                 "replication": params.placement().replicas(nodes, params.datanodes,
                                                            CASES[case].fanout)})
@@ -174,19 +185,24 @@ def extrapolate(lab: dict, params: Production = Production()) -> dict:
             "links": "NICs and origin uplinks capped, shared max-min fairly; no latency",
             "status": "every parameter is an assumption, not a measurement"},
         "cases": cases,
-        "bootseer_vs_baseline_n1000": _ratio(cases, 1000),
+        "bootseer_vs_baseline_n1000": _ratio(cases, ("bootseer", 1000), ("baseline", 1000)),
+        "p2p_ready_n1000_over_n1": _ratio(cases, ("bootseer_p2p", 1000), ("bootseer_p2p", 1)),
         "note": "bootseer_vs_baseline_n1000: Bootseer's job time to ready (max) over the "
-                "baseline's at 1,000 nodes (< 1: Bootseer is faster)",
+                "baseline's at 1,000 nodes (< 1: Bootseer is faster); "
+                "p2p_ready_n1000_over_n1: bootseer_p2p's job time to ready at 1,000 nodes "
+                "over one node's",
         "runtime_s": time.monotonic() - began,
         "warnings": warnings}
 
 
-def _ratio(cases: dict, nodes: int) -> float | None:
-    times = {case: {r["nodes"]: r["max_s"] for r in cases[case]["runs"]}.get(nodes)
-             for case in ("bootseer", "baseline") if case in cases}
-    if times.get("bootseer") is None or not times.get("baseline"):
-        return None
-    return times["bootseer"] / times["baseline"]
+def _ratio(cases: dict, top: tuple[str, int], bottom: tuple[str, int]) -> float | None:
+    """Job time to ready (max) of one (case, nodes) over another's (None: not run)."""
+    def job(case: str, nodes: int) -> float | None:
+        runs = cases.get(case, {}).get("runs", [])
+        return {r["nodes"]: r["max_s"] for r in runs}.get(nodes)
+
+    over, under = job(*top), job(*bottom)
+    return over / under if over is not None and under else None
 
 
 def plot(extrapolated: dict, path: Path) -> Path:

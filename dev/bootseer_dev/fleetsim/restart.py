@@ -28,6 +28,15 @@ turn, as a balancer spreads clients.
   another: the bytes cross the network once, and the phase ends at the later of its own
   work and their arrival (plus its ``after`` seconds). The node's mark ``warm`` is when
   the warm ended.
+* **Peers** (``Fetch.peers``, ``bootseer warm --job``): the M nodes that read the same
+  part of an artifact are a swarm; member k reads pieces p % M == k from the origin, the
+  rest from the others. So each node reads 1/M of its bytes from the origin (placed as a
+  read of the whole, scaled) and (M - 1)/M in one flow over its NIC and a share of every
+  other member's uplink (``nic_up``, and ``Fleet.peer_upload``'s cap, p2p.upload_rate):
+  the others send it equal parts. The origin serves each part about once, whatever M.
+  Not modelled: that a piece must reach a member from the origin before it can be sent
+  on (no wait for it: the peer flow may run ahead of the origin reads that feed it), and
+  that a member not yet fetching has nothing to send.
 * **Node classes**: nodes that move the same bytes over the same uplinks of every origin
   behave identically (max-min shares are symmetric), so each class is simulated once, as
   flows of weight ``members`` over class links of ``members`` times a node's capacity.
@@ -49,6 +58,7 @@ from dataclasses import dataclass, replace
 import simpy
 
 from .network import Link, Network
+from .peers import Swarms
 from .placement import Layout, Placement
 
 
@@ -63,6 +73,11 @@ class Fetch:
     upload: bool = False
     pieces: int = 1  # distinct parts of it the nodes read: node i reads part i % pieces
     fanout: bool = False  # its replication raised for the job's nodes (``bootseer job fanout``)
+    peers: bool = False  # shared with the nodes that read its part (the job's swarm)
+
+    def __post_init__(self) -> None:
+        if self.peers and self.upload:
+            raise ValueError("peers share what they read, not what they upload")
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,7 @@ class Fleet:
     origins: tuple[Origin, ...]
     cpus: float | None = None  # cores all nodes share (the lab); None: each has its own
     cpu_idle: float = 0.0  # of the shared cores, the share busy with other work (idle load)
+    peer_upload: float | None = None  # bytes/s a node sends its peers at most; None: its NIC
 
     @property
     def pool(self) -> float | None:
@@ -136,6 +152,7 @@ class Outcome:
     # cpu_busy); None: no shared pool.
     cpu_used: float | None = None
     teardown: frozenset[str] = frozenset()  # marks after ready (not time to ready)
+    peer_bytes: float = 0.0  # bytes the nodes received from each other
 
     def ready(self) -> list[float]:
         """Each node's time to ready: its last mark but a teardown's (a start and its warm
@@ -162,6 +179,7 @@ class Outcome:
                    "max_s": job, "served_bytes": {k: sum(v) for k, v in self.served.items()},
                    "max_over_mean": balance,
                    "origin_max_over_mean": max(balance.values(), default=1.0),
+                   "peer_bytes": self.peer_bytes,
                    "limited_by": max(busy, key=busy.__getitem__) if busy else None,
                    "busy": {k: round(v, 4) for k, v in sorted(busy.items(),
                                                               key=lambda kv: -kv[1])}}
@@ -199,14 +217,19 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
         resources[f"{origin}_in" if upload else origin] = links
     if pool:
         resources["cpu"] = [pool]
+    nics = [{up: Link(f"nic{'_up' if up else ''}{index}", len(members) * fleet.nic_rate)
+             for up in (False, True)} for index, members in enumerate(classes)]
+    resources["nic"] = [nic[False] for nic in nics]
+    resources["nic_up"] = [nic[True] for nic in nics]
+    if fleet.peer_upload:
+        resources["p2p_up"] = [Link(f"p2p_up{index}", len(members) * fleet.peer_upload)
+                               for index, members in enumerate(classes)]
+    swarms = Swarms(layout, classes, resources["nic_up"], resources.get("p2p_up"))
     class_marks: list[dict[str, float]] = [{} for _ in classes]
+    from_peers = [0.0]  # bytes the nodes received from each other
 
     def node_class(index: int, members: list[int]):
-        weight = len(members)
-        nic = {up: Link(f"nic{'_up' if up else ''}{index}", weight * fleet.nic_rate)
-               for up in (False, True)}
-        resources["nic"].append(nic[False])
-        resources["nic_up"].append(nic[True])
+        weight, nic = len(members), nics[index]
         in_flight: dict[str, simpy.Event] = {}
 
         def task() -> Link:
@@ -224,19 +247,26 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
         def arrived(artifact: str) -> None:
             class_marks[index][f"fetched:{artifact}"] = env.now
 
-        def one_by_one(routes, links: list[Link], mine: Link):
+        def one_by_one(routes, links: list[Link], mine: Link, share: float):
             for uplink, nbytes in routes:
-                yield network.transfer(nbytes, [links[uplink], mine], weight)
+                yield network.transfer(nbytes * share, [links[uplink], mine], weight)
 
         def fetch(f: Fetch) -> simpy.Event:
             if f.artifact not in in_flight:
                 links, routes = uplinks[f.origin, f.upload], layout.routes(f, members[0])
+                swarm = layout.members(f, members[0])  # its share of the origin: 1 / swarm
                 if layout.sequential(f):
-                    done = env.process(one_by_one(routes, links, nic[f.upload]))
+                    moving = [env.process(one_by_one(routes, links, nic[f.upload], 1 / swarm))]
                 else:
-                    done = simpy.AllOf(env, [
-                        network.transfer(nbytes, [links[uplink], nic[f.upload]], weight)
-                        for uplink, nbytes in routes])
+                    moving = [network.transfer(nbytes / swarm, [links[uplink], nic[f.upload]],
+                                               weight) for uplink, nbytes in routes]
+                if swarm > 1:  # the rest from the other members, a share of each uplink
+                    path, shares = swarms.path(f, index)
+                    nbytes = f.bytes * (swarm - 1) / swarm
+                    moving.append(network.transfer(nbytes, [nic[False], *path], weight,
+                                                   (1.0, *shares)))
+                    from_peers[0] += nbytes * weight
+                done = simpy.AllOf(env, moving)
                 done.callbacks.append(lambda _, artifact=f.artifact: arrived(artifact))
                 in_flight[f.artifact] = done
             return in_flight[f.artifact]
@@ -278,4 +308,4 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
     cpu_used = (pool.carried / (fleet.cpus * wall) + fleet.cpu_idle
                 if pool and wall else None)
     return Outcome(marks, served, full_s, cpu_used,
-                   frozenset(p.name for p in phases if p.teardown))
+                   frozenset(p.name for p in phases if p.teardown), from_peers[0])
