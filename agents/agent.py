@@ -37,7 +37,8 @@ Peer-to-peer (``p2p.enabled``): the agent holds the node's one swarm
 (:mod:`bootseer.p2p`) for its lifetime. A warm that names its job (or its peers) announces
 this node in the job's records, reads the job's members (waiting briefly for ``nodes`` of
 them: every node must see the same list) and fetches the hot pack and the snapshots' shards
-through the swarm, seeding each once it is in the cache. Off, no swarm exists and
+through the swarm, seeding each once it is in the cache, until ``p2p.seed_time`` or
+``p2p.seed_after_start`` seconds after a container's mount here. Off, no swarm exists and
 libtorrent is never loaded; a job in a warm request changes nothing.
 
 SIGTERM and SIGINT stop it gracefully: requests in progress finish their current step,
@@ -189,6 +190,8 @@ class Agent:
         except Exception as exc:
             raise _http_error(exc, f"mounting image {mount_request.image} for "
                                    f"{mount_request.id}") from exc
+        if self.swarm is not None:  # a job started here: its network is for training soon
+            self.swarm.wind_down(self.config.p2p.seed_after_start)
         return web.json_response(mount.to_json())
 
     async def release(self, request: web.Request) -> web.Response:

@@ -86,9 +86,9 @@ log = logging.getLogger("bench-restart")
 MB, MIB = 1e6, 1 << 20
 CASES = ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer", "bootseer_p2p",
          "bootseer_fanout")
-#: What bootseer_p2p's nodes fetch through their swarm (the rest of its warm, the
-#: checkpoint, from HDFS), in the lab dict for the simulator.
-P2P_SHARED = ("image_hot", "env_snapshot")
+#: What bootseer_p2p's nodes fetch through their swarm (all of its warm), in the lab dict
+#: for the simulator.
+P2P_SHARED = ("image_hot", "env_snapshot", "checkpoint")
 #: Cases whose warm is issued at t0, beside the start.
 WARM_AT_T0 = ("bootseer", "bootseer_fanout")
 IMAGE = "job"                       # the lazy image's name in the store

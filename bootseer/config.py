@@ -174,6 +174,10 @@ class P2PConfig:
     #: seeding when the job has started): nodes that start late still find it, and a
     #: training job does not upload for ever. 0: never seed.
     seed_time: float = 600.0
+    #: Seconds this node keeps seeding once a container has started on it: the job's
+    #: late nodes still find what it has, then its uploads stop and leave the network to
+    #: training (and checkpoint saves). Shortens seed_time, never lengthens it.
+    seed_after_start: float = 30.0
     #: Seconds a piece that no peer has, and whose owner is gone or makes no progress,
     #: waits before this node reads it from the store. Shorter: a dead peer costs less
     #: time; longer: a slow peer costs fewer extra store reads.

@@ -371,7 +371,7 @@ def test_a_torrent_that_lies_about_its_blob_costs_a_fetch_not_a_byte(
     assert (tmp_path / "c").read_bytes() == other.data
 
 
-def test_seeding_stops_when_told_or_after_seed_time(tmp_path: Path) -> None:
+def test_seeding_stops_when_told_after_seed_time_or_after_a_start(tmp_path: Path) -> None:
     blob = _blob(tmp_path, 1 << 20)
     path = tmp_path / blob.digest[7:]
     path.write_bytes(blob.data)
@@ -391,6 +391,13 @@ def test_seeding_stops_when_told_or_after_seed_time(tmp_path: Path) -> None:
         assert swarm.stats().seeding == 0
     with _loopback(seed_time=0) as swarm:
         assert not swarm.seed(torrent, path)
+    with _loopback() as swarm:  # seed_time 600 s, but a container started here
+        assert swarm.seed(torrent, path)
+        swarm.wind_down(0.3)
+        deadline = time.monotonic() + 5
+        while swarm.stats().seeding and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert swarm.stats().seeding == 0
     assert path.read_bytes() == blob.data  # only ever read
 
 

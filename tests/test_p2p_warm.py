@@ -60,6 +60,7 @@ IMAGE = "py"
 #: A checkpoint directory of two shards, in the lab's HDFS (1 MiB blocks).
 CKPT = "p2pw-ckpt"
 CKPT_SHARD_BYTES = 6 << 20
+SEED_AFTER_START = 2.0
 
 
 # -- in this process -----------------------------------------------------------------------
@@ -211,7 +212,8 @@ def lab(tmp_path_factory):
     _need_lab_tools()
     state_dir = tmp_path_factory.mktemp("p2pw")
     spec = LabSpec(nodes=NODES, datanodes=1, name="p2pw", state_dir=state_dir,
-                   hdfs_base_port=19550, block_size=1 << 20, origins=False, p2p=True)
+                   hdfs_base_port=19550, block_size=1 << 20, origins=False, p2p=True,
+                   seed_after_start=SEED_AFTER_START)
     lab = Lab(spec)
     try:
         lab.up(timeout_s=90)
@@ -335,6 +337,17 @@ def test_a_job_of_four_nodes_reads_each_byte_from_the_store_about_once(lab) -> N
     assert any(m['bootseer_p2p_fetched_bytes_total{source="peer"}'] > 0 for m in metrics)
     assert sum(m["bootseer_p2p_uploaded_bytes_total"] for m in metrics) > 0, metrics
     assert all(m["bootseer_p2p_seeding"] >= 1 for m in metrics), metrics
+
+
+def test_a_start_on_a_node_ends_its_seeding_soon_after(lab) -> None:
+    """After the warm above every node seeds; a container's start on node 0 (its mount
+    through the agent) ends node 0's uploads p2p.seed_after_start later, not the others'."""
+    assert all(_metrics(lab, i)["bootseer_p2p_seeding"] >= 1 for i in range(NODES))
+    start = lab.run(0, [PY, "-m", "bootseer", "image", "run", IMAGE, "--", "true"])
+    _ok(start)
+    _wait(lambda: _metrics(lab, 0)["bootseer_p2p_seeding"] == 0,
+          seconds=SEED_AFTER_START + 10)
+    assert _metrics(lab, 1)["bootseer_p2p_seeding"] >= 1
 
 
 def test_a_node_killed_mid_warm_costs_the_others_time_not_their_copies(lab) -> None:

@@ -14,8 +14,8 @@ the job:
   by libtorrent against the torrent's SHA-256 merkle tree, which came from the store
   (:mod:`bootseer.p2p.torrents`); a peer whose data fails is banned at once (v2 hashes
   name the failing 16 KiB blocks, hence their sender; libtorrent's ``smart_ban`` plugin
-  covers the rest) and, here, blocked for every torrent of the session. The finished
-  file is hashed whole against the blob's digest before :meth:`Swarm.fetch` returns it;
+  covers the rest) and, here, blocked for every torrent of the session. A blob's
+  finished file is hashed whole against its digest before :meth:`Swarm.fetch` returns it;
   on a mismatch it is deleted (:class:`~bootseer.errors.IntegrityError`).
 * **Each byte leaves the store about once.** The members of a fetch, sorted, split the
   pieces: member ``k`` of ``N`` reads pieces ``p % N == k`` from the store (unless a
@@ -32,7 +32,8 @@ the job:
 * **Seeding only reads.** A fetched object is seeded from where the caller keeps it (a
   node cache entry) with ``seed_mode`` (no rehash; each piece is checked when first
   uploaded) and ``upload_mode`` (never downloads, so never writes the file), until
-  :meth:`Swarm.stop_seeding`, ``seed_time`` seconds, or the file is gone (the cache
+  :meth:`Swarm.stop_seeding`, ``seed_time`` seconds, ``seed_after_start`` seconds after
+  a container started here (:meth:`Swarm.wind_down`), or the file is gone (the cache
   evicted the entry: any process of the node may, so the swarm looks every SEED_CHECK
   seconds rather than being told; libtorrent would otherwise serve an open file, and hold
   its disk space, after its entry left the cache's count).
@@ -263,6 +264,15 @@ class Swarm:
             if peer != me:
                 transfer.handle.connect_peer((peer.address, peer.port))
         return True
+
+    def wind_down(self, seconds: float) -> None:
+        """Seed what is seeded now for at most ``seconds`` more (a container of the job
+        started on this node: ``p2p.seed_after_start``)."""
+        until = time.monotonic() + max(0.0, seconds)
+        with self._lock:
+            for transfer in self._transfers.values():
+                if transfer.seeding:
+                    transfer.until = min(transfer.until, until)
 
     def stop_seeding(self, digest: str | None = None) -> None:
         """Stop seeding ``digest`` (every blob if None): when the job has started, or the

@@ -89,6 +89,7 @@ def _write_config(spec: LabSpec, i: int, files: NodeFiles) -> None:
         + ("[p2p]\n"  # the nodes of a job fetch from each other, on the lab switch
            "enabled = true\n"
            f"listen = {json.dumps(f'{spec.node(i).address}:{P2P_PORT}')}\n"
+           f"seed_after_start = {spec.seed_after_start}\n"
            if spec.p2p else ""))
 
 

@@ -78,6 +78,7 @@ class LabSpec:
     store: str = ""          # "" = the lab's HDFS (or file store without DataNodes)
     engines: bool = False    # a Docker engine per node, with Bootseer's runtime
     p2p: bool = False        # agents with peer-to-peer on, listening on P2P_PORT
+    seed_after_start: float = 30.0  # their p2p.seed_after_start
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).absolute()
