@@ -29,6 +29,9 @@ anything behind. Requests marked *root* are refused (403) to any other peer
   ``{"event": "plan", "bytes"}``, ``{"event": "progress", "bytes"}``..., then
   ``{"event": "result", ...}`` (:meth:`bootseer.agents.warm.WarmSummary.to_json`) or
   ``{"event": "error", "message"}``; 503 while :data:`MAX_WARMS` are in progress.
+* ``POST /v1/p2p/read`` (root: the node's mount servers) a
+  :class:`bootseer.agents.mountapi.PeerRead` -> the bytes of an image pack's range through
+  the job's swarm (:mod:`bootseer.p2p.demand`); 404: read the store.
 
 Each kind of work has threads of its own (mounts, releases, warms, queries, the watcher),
 and every wait has a timeout, so no number of requests of one kind holds up another.
@@ -38,7 +41,9 @@ Peer-to-peer (``p2p.enabled``): the agent holds the node's one swarm
 this node in the job's records, reads the job's members (waiting briefly for ``nodes`` of
 them: every node must see the same list) and fetches the hot pack and the snapshots' shards
 through the swarm, seeding each once it is in the cache, until ``p2p.seed_time`` or
-``p2p.seed_after_start`` seconds after a container's mount here. Off, no swarm exists and
+``p2p.seed_after_start`` seconds after a container's mount here. A mount of a job's
+container opens its image's packs in the swarm, and its server reads them through the
+agent (``/v1/p2p/read``), from the job's peers where they have the bytes. Off, no swarm exists and
 libtorrent is never loaded; a job in a warm request changes nothing.
 
 SIGTERM and SIGINT stop it gracefully: requests in progress finish their current step,
@@ -73,7 +78,7 @@ from aiohttp import web
 from bootseer import __version__
 from bootseer.agents import fields, jobreport
 from bootseer.agents.metrics import AgentMetrics
-from bootseer.agents.mountapi import MountRequest
+from bootseer.agents.mountapi import MountRequest, PeerRead
 from bootseer.agents.mounts import MountManager, MountMismatch, UnknownMount
 from bootseer.agents.policy import CheckpointPolicy, PolicyError
 from bootseer.agents.priority import Priority, PriorityGate
@@ -82,6 +87,7 @@ from bootseer.agents.warm import WarmRequest, warm
 from bootseer.config import Config
 from bootseer.errors import BootseerError
 from bootseer.p2p import Fanout, open_swarm, rendezvous
+from bootseer.p2p.demand import DemandReads, NotShared
 from bootseer.prefetch.lazyimage import LazyImage, block_cache, resolve_image
 from bootseer.store import BlobStore, open_configured_store
 
@@ -98,6 +104,8 @@ T = TypeVar("T")
 MOUNT_THREADS = 8
 RELEASE_THREADS = 8
 WARM_THREADS = 2
+#: Mount servers' reads through peers at once (each mostly waits for pieces).
+P2P_THREADS = 8
 QUERY_THREADS = 2
 #: Warm requests admitted at once (running or waiting for a thread); more get 503.
 MAX_WARMS = 16
@@ -107,7 +115,7 @@ WARM_MAX_YIELD = 30.0
 #: Requests only root may make (the runtime shim and the OCI hook run as root): they
 #: mount, release and record containers' starts. The socket's group may warm and read.
 ROOT_ONLY = {("POST", "/v1/mounts"), ("GET", "/v1/mounts"), ("DELETE", "/v1/mounts/{id}"),
-             ("POST", "/v1/starts")}
+             ("POST", "/v1/starts"), ("POST", "/v1/p2p/read")}
 
 
 #: What a mount itself records (``MountManager.mount``), before the workload runs.
@@ -129,14 +137,21 @@ class Agent:
                                 "agent.node_name", fields.COMPONENT)
         self._merging = threading.Lock()  # start records are merged one at a time
         self.swarm = _open_swarm(config)  # None when peer-to-peer is off
+        #: Mount servers' reads of image packs through the swarm (p2p on only).
+        self.demand = DemandReads(self.swarm, self.blobs.store,
+                                  config.cache_dir / "p2p" / "partial", self.node,
+                                  config.p2p.demand_wait) if self.swarm else None
         self._jobs: set[str] = set()  # jobs this node announced itself in
         self._sharing = 0  # warms running with a Fanout (the swarm closes only after)
-        self.metrics = AgentMetrics(self.swarm.stats if self.swarm else None)
+        self.metrics = AgentMetrics(self.swarm.stats if self.swarm else None,
+                                    self.demand.snapshot if self.demand else None)
         self.gate = PriorityGate()  # demand reads > containers starting > warm requests
         self.mounts = MountManager(config, self.record, self.gate,
-                                   spare_servers=config.agent.spare_servers)
+                                   spare_servers=config.agent.spare_servers,
+                                   peer_reads=self.demand is not None)
         self.pools = {kind: ThreadPoolExecutor(n, thread_name_prefix=kind) for kind, n in
                       (("mount", MOUNT_THREADS), ("release", RELEASE_THREADS),
+                       ("p2p", P2P_THREADS),
                        ("warm", WARM_THREADS), ("query", QUERY_THREADS), ("watch", 1))}
         self._warms = 0  # admitted warm requests
 
@@ -173,7 +188,8 @@ class Agent:
                         web.get("/metrics", self.serve_metrics),
                         web.post("/v1/mounts", self.mount),
                         web.get("/v1/mounts", self.list_mounts),
-                        web.delete("/v1/mounts/{id}", self.release)])
+                        web.delete("/v1/mounts/{id}", self.release),
+                        web.post("/v1/p2p/read", self.peer_read)])
         return app
 
     async def _run(self, kind: str, fn: Callable[..., T], *args: Any) -> T:
@@ -192,7 +208,35 @@ class Agent:
                                    f"{mount_request.id}") from exc
         if self.swarm is not None:  # a job started here: its network is for training soon
             self.swarm.wind_down(self.config.p2p.seed_after_start)
+        if self.demand is not None and mount_request.job is not None:
+            self.pools["p2p"].submit(self._open_image, mount_request.job, mount_request.image)
         return web.json_response(mount.to_json())
+
+    def _open_image(self, job: str, image: str) -> None:
+        """The image's packs opened in the swarm for the job's demand reads (its server
+        reads through :meth:`peer_read`); in the background: never on a start's path."""
+        assert self.demand is not None
+        try:
+            with self.image(image) as lazy:
+                packs = list(lazy.manifest.packs)
+            self.demand.open_image(job, packs)
+            with self._lock:
+                self._jobs.add(job)
+        except Exception:  # an optimisation: the server reads the store
+            log.exception("p2p: opening image %s for job %s", image, job)
+
+    async def peer_read(self, request: web.Request) -> web.Response:
+        """A range of an image pack through the job's swarm, for a mount server (root);
+        404 when it is not to be had so (then the server reads the store)."""
+        if self.demand is None:
+            raise web.HTTPNotFound(text="peer-to-peer is off on this node")
+        body = await _parse(request, PeerRead.from_json, "peer read")
+        try:
+            data = await self._run("p2p", self.demand.read, body.job, body.pack,
+                                   body.offset, body.length)
+        except NotShared as exc:
+            raise web.HTTPNotFound(text=str(exc)) from exc
+        return web.Response(body=data, content_type="application/octet-stream")
 
     async def release(self, request: web.Request) -> web.Response:
         exit_code = request.query.get("exit_code")
@@ -347,6 +391,8 @@ class Agent:
                 return None
         with self._lock:
             self._sharing += 1
+        if self.demand is not None and request.job is not None:
+            self.demand.met(request.job, members)  # the job's starts read with the same
         return Fanout(self.swarm, tuple(members))
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from bootseer.agents.mountapi import ContainerMount, MountRequest
+from bootseer.agents.mountapi import ContainerMount, MountRequest, PeerRead
 from bootseer.agents.timeline import StartRecord
 from bootseer.agents.warm import WarmRequest, WarmSummary
 from bootseer.errors import BootseerError
@@ -41,6 +41,16 @@ class AgentClient:
 
     def __exit__(self, *exc: object) -> None:
         self._client.close()
+
+    def peer_read(self, job: str, pack: str, offset: int, length: int) -> bytes | None:
+        """A range of an image pack through the agent's swarm for ``job`` (a mount
+        server's read); None when the agent cannot serve it so: read the store."""
+        body = PeerRead(job, pack, offset, length).to_json()
+        try:
+            response = self._client.post("/v1/p2p/read", json=body)
+        except httpx.TransportError:
+            return None
+        return response.content if response.status_code == 200 else None
 
     def health(self) -> dict[str, Any]:
         try:

@@ -27,14 +27,17 @@ from bootseer.agents.warm import WarmSummary
 from bootseer.p2p import FetchResult
 
 if TYPE_CHECKING:  # bootseer.p2p.swarm loads libtorrent: only for a swarm that exists
+    from bootseer.p2p.demand import DemandCounts
     from bootseer.p2p.swarm import SwarmStats
 
 _PHASE_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
 class AgentMetrics:
-    def __init__(self, swarm_stats: Callable[[], SwarmStats] | None = None) -> None:
-        """``swarm_stats``: the node's swarm's counters, with peer-to-peer on."""
+    def __init__(self, swarm_stats: Callable[[], SwarmStats] | None = None,
+                 demand: Callable[[], DemandCounts] | None = None) -> None:
+        """``swarm_stats``: the node's swarm's counters, with peer-to-peer on; ``demand``:
+        its demand reads'."""
         self.registry = CollectorRegistry()
         self.starts = Counter("bootseer_starts", "Container starts reported to the agent",
                               ["runtime"], registry=self.registry)
@@ -71,6 +74,8 @@ class AgentMetrics:
             for source in ("peer", "store"):
                 self.p2p_bytes.labels(source)
             self.registry.register(_SwarmCollector(swarm_stats))
+        if demand is not None:
+            self.registry.register(_DemandCollector(demand))
 
     def observe(self, before: StartRecord | None, after: StartRecord) -> None:
         """Count what a merge of start records added (nothing is counted twice)."""
@@ -112,6 +117,24 @@ class AgentMetrics:
     def exposition(self) -> tuple[bytes, str]:
         """The text format; reads the swarm's counters (waits up to a second for them)."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _DemandCollector:
+    """Mount servers' reads through the swarm (:mod:`bootseer.p2p.demand`)."""
+
+    def __init__(self, counts: Callable[[], DemandCounts]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.counts()
+        yield CounterMetricFamily("bootseer_p2p_demand_reads",
+                                  "Image pack ranges mount servers read through the swarm",
+                                  value=counts.reads)
+        yield CounterMetricFamily("bootseer_p2p_demand_bytes",
+                                  "Bytes of those reads", value=counts.bytes)
+        yield CounterMetricFamily("bootseer_p2p_demand_fallbacks",
+                                  "Reads the swarm could not serve (read from the store)",
+                                  value=counts.fallbacks)
 
 
 class _SwarmCollector:

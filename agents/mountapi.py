@@ -15,6 +15,7 @@ from typing import Any
 
 from bootseer.agents import fields
 from bootseer.agents.fields import COMPONENT, CONTAINER_ID, IMAGE, JOB, RUNTIME
+from bootseer.p2p.demand import MAX_READ, PACK_KEY
 from bootseer.ready import SIGNAL_DIR
 
 RECORD_MODES = ("auto", "always", "never")
@@ -123,3 +124,31 @@ class ContainerMount:
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> ContainerMount:
         return cls(**{k: body[k] for k in cls.__dataclass_fields__ if k in body})
+
+
+@dataclass(frozen=True)
+class PeerRead:
+    """``POST /v1/p2p/read`` (root: the node's mount servers): ``length`` bytes at
+    ``offset`` of image pack ``pack`` through the swarm of ``job``; 404 means read the
+    store (:mod:`bootseer.p2p.demand`)."""
+
+    job: str
+    pack: str  # "packs/<sha256 hex>"
+    offset: int
+    length: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, body: Any) -> PeerRead:
+        body = fields.only(body, {"job", "pack", "offset", "length"}, "peer read")
+        pack = body.get("pack")
+        if not isinstance(pack, str) or not PACK_KEY.fullmatch(pack):
+            raise ValueError(f"pack: {pack!r} is not packs/<sha256 hex>")
+        offset, length = body.get("offset"), body.get("length")
+        if type(offset) is not int or type(length) is not int or offset < 0 or \
+                not 0 < length <= MAX_READ:
+            raise ValueError(f"offset, length: {offset!r}, {length!r} are not a range of at "
+                             f"most {MAX_READ} bytes")
+        return cls(fields.name(body.get("job"), "job", JOB), pack, offset, length)

@@ -154,8 +154,12 @@ class MountManager:
     in its thread pool), and safe to call from several threads."""
 
     def __init__(self, config: Config, record: Callable[[StartRecord], StartRecord],
-                 gate: PriorityGate | None = None, *, spare_servers: int = 0) -> None:
+                 gate: PriorityGate | None = None, *, spare_servers: int = 0,
+                 peer_reads: bool = False) -> None:
         self.config = config
+        #: Whether the image servers of a job's containers read packs through the agent's
+        #: swarm (p2p on): ``--peer-job``.
+        self.peer_reads = peer_reads
         self.gate = gate or PriorityGate()
         self._claims: dict[str, _Claims] = {}
         self.recording = RecordingPolicy.from_config(config)
@@ -539,7 +543,9 @@ class MountManager:
             workload=request.workload, prefetch=cfg.prefetch, record=record,
             record_auto=mode == "auto", info=directory / "info.json",
             report=directory / "report.json", fuse_fd=fd,
-            takeover_state=directory / "fuse.json")
+            takeover_state=directory / "fuse.json",
+            peer_job=request.job if self.peer_reads else None,
+            agent_socket=self.config.agent.socket if self.peer_reads and request.job else None)
         argv = options.argv(self._bootseer, request.image, directory / "lower")
         return self._spawn(argv, directory / "server.log", fd,
                            None if takeover else directory / "info.json",

@@ -178,6 +178,10 @@ class P2PConfig:
     #: late nodes still find what it has, then its uploads stop and leave the network to
     #: training (and checkpoint saves). Shortens seed_time, never lengthens it.
     seed_after_start: float = 30.0
+    #: Seconds a demand read (a container's lazy read of an image pack, served through
+    #: the agent) waits for a piece another node of the job is reading from the store,
+    #: before reading it itself: longer saves store reads, shorter bounds a read's wait.
+    demand_wait: float = 0.5
     #: Seconds a piece that no peer has, and whose owner is gone or makes no progress,
     #: waits before this node reads it from the store. Shorter: a dead peer costs less
     #: time; longer: a slow peer costs fewer extra store reads.

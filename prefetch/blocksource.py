@@ -8,6 +8,11 @@ place in the image's own packs: a run may come from elsewhere (a hot pack), so a
 or missing hot pack costs time, not data. A block that fails again is an error of that
 block alone (:class:`BlockIntegrityError` when it is corrupt in the store).
 
+A source may have a ``peer_read``: the node agent's reads of a pack through the job's
+peers (:mod:`bootseer.p2p.demand`); a run is asked of it first, and read from the store
+when it cannot serve it (None, or an error). Its bytes are verified block by block like
+the store's, and a block that fails is fetched again from the store.
+
 The source knows nothing of caches or of who waits for a block: it hands each block out
 as soon as it is verified, and the caller (:class:`~bootseer.prefetch.lazyimage.LazyImage`)
 keeps it and wakes the readers. Its rules, :func:`runs` and :func:`verified`, serve
@@ -21,7 +26,7 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -35,6 +40,10 @@ from bootseer.store import Store
 log = logging.getLogger(__name__)
 
 
+PeerRead = Callable[[str, int, int], bytes | None]
+"""``peer_read(pack, offset, length)``: the bytes through the node's peers, or None."""
+
+
 class BlockIntegrityError(IntegrityError):
     """A block still did not match its digest after being fetched again."""
 
@@ -46,6 +55,8 @@ class FetchCounts:
     blocks_fetched: int = 0
     bytes_fetched: int = 0  # compressed bytes read from the store
     fetch_requests: int = 0  # ranged reads sent to the store
+    peer_reads: int = 0  # ranges served through the node's peers instead
+    peer_bytes: int = 0
     refetches: int = 0  # blocks fetched again after a failed digest check or read
     failed_blocks: int = 0  # blocks that could not be fetched (the read failed with EIO)
 
@@ -122,6 +133,7 @@ class BlockSource:
         self.store, self.manifest, self.image_id = store, manifest, image_id
         self._lock = threading.Lock()  # for the counts: a FetchCounts is shared by threads
         self._local: dict[str, Path] = {}  # packs with a copy on this node
+        self.peer_read: PeerRead | None = None
 
     def use_local(self, pack: str, path: Path) -> None:
         """Read ``pack`` from ``path``, a copy on this node (a hot pack a warm fetched
@@ -138,13 +150,22 @@ class BlockSource:
         raw: memoryview | None = None
         failure: Exception | None = None
         local = self._local.get(run.pack)
+        peers = None
+        if local is None and self.peer_read is not None:
+            peers = self._from_peers(run.pack, start, end - start)
         try:
-            raw = memoryview(self.store.read_range(run.pack, start, end - start)
-                             if local is None else _pread(local, start, end - start))
+            if local is not None:
+                raw = memoryview(_pread(local, start, end - start))
+            elif peers is not None:
+                raw = memoryview(peers)
+            else:
+                raw = memoryview(self.store.read_range(run.pack, start, end - start))
         except Exception as exc:
             failure = exc
         if failure is None:
-            if local is None:  # counted: what came from the store
+            if peers is not None:
+                self._count(stats, peer_reads=1, peer_bytes=end - start)
+            elif local is None:  # counted: what came from the store
                 self._count(stats, fetch_requests=1, bytes_fetched=end - start)
         elif run.pack in self.manifest.packs:  # the blocks' home: nothing to fall back to
             self._count(stats, failed_blocks=len(run.pieces))
@@ -168,6 +189,16 @@ class BlockSource:
                     continue
             self._count(stats, blocks_fetched=1)
             yield index, data
+
+    def _from_peers(self, pack: str, offset: int, length: int) -> bytes | None:
+        """The range through ``peer_read``; None (read the store) if it cannot."""
+        assert self.peer_read is not None
+        try:
+            data = self.peer_read(pack, offset, length)
+        except Exception as exc:  # peers cost time, never a read
+            log.debug("peer read of %s failed (%s); reading the store", pack, exc)
+            return None
+        return data if data is not None and len(data) == length else None
 
     def _refetch(self, location: BlockLocation, stats: FetchCounts) -> bytes:
         """The block from its place in the image's packs, after a failed check or read."""

@@ -6,7 +6,9 @@ skip blocks the store already has (from this image or any converted before), com
 rest with zstd and append them to packs. Content of files that a later layer overrides is
 packed too (a streaming pass cannot know the future); it costs store space, never reads.
 A conversion that dies leaves at most unpublished pack temporaries: packs are published
-before the manifest that points at them, and the manifest is published last.
+before the manifest that points at them, and the manifest is published last. Each pack's
+torrent (for reads served by peers: :mod:`bootseer.p2p`) is hashed as the pack is
+written and published right after it.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import hashlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import zstandard
 
+from bootseer.p2p.publish import leaf_hasher, publish_layer
 from bootseer.prefetch.blockformat import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_PACK_TARGET,
@@ -32,6 +35,9 @@ from bootseer.prefetch.blockformat import (
 from bootseer.prefetch.image_source import ImageSource
 from bootseer.prefetch.rootfs import Kind, merge_layers
 from bootseer.store import BlobStore, ObjectWriter, Store
+
+if TYPE_CHECKING:
+    from bootseer.p2p.torrents import LeafHasher
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +76,7 @@ class _PackWriter:
         self.known = known  # every block in the store; a pack's blocks join it when published
         self._writer: ObjectWriter | None = None
         self._hash = hashlib.sha256()
+        self._leaves: LeafHasher | None = None  # the pack's torrent, for peer reads
         self._offset = 0
         self._pending: list[tuple[str, _Known]] = []  # blocks of the open pack
         self.staged: set[str] = set()  # every block appended by this conversion
@@ -79,8 +86,11 @@ class _PackWriter:
         if self._writer is None:
             self._writer = self.store.open_writer()
             self._hash, self._offset = hashlib.sha256(), 0
+            self._leaves = leaf_hasher()
         self._writer.write(compressed)
         self._hash.update(compressed)
+        if self._leaves is not None:
+            self._leaves.update(compressed)
         self._pending.append((digest, _Known("", self._offset, len(compressed), size)))
         self.staged.add(digest)
         self._offset += len(compressed)
@@ -96,6 +106,8 @@ class _PackWriter:
             self._writer.commit(key, overwrite=False)
         except FileExistsError:  # the same blocks in the same order: the same pack
             pass
+        if self._leaves is not None:  # after the pack: a torrent never names a missing one
+            publish_layer(self.store, "sha256:" + self._hash.hexdigest(), self._leaves)
         for digest, location in self._pending:
             location.pack_key = key
             self.known[digest] = location

@@ -23,6 +23,7 @@ from bootseer.fuse.server import serve_at
 from bootseer.jsonfile import write_json
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch import hotlist
+from bootseer.prefetch.blocksource import PeerRead
 from bootseer.prefetch.hotlist import DEFAULT_WORKLOAD, HotList
 from bootseer.prefetch.imagetree import ImageTree
 from bootseer.prefetch.lazyimage import LazyImage, LazyStats
@@ -57,6 +58,10 @@ class SessionOptions:
     #: its server) instead of mounting one; ``takeover_state`` goes with it.
     fuse_fd: int | None = None
     takeover_state: Path | None = None
+    #: Read the image's packs through the node agent's swarm for this job (``serve``'s
+    #: ``peer_read``), the store when it cannot; the agent answers on ``agent_socket``.
+    peer_job: str | None = None
+    agent_socket: Path | None = None
 
     def argv(self, bootseer: list[str], image: str, mountpoint: Path) -> list[str]:
         """The command line of a server process (``bootseer image mount --foreground``)
@@ -75,7 +80,9 @@ class SessionOptions:
                 args += ["--ready-marker", str(self.record.marker)]
         for flag, value in (("--report", self.report), ("--info", self.info),
                             ("--fuse-fd", self.fuse_fd),
-                            ("--takeover-state", self.takeover_state)):
+                            ("--takeover-state", self.takeover_state),
+                            ("--peer-job", self.peer_job),
+                            ("--agent-socket", self.agent_socket)):
             if value is not None:
                 args += [flag, str(value)]
         return [*args, "--", image, str(mountpoint)]
@@ -184,8 +191,11 @@ def _fields(kind: type[T], body: dict[str, Any]) -> T:
 
 
 def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
-          options: SessionOptions) -> None:
+          options: SessionOptions, peer_read: PeerRead | None = None) -> None:
+    """Serve the image at ``mountpoint`` (or on ``options.fuse_fd``) until unmounted;
+    ``peer_read`` (with ``options.peer_job``) reads packs through the node's peers."""
     image = LazyImage(blobs, image_name, cache)
+    image.source.peer_read = peer_read
     hot = None
     if options.prefetch or options.record_auto:
         hot = hotlist.load(blobs, image.image_id, options.workload, image.manifest)

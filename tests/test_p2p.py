@@ -667,3 +667,47 @@ def test_off_means_no_listener_and_a_plain_store_read(cluster, tmp_path: Path) -
     result = node.next()
     assert result == {"swarm": False, "libtorrent": False, "listening": [],
                       "store_bytes": BLOB_SIZE, "peer_bytes": 0, "sha256": blob.digest}
+
+
+def test_a_demand_read_is_served_by_a_peer_that_has_its_pieces(tmp_path: Path) -> None:
+    blob = _blob(tmp_path)  # 16 pieces of 512 KiB
+    torrent = torrents.load(blob.blobs.store, blob.digest, BLOB_SIZE)
+    key = blob.blobs.blob_key(blob.digest)
+    counted: dict[str, int] = {"a": 0, "b": 0}
+
+    def reader(name: str):
+        def read_range(offset: int, length: int) -> bytes:
+            counted[name] += length
+            return blob.blobs.store.read_range(key, offset, length)
+        return read_range
+
+    a = Swarm(P2PConfig(enabled=True, listen="127.0.0.1:0"))
+    b = Swarm(P2PConfig(enabled=True, listen="127.0.0.2:0"))
+    with a, b:
+        peers = (a.address, b.address)
+        piece = torrent.piece_size
+        for swarm, name in ((a, "a.part"), (b, "b.part")):  # as a mount opens its packs
+            swarm.open(torrent, tmp_path / name, peers)
+        _wait_until(lambda: a.stats().peers and b.stats().peers)
+        # Piece 0 is a's (members sorted: 127.0.0.1 first): a reads it from the store.
+        span = (100, piece + 5000)  # into piece 1, b's: a waits for b, then the store
+        got = a.read(torrent, tmp_path / "a.part", *span, peers, reader("a"), wait=0.5)
+        assert got == blob.data[100:100 + piece + 5000]
+        assert counted["a"] == 2 * piece
+        # b finds both pieces at a: none from its store.
+        got = b.read(torrent, tmp_path / "b.part", *span, peers, reader("b"), wait=0.5)
+        assert got == blob.data[100:100 + piece + 5000]
+        assert counted["b"] == 0, counted
+        # The partial files hold only what was read (sparse), and are served on.
+        assert os.stat(tmp_path / "b.part").st_blocks * 512 <= 2 * piece + (64 << 10)
+        with pytest.raises(ValueError):
+            b.read(torrent, tmp_path / "b.part", BLOB_SIZE - 1, 2, peers, reader("b"), 0.5)
+        a.wind_down(0)
+        _wait_until(lambda: not (tmp_path / "a.part").exists())  # expired: removed
+
+
+def _wait_until(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)

@@ -33,6 +33,7 @@ from test_prefetch_lazy import BIG, MIB, MIB_BLOCKS, big_image
 from test_prefetch_lazy import bootseer as lazy_cli
 from test_snapshot_cli import bootseer as snapshot_cli
 
+from bootseer.agents.mountapi import PeerRead
 from bootseer.agents.warm import WarmRequest
 from bootseer.config import P2PConfig
 from bootseer.nodecache import NodeCache
@@ -165,6 +166,31 @@ def test_a_torrent_that_cannot_be_published_does_not_fail_the_publish(
     assert not publish_torrent(blobs.store, digest, right)  # there already
 
 
+def test_an_image_conversion_publishes_each_packs_torrent(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    lazy_cli("image", "convert", str(big_image(tmp_path)), "--name", "big", *MIB_BLOCKS,
+             store=store_dir, cache=tmp_path / "cache")
+    blobs = BlobStore(open_store(store_dir.as_uri()))
+    packs = LazyImage(blobs, "big", NodeCache(tmp_path / "c", 1 << 30)).manifest.packs
+    assert packs
+    for key in packs:  # hashed while the pack was streamed to the store
+        size = blobs.store.stat(key).size
+        torrent = torrents.load(blobs.store, "sha256:" + key.removeprefix("packs/"), size)
+        pack = tmp_path / torrent.hex
+        pack.write_bytes(blobs.store.get(key))
+        assert torrent.data == torrents.build(torrent.digest, size, pack)
+
+
+def test_peer_reads_check_what_a_server_asks() -> None:
+    body = {"job": "train-7", "pack": "packs/" + "a" * 64, "offset": 0, "length": 1 << 20}
+    assert PeerRead.from_json(body).to_json() == body
+    for bad in ({"pack": "packs/../etc"}, {"pack": "blobs/sha256/" + "a" * 64},
+                {"offset": -1}, {"length": 0}, {"length": 1 << 40}, {"length": True},
+                {"offset": 1.5}, {"job": "../x"}, {"extra": 1}):
+        with pytest.raises(ValueError):
+            PeerRead.from_json(body | bad)
+
+
 def test_warm_requests_check_their_job_nodes_and_peers() -> None:
     body = {"envs": ["k"], "job": "train-7", "nodes": 4,
             "peers": ["198.19.0.2:6881", "198.19.0.1:6881", "198.19.0.2:6881"]}
@@ -241,18 +267,21 @@ def lab(tmp_path_factory):
         lab.down()
 
 
-def _warm_all(lab: Lab, job: str, *, kill: int | None = None,
-              scheduler: bool = False) -> tuple[list[dict | None], int]:
+def _warm_all(lab: Lab, job: str, *, kill: int | None = None, scheduler: bool = False,
+              parts: tuple[str, ...] | None = None) -> tuple[list[dict | None], int]:
     """`bootseer warm --job J --nodes 4` on every node at once (with ``scheduler``,
     ``--peers`` naming the nodes instead); each node's summary (None if its warm failed)
     and the bytes the DataNode sent meanwhile. With ``kill``, that node's agent is
-    killed once the node has received its first MiB."""
+    killed once the node has received its first MiB. ``parts``: what to warm (default:
+    the snapshot, the image's hot blocks and the checkpoint)."""
     members = ["--peers", ",".join(f"{lab.spec.node(i).address}:{P2P_PORT}"
                                    for i in range(NODES))] if scheduler else \
         ["--nodes", str(NODES)]
+    if parts is None:
+        parts = ("--env", ENV_KEY, "--image", IMAGE,
+                 "--checkpoint", f"{lab.spec.checkpoint_prefix()}{CKPT}")
     argv = [PY, "-m", "bootseer", "warm", "--agent", "--json", "--job", job, *members,
-            "--env", ENV_KEY, "--image", IMAGE,
-            "--checkpoint", f"{lab.spec.checkpoint_prefix()}{CKPT}"]
+            *parts]
     sent = lab.link_bytes("datanode-0")[0]
     received = lab.link_bytes(f"node-{kill}")[1] if kill is not None else 0
     warms = [subprocess.Popen(
@@ -365,6 +394,52 @@ def test_a_node_killed_mid_warm_costs_the_others_time_not_their_copies(lab) -> N
           f"DataNode sent {sent / 2**20:.1f} MiB ({sent / needed:.2f}x)")
     # The dead node's share was read again by the others, once, not once each.
     assert sent <= 2 * needed, (sent, needed)
+
+
+def _start_all(lab: Lab, job: str) -> tuple[list[str], int]:
+    """`bootseer image run --job J` of the image on every node at once, through each
+    node's agent: their outputs, and the bytes the DataNode sent meanwhile."""
+    argv = [PY, "-m", "bootseer", "image", "run", "--job", job, IMAGE, "--", "python3",
+            "-c", "import email.parser, json, http.client; print(6 * 7)"]
+    sent = lab.link_bytes("datanode-0")[0]
+    starts = [subprocess.Popen(
+        [*netns.enter_argv(lab.spec.node(i).netns), *argv], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        env=agent_env(lab.client_env()) | {"BOOTSEER_CONFIG": str(lab.node_files(i).config)})
+        for i in range(NODES)]
+    outs = []
+    for i, start in enumerate(starts):
+        out, err = start.communicate(timeout=180)
+        assert start.returncode == 0, f"node {i}: {err[-3000:]}"
+        outs.append(out.splitlines()[0])
+    return outs, lab.link_bytes("datanode-0")[0] - sent
+
+
+def test_a_job_starting_cold_reads_its_image_through_its_peers(lab) -> None:
+    """Four cold nodes start the image at once, as one job whose warm staged only its
+    snapshot (so the nodes know each other): their mount servers read the packs (the hot
+    pack the prefetch reads, the blocks it misses) through their agents' swarm. Then the
+    same with p2p off, for the DataNode's bytes."""
+    lab.restart_agents(list(range(NODES)))  # cold caches
+    _warm_all(lab, "p2pw-cold", parts=("--env", ENV_KEY))
+    outs, sent = _start_all(lab, "p2pw-cold")
+    assert outs == ["42"] * NODES
+    metrics = [_metrics(lab, i) for i in range(NODES)]
+    served = sum(m["bootseer_p2p_demand_bytes_total"] for m in metrics)
+    lab.spec.p2p = False
+    lab.restart_agents(list(range(NODES)))
+    try:
+        _warm_all(lab, "p2pw-cold-off", parts=("--env", ENV_KEY))
+        outs, sent_off = _start_all(lab, "p2pw-cold-off")
+        assert outs == ["42"] * NODES
+    finally:
+        lab.spec.p2p = True
+        lab.restart_agents(list(range(NODES)))
+    print(f"{NODES} cold starts: the DataNode sent {sent / 2**20:.1f} MiB through peers, "
+          f"{sent_off / 2**20:.1f} MiB without; {served / 2**20:.1f} MiB of reads served "
+          f"by the agents; fallbacks {[m['bootseer_p2p_demand_fallbacks_total'] for m in metrics]}")
+    # Each node reads its share, and pieces whose owner was slower than demand_wait.
+    assert served > 0 and sent <= 0.7 * sent_off, (sent, sent_off, metrics)
 
 
 def test_with_p2p_off_every_node_reads_the_store_and_nothing_listens(lab) -> None:

@@ -124,3 +124,43 @@ def test_an_unreadable_home_pack_fails_every_block_of_the_run(image) -> None:
     assert [i for i, _ in got] == blocks
     assert all(isinstance(e, FileNotFoundError) for _, e in got)
     assert (stats.failed_blocks, stats.refetches, stats.fetch_requests) == (6, 0, 0)
+
+
+def test_a_run_is_asked_of_peers_first_and_their_bytes_are_verified_too(image) -> None:
+    store, manifest, blocks = image
+    (run,) = runs(manifest, blocks)
+    pack_bytes = store.get(run.pack)
+    store.reads.clear()
+    asked: list[tuple[str, int, int]] = []
+
+    def peers(pack: str, offset: int, length: int) -> bytes | None:
+        asked.append((pack, offset, length))
+        return pack_bytes[offset:offset + length]
+
+    source = BlockSource(store, manifest, "sha256:x")
+    source.peer_read = peers
+    stats = FetchCounts()
+    got = dict(source.fetch(run, stats))
+    assert b"".join(got[i] for i in blocks) == BIG and asked == [(run.pack, run.start, run.size)]
+    assert (stats.peer_reads, stats.peer_bytes, stats.fetch_requests) == (1, run.size, 0)
+    assert store.reads == []
+
+    # Peers that cannot (None), fail or send bad bytes cost a store read, never a block.
+    def flipped(pack: str, offset: int, length: int) -> bytes:
+        return bytes(b ^ 0xFF for b in pack_bytes[offset:offset + length])
+
+    def failing(pack: str, offset: int, length: int) -> bytes:
+        raise OSError("the agent went away")
+
+    for bad in (lambda *_: None, failing, lambda p, o, n: pack_bytes[o:o + n - 1]):
+        source.peer_read = bad
+        store.reads.clear()
+        got = dict(source.fetch(run, FetchCounts()))
+        assert b"".join(got[i] for i in blocks) == BIG
+        assert store.reads == [(run.pack, run.start, run.size)]
+    source.peer_read = flipped
+    store.reads.clear()
+    stats = FetchCounts()
+    got = dict(source.fetch(run, stats))
+    assert b"".join(got[i] for i in blocks) == BIG
+    assert stats.refetches == len(blocks) and len(store.reads) == len(blocks)

@@ -8,6 +8,7 @@ statistics file the server refreshes twice a second (``bootseer image stats``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import sys
@@ -34,6 +35,10 @@ from bootseer.prefetch.recording import ReadyWhen
 from bootseer.prefetch.session import RECORD_UNTIL, SessionOptions
 from bootseer.progress import byte_progress, console
 from bootseer.units import format_size
+
+#: Longest a mount server waits for the agent's read through peers (it then reads the
+#: store): the agent's own bound (p2p.demand_wait + the swarm's timeout) and a margin.
+PEER_READ_TIMEOUT = 30.0
 
 log = logging.getLogger(__name__)
 
@@ -134,13 +139,19 @@ def _options(app: AppContext, workload: str, prefetch: bool | None, record: bool
                    "MOUNTPOINT by the node agent (which keeps it across server restarts).")
 @click.option("--takeover-state", type=click.Path(dir_okay=False, path_type=Path),
               hidden=True, help="With --fuse-fd: the connection's negotiated parameters.")
+@click.option("--peer-job", hidden=True,
+              help="--foreground: read the image's packs through the node agent's "
+                   "peer-to-peer swarm for this job (the store when it cannot).")
+@click.option("--agent-socket", type=Path, hidden=True,
+              help="With --peer-job: the agent's socket (default: agent.socket).")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="Seconds to wait for the mount to appear.")
 @pass_app
 def mount(app: AppContext, name: str, mountpoint: Path, workload: str, prefetch: bool | None,
           ready_marker: Path | None, record_timeout: float | None, record: str | None,
           ready_file: Path | None, report: Path | None, info: Path | None, foreground: bool,
-          fuse_fd: int | None, takeover_state: Path | None, timeout: float) -> None:
+          fuse_fd: int | None, takeover_state: Path | None, peer_job: str | None,
+          agent_socket: Path | None, timeout: float) -> None:
     """Mount image NAME (a name or an image id) read-only at MOUNTPOINT, lazily.
 
     Its hot list for the workload, if it has one, is prefetched in the background.
@@ -152,14 +163,22 @@ def mount(app: AppContext, name: str, mountpoint: Path, workload: str, prefetch:
     options = _options(app, workload, prefetch,
                        {"always": True, "auto": None, None: False}[record], ready_file,
                        ready_marker, record_timeout, report, info)
-    options = dataclasses.replace(options, fuse_fd=fuse_fd, takeover_state=takeover_state)
+    options = dataclasses.replace(options, fuse_fd=fuse_fd, takeover_state=takeover_state,
+                                  peer_job=peer_job, agent_socket=agent_socket)
     if foreground:
         from bootseer.prefetch.lazyimage import block_cache
         from bootseer.prefetch.session import serve, stats_path
 
         cfg = app.loaded.config
         options = dataclasses.replace(options, stats=stats_path(cfg.cache_dir, mountpoint))
-        serve(app.blobs, name, block_cache(cfg), mountpoint, options)
+        peer_read = None
+        if peer_job is not None:
+            from bootseer.agents.client import AgentClient
+
+            agent = AgentClient(agent_socket or cfg.agent.socket,
+                                answer_timeout=PEER_READ_TIMEOUT)
+            peer_read = functools.partial(agent.peer_read, peer_job)
+        serve(app.blobs, name, block_cache(cfg), mountpoint, options, peer_read)
         return
     pid = spawn_mount(options.argv(app.bootseer_argv(), name, mountpoint), mountpoint,
                       f"image {name}", timeout,

@@ -1,11 +1,13 @@
 """Torrents published with their objects, by whoever publishes the object.
 
 The node that writes a blob (a snapshot's shard, an image's hot pack) has its bytes in a
-local file at that moment; hashing them there costs a read of a local file, where any
-later node would have to read the whole object from the store first. So the publisher
-builds the torrent (:func:`bootseer.p2p.torrents.build`) and puts it beside the object,
-whether or not peer-to-peer is enabled on this node: a torrent is a few KiB of metadata
-per object, and nodes that do enable it can only use torrents that exist.
+local file at that moment (or, streaming an image's pack to the store, their leaf
+hashes: :class:`~bootseer.p2p.torrents.LeafHasher`); hashing them there costs a read of
+a local file, where any later node would have to read the whole object from the store
+first. So the publisher builds the torrent (:func:`bootseer.p2p.torrents.build`) and
+puts it beside the object, whether or not peer-to-peer is enabled on this node: a
+torrent is a few KiB of metadata per object, and nodes that do enable it can only use
+torrents that exist.
 
 A torrent is an optimisation: failing to build or publish one (libtorrent missing, the
 store refusing the write) is logged and the object is published all the same; nodes then
@@ -16,8 +18,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bootseer.store import Store
+
+if TYPE_CHECKING:
+    from .torrents import LeafHasher
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +41,33 @@ def publish_torrent(store: Store, digest: str, path: Path) -> bool:
             return False
         return torrents.publish(store, digest,
                                 torrents.build(digest, path.stat().st_size, path))
+    except Exception as exc:  # an optimisation: never the object's publish
+        log.warning("p2p: could not publish the torrent of %s: %s", digest, exc)
+        return False
+
+
+def leaf_hasher() -> LeafHasher | None:
+    """A hasher for an object about to be streamed to the store (None without
+    libtorrent: then no torrent is published for it)."""
+    try:
+        from .torrents import LeafHasher
+    except ImportError:
+        return None
+    return LeafHasher()
+
+
+def publish_layer(store: Store, digest: str, hasher: LeafHasher) -> bool:
+    """Publish the torrent of object ``digest``, whose bytes ``hasher`` took as they were
+    written (create-only); False if it is too small to share (one piece), was there
+    already, or could not be published (logged)."""
+    from . import torrents
+
+    try:
+        piece = torrents.piece_size_for(hasher.size)
+        if -(-hasher.size // piece) < 2:
+            return False  # one piece: fetched whole from the store, never shared
+        data = torrents.build_from_layer(digest, hasher.size, piece, hasher.layer(piece))
+        return torrents.publish(store, digest, data)
     except Exception as exc:  # an optimisation: never the object's publish
         log.warning("p2p: could not publish the torrent of %s: %s", digest, exc)
         return False

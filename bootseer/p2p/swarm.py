@@ -58,6 +58,7 @@ import contextlib
 import hashlib
 import ipaddress
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -71,7 +72,7 @@ from bootseer.errors import BootseerError, IntegrityError
 
 from .blobfetch import FetchResult
 from .peer import Peer
-from .torrents import Torrent
+from .torrents import Torrent, piece_hash
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +93,18 @@ CONNECTIONS = 2000
 ENGINE_TIMEOUT = 30.0
 #: How often the swarm looks for seeds whose file is gone.
 SEED_CHECK = 2.0
+#: How often a demand read looks at its pieces (piece_finished wakes it sooner).
+DEMAND_TICK = 0.01
+#: How often a demand read dials the members it is not connected to.
+DEMAND_REDIAL = 0.2
+#: How long past its ``wait`` a demand read may take before it gives up on the swarm.
+DEMAND_TIMEOUT = 10.0
 
 ReadRange = Callable[[int, int], bytes]
 """``read_range(offset, length)``: exactly ``length`` verified bytes of the blob."""
 
 _ALERTS = (lt.alert_category.error | lt.alert_category.status | lt.alert_category.peer
-           | lt.alert_category.storage)
+           | lt.alert_category.storage | lt.alert_category.piece_progress)
 _HANDSHAKING = lt.peer_info.connecting | lt.peer_info.handshake
 _FETCH_FLAGS = (lt.torrent_flags.apply_ip_filter | lt.torrent_flags.disable_dht
                 | lt.torrent_flags.disable_lsd | lt.torrent_flags.disable_pex)
@@ -131,6 +138,10 @@ class _Transfer:
     handle: lt.torrent_handle
     seeding: bool
     path: Path  # the file: where a fetch writes, or what a seed serves
+    #: A demand read's: pieces come only as reads ask for them (priority 0 otherwise),
+    #: are served to peers as they come, and the file (sparse) goes when it expires.
+    partial: bool = False
+    absent: dict[str, float] = field(default_factory=dict)  # member → missing since
     until: float = float("inf")
     store_bytes: int = 0
     from_store: set[int] = field(default_factory=set)  # pieces added from the store
@@ -138,8 +149,12 @@ class _Transfer:
     banned: set[str] = field(default_factory=set)
     error: str | None = None
     reads: list[concurrent.futures.Future[int]] = field(default_factory=list)  # store reads
+    demanded: dict[int, concurrent.futures.Future[int]] = field(default_factory=dict)
     wake: threading.Event = field(default_factory=threading.Event)  # something to look at
     flushed: threading.Event = field(default_factory=threading.Event)
+    #: Demand reads' pieces being read back from libtorrent (read_piece: its write
+    #: buffers hold new pieces until it flushes them to the file).
+    piece_reads: dict[int, concurrent.futures.Future[bytes]] = field(default_factory=dict)
     removed: threading.Event = field(default_factory=threading.Event)
 
 
@@ -177,6 +192,12 @@ class Swarm:
             "upload_rate_limit": int(config.upload_rate),
             # All of a job's peers cooperate: no tit-for-tat, every peer is served.
             "unchoke_slots_limit": -1,
+            # A demand read's partial transfer wants nothing until a read asks: it must
+            # stay connected to the job's peers meanwhile, "finished" as it looks.
+            "close_redundant_connections": False,
+            # A member dialed before it has added the torrent refuses; libtorrent would
+            # then wait a minute (times its failures) before dialing it again.
+            "min_reconnect_time": 1,
             "connections_limit": CONNECTIONS,
             # libtorrent dials peers and hands out upload quota once per tick (default
             # 500 ms): at 100 ms a start waits less for its first connections, and a
@@ -265,13 +286,145 @@ class Swarm:
                 transfer.handle.connect_peer((peer.address, peer.port))
         return True
 
+    def read(self, torrent: Torrent, path: Path, offset: int, length: int,
+             peers: Sequence[Peer], read_range: ReadRange, wait: float) -> bytes:
+        """``length`` bytes at ``offset`` of the object of ``torrent``, for a read that
+        is waiting (a container's lazy read), from a peer that has them or the store.
+
+        The object is in the session as a partial transfer with its file at ``path``
+        (sparse; created on the first read, removed when it expires like a seed): a
+        piece a connected peer has is requested at once (a piece deadline); one this
+        node owns (``p % N``, as in :meth:`fetch`) is read from the store at once; one
+        whose owner is connected is waited for, ``wait`` seconds at most, then read from
+        the store; one whose owner is not connected, until the owner has been missing for
+        ``piece_grace`` (it may be starting), then at once. The bytes
+        returned are checked against the torrent's piece hashes here (whatever
+        libtorrent has already checked); :class:`SwarmError` or :class:`IntegrityError`
+        mean: read the store.
+        """
+        if torrent.num_pieces < 2:
+            raise SwarmError(f"{torrent.digest} is one piece: read it from the store")
+        if offset < 0 or length <= 0 or offset + length > torrent.size:
+            raise ValueError(f"bytes {offset}+{length} are not in {torrent.digest}")
+        transfer = self._partial(torrent, path, peers)
+        if transfer.seeding:  # the whole object is here already
+            return _pread(transfer.path, offset, length)
+        handle, me = transfer.handle, self.address
+        members = self.members(peers)
+        first = offset // torrent.piece_size
+        needed = range(first, (offset + length - 1) // torrent.piece_size + 1)
+        began = dialed_at = time.monotonic()
+        grace = self.config.piece_grace
+        asked: dict[int, float] = {}  # piece → when requested from peers
+        while True:
+            now = time.monotonic()
+            if transfer.error:
+                raise SwarmError(f"read of {torrent.digest}: {transfer.error}")
+            if now - began > wait + DEMAND_TIMEOUT:
+                raise SwarmError(f"read of {torrent.digest}: no piece after "
+                                 f"{now - began:.1f} s")
+            missing = [p for p in needed if not handle.have_piece(p)]
+            if not missing:
+                break
+            connected, dialing = self._connected(handle)
+            if now - dialed_at >= DEMAND_REDIAL:
+                dialed_at = now
+                self._dial(transfer, peers, connected, dialing)
+            # A member not connected may be starting (a mount opens its image's packs
+            # early, :meth:`open`, so that reads find their connections up): its pieces
+            # are waited for until it has been missing for piece_grace.
+            for member in members:
+                if member.address in connected:
+                    transfer.absent.pop(member.address, None)
+                elif member != me:
+                    transfer.absent.setdefault(member.address, now)
+            availability = handle.piece_availability()
+            for piece in missing:
+                with self._lock:
+                    reading = transfer.demanded.get(piece)
+                if reading is not None:
+                    if reading.done():
+                        reading.result()  # a failed store read fails this read
+                    continue
+                owner = members[piece % len(members)]
+                if availability[piece] and piece not in asked:
+                    handle.piece_priority(piece, 7)
+                    handle.set_piece_deadline(piece, 0)
+                    asked[piece] = now
+                elif owner == me or (owner.address in connected
+                                     and now - asked.get(piece, began) >= wait) \
+                        or now - transfer.absent.get(owner.address, now) >= grace:
+                    with self._lock:
+                        if self._transfers.get(torrent.hex) is not transfer:
+                            raise SwarmError(f"{torrent.digest} expired during a read")
+                        if piece not in transfer.demanded:
+                            transfer.demanded[piece] = self._store_pool.submit(
+                                self._read_piece, transfer, piece, read_range)
+            transfer.wake.wait(DEMAND_TICK)
+            transfer.wake.clear()
+        return self._checked(transfer, offset, length, needed)
+
+    def open(self, torrent: Torrent, path: Path, peers: Sequence[Peer]) -> None:
+        """Have the object ready for demand reads (:meth:`read`): in the session, its
+        file at ``path``, dialing ``peers``, so that the first read finds them connected
+        rather than paying for the handshakes."""
+        self._partial(torrent, path, peers)
+
+    def _partial(self, torrent: Torrent, path: Path, peers: Sequence[Peer]) -> _Transfer:
+        """The object's transfer for demand reads: its seed if this node has it whole, the
+        partial transfer if there is one, else a new one (every piece at priority 0)."""
+        with self._lock:
+            current = self._transfers.get(torrent.hex)
+        if current is not None and (current.seeding or current.partial):
+            transfer = current
+        elif current is not None:
+            raise SwarmError(f"{torrent.digest} is being fetched whole")
+        else:
+            transfer = self._add(torrent, path, seeding=False, partial=True)
+            transfer.until = time.monotonic() + self.config.seed_time
+        self._dial(transfer, peers, *self._connected(transfer.handle))
+        return transfer
+
+    def _dial(self, transfer: _Transfer, peers: Sequence[Peer], connected: dict[str, int],
+              dialing: set[str]) -> None:
+        """Connect ``transfer`` to the ``peers`` it is not connected to (nor banned)."""
+        me = self.address
+        for peer in peers:
+            if peer != me and peer.address not in connected and peer.address not in dialing \
+                    and peer.address not in self._banned:
+                transfer.handle.connect_peer((peer.address, peer.port))
+
+    def _checked(self, transfer: _Transfer, offset: int, length: int,
+                 pieces: range) -> bytes:
+        """The bytes of ``pieces`` (read back from libtorrent), each checked against the
+        torrent, cut to the read."""
+        torrent = transfer.torrent
+        with self._lock:
+            reads = []
+            for piece in pieces:
+                reading = transfer.piece_reads.get(piece)
+                if reading is None:
+                    reading = transfer.piece_reads[piece] = concurrent.futures.Future()
+                    transfer.handle.read_piece(piece)
+                reads.append(reading)
+        data = []
+        for piece, reading in zip(pieces, reads, strict=True):
+            chunk = reading.result(ENGINE_TIMEOUT)
+            if piece_hash(chunk, torrent.piece_size) != torrent.piece_digest(piece):
+                raise IntegrityError(f"piece {piece} of {torrent.digest} does not match "
+                                     f"the torrent")
+            data.append(chunk)
+        start, _ = torrent.piece_range(pieces[0])
+        view = memoryview(b"".join(data))
+        return bytes(view[offset - start:offset - start + length])
+
     def wind_down(self, seconds: float) -> None:
         """Seed what is seeded now for at most ``seconds`` more (a container of the job
         started on this node: ``p2p.seed_after_start``)."""
         until = time.monotonic() + max(0.0, seconds)
         with self._lock:
             for transfer in self._transfers.values():
-                if transfer.seeding:
+                if transfer.seeding or transfer.partial:
                     transfer.until = min(transfer.until, until)
 
     def stop_seeding(self, digest: str | None = None) -> None:
@@ -474,7 +627,8 @@ class Swarm:
 
     # -- the session's torrents -------------------------------------------------------------
 
-    def _add(self, torrent: Torrent, path: Path, *, seeding: bool) -> _Transfer:
+    def _add(self, torrent: Torrent, path: Path, *, seeding: bool,
+             partial: bool = False) -> _Transfer:
         """Add ``torrent`` with its file at ``path``; a seed of the same blob is dropped
         first (a fetch means this node lost its copy), a fetch of it is an error."""
         deadline = time.monotonic() + ENGINE_TIMEOUT
@@ -490,11 +644,13 @@ class Swarm:
                     params.save_path = str(path.parent)
                     params.renamed_files = {0: path.name}
                     params.flags = _SEED_FLAGS if seeding else _FETCH_FLAGS
+                    if partial:  # nothing but what reads ask for
+                        params.piece_priorities = [0] * torrent.num_pieces
                     try:
                         handle = self._ses.add_torrent(params)
                     except RuntimeError as exc:
                         raise SwarmError(f"cannot add {torrent.digest}: {exc}") from exc
-                    transfer = _Transfer(torrent, handle, seeding, path)
+                    transfer = _Transfer(torrent, handle, seeding, path, partial)
                     self._transfers[torrent.hex] = transfer
                     return transfer
             if current is not None:
@@ -502,14 +658,19 @@ class Swarm:
             if not leaving.removed.wait(max(0.0, deadline - time.monotonic())):
                 raise SwarmError(f"{torrent.digest} did not leave the session in time")
 
-    def _drop(self, transfer: _Transfer, *, wait: bool, flush: bool = False) -> None:
+    def _drop(self, transfer: _Transfer, *, wait: bool, flush: bool = False,
+              unless_busy: bool = False) -> bool:
         """Take ``transfer`` out of the session (after writing its file out, if
-        ``flush``); with ``wait``, return only once libtorrent has let go of the file."""
+        ``flush``); with ``wait``, return only once libtorrent has let go of the file.
+        With ``unless_busy``, a partial transfer a read is reading pieces for stays
+        (False): no store read may add a piece to a torrent leaving the session."""
         if flush:
             transfer.flushed.clear()
             transfer.handle.flush_cache()
             transfer.flushed.wait(ENGINE_TIMEOUT)
         with self._lock:
+            if unless_busy and any(not r.done() for r in transfer.demanded.values()):
+                return False
             if self._transfers.get(transfer.torrent.hex) is transfer:
                 del self._transfers[transfer.torrent.hex]
                 self._removing[transfer.torrent.hex] = transfer
@@ -517,6 +678,7 @@ class Swarm:
                     self._ses.remove_torrent(transfer.handle)
         if wait and not transfer.removed.wait(ENGINE_TIMEOUT):
             raise SwarmError(f"{transfer.torrent.digest} did not leave the session in time")
+        return True
 
     # -- alerts -----------------------------------------------------------------------------
 
@@ -546,12 +708,14 @@ class Swarm:
             if check:
                 checked_at = now
             with self._lock:
-                seeds = [t for t in self._transfers.values() if t.seeding]
+                seeds = [t for t in self._transfers.values() if t.seeding or t.partial]
             for transfer in seeds:
                 if now >= transfer.until:
-                    log.info("p2p: seeded %s for %s s; stopping", transfer.torrent.digest,
-                             self.config.seed_time)
-                    self._drop(transfer, wait=False)
+                    if self._drop(transfer, wait=False, unless_busy=True):
+                        log.info("p2p: seeded %s for its time; stopping",
+                                 transfer.torrent.digest)
+                elif transfer.partial:
+                    continue
                 elif check and not transfer.path.exists():
                     log.info("p2p: %s left the cache; no longer seeding it",
                              transfer.torrent.digest)
@@ -573,9 +737,21 @@ class Swarm:
             if isinstance(alert, lt.torrent_removed_alert):
                 if self._removing.get(name) is transfer:
                     del self._removing[name]
+                if transfer.partial:  # what reads brought is in the node's caches
+                    transfer.path.unlink(missing_ok=True)
                 transfer.removed.set()
             elif isinstance(alert, lt.cache_flushed_alert):
                 transfer.flushed.set()
+            elif isinstance(alert, lt.read_piece_alert):
+                reading = transfer.piece_reads.pop(alert.piece, None)
+                if reading is not None:
+                    if alert.error.value():
+                        reading.set_exception(SwarmError(
+                            f"piece {alert.piece} of {name}: {alert.error.message()}"))
+                    else:
+                        reading.set_result(bytes(alert.buffer))
+            elif isinstance(alert, lt.piece_finished_alert):
+                transfer.wake.set()
             elif isinstance(alert, lt.hash_failed_alert):
                 piece = alert.piece_index
                 if piece in transfer.from_store:
@@ -614,3 +790,11 @@ def _check_digest(path: Path, digest: str) -> None:
     if "sha256:" + sha.hexdigest() != digest:
         path.unlink(missing_ok=True)
         raise IntegrityError(f"the file fetched for {digest} does not match it: deleted")
+
+
+def _pread(path: Path, offset: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        data = os.pread(f.fileno(), length, offset)
+    if len(data) != length:
+        raise SwarmError(f"{path}: {len(data)} bytes at {offset}, not {length}")
+    return data

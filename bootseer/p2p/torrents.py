@@ -80,6 +80,12 @@ class Torrent:
     #: False: it names a store object's identity (``p2p/files``), and the merkle root,
     #: against which every piece is checked, is all that vouches for the bytes.
     addressed: bool = True
+    #: The piece hashes (32 bytes each, in order); empty for a one-piece object.
+    layer: bytes = field(default=b"", repr=False)
+
+    def piece_digest(self, piece: int) -> bytes:
+        """The torrent's hash of ``piece`` (:func:`piece_hash`)."""
+        return self.layer[32 * piece:32 * piece + 32]
 
     @property
     def hex(self) -> str:
@@ -145,11 +151,50 @@ def piece_hash(data: bytes | memoryview, piece_size: int) -> bytes:
     blocks' SHA-256, the last block possibly short, padded with zero leaves to
     ``piece_size`` (the last piece of a file is hashed as if it were whole)."""
     leaves = [hashlib.sha256(data[i:i + BLOCK]).digest() for i in range(0, len(data), BLOCK)]
-    leaves += [bytes(32)] * (piece_size // BLOCK - len(leaves))
-    while len(leaves) > 1:
-        leaves = [hashlib.sha256(leaves[i] + leaves[i + 1]).digest()
-                  for i in range(0, len(leaves), 2)]
-    return leaves[0]
+    return _subtree(leaves, piece_size // BLOCK)
+
+
+def _subtree(leaves: list[bytes], width: int) -> bytes:
+    """The merkle root over ``leaves`` padded with zero leaves to ``width`` (a power of 2)."""
+    nodes = leaves + [bytes(32)] * (width - len(leaves))
+    while len(nodes) > 1:
+        nodes = [hashlib.sha256(nodes[i] + nodes[i + 1]).digest()
+                 for i in range(0, len(nodes), 2)]
+    return nodes[0]
+
+
+class LeafHasher:
+    """An object's 16 KiB leaf hashes, taken as it is written (a pack streamed to the
+    store): its torrent is built once its size, hence its piece size, is known, without
+    reading it again. 32 bytes per 16 KiB are kept."""
+
+    def __init__(self) -> None:
+        self._leaves: list[bytes] = []
+        self._tail = bytearray()
+        self.size = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        self.size += len(data)
+        view = memoryview(data)
+        if self._tail:
+            take = min(BLOCK - len(self._tail), len(view))
+            self._tail += view[:take]
+            view = view[take:]
+            if len(self._tail) < BLOCK:
+                return
+            self._leaves.append(hashlib.sha256(self._tail).digest())
+            self._tail.clear()
+        whole = len(view) - len(view) % BLOCK
+        self._leaves += [hashlib.sha256(view[i:i + BLOCK]).digest()
+                         for i in range(0, whole, BLOCK)]
+        self._tail += view[whole:]
+
+    def layer(self, piece_size: int) -> bytes:
+        """The piece hashes at ``piece_size``, in order (:func:`piece_hash` of each)."""
+        leaves = self._leaves + ([hashlib.sha256(self._tail).digest()] if self._tail else [])
+        width = piece_size // BLOCK
+        return b"".join(_subtree(leaves[i:i + width], width)
+                        for i in range(0, len(leaves), width))
 
 
 def build_from_layer(digest: str, size: int, piece_size: int, layer: bytes) -> bytes:
@@ -249,6 +294,7 @@ def parse(digest: str, size: int, data: bytes, *, addressed: bool = True) -> Tor
     if not isinstance(root, bytes) or len(root) != 32:
         raise TorrentError(f"{what} has no merkle root for its file")
     layers = decoded.get(b"piece layers")
+    layer = b""
     if pieces > 1:
         layer = layers.get(root) if isinstance(layers, dict) and len(layers) == 1 else None
         if not isinstance(layer, bytes) or len(layer) != 32 * pieces:
@@ -273,7 +319,7 @@ def parse(digest: str, size: int, data: bytes, *, addressed: bool = True) -> Tor
             or files.file_size(0) != size or ti.num_pieces() != pieces or \
             ti.piece_length() != piece:
         raise TorrentError(f"{what} is not read by libtorrent as checked")
-    return Torrent(digest, size, piece, pieces, data, ti, addressed)
+    return Torrent(digest, size, piece, pieces, data, ti, addressed, layer)
 
 
 def _layer_root(layer: bytes, piece: int) -> bytes:
