@@ -230,8 +230,10 @@ class Bench:
 
     def warm_command(self, i: int, key: str, swarm: int = 0) -> list[str]:
         """The job's warm on node i; with ``swarm`` nodes, as one job whose nodes share
-        what they fetch (peer-to-peer)."""
-        job = ["--job", f"restart-{self.round}", "--nodes", str(swarm)] if swarm else []
+        what they fetch (peer-to-peer): the job its containers name (BOOTSEER_JOB), so
+        that their demand reads split the store reads by the members the warm gathered."""
+        job = ["--job", f"restart-{self.round}-bootseer_p2p", "--nodes", str(swarm)] \
+            if swarm else []
         return self.bootseer("warm", "--agent", "--json", *job, "--image", IMAGE,
                              "--workload", f"restart-{self.round}", "--env", key,
                              "--checkpoint", self.checkpoint_url(i % GROUPS))
