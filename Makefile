@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint system-deps venv clean bench-ckpt bench-hdfs bench-blocksize bench-image \
-	bench-env bench-restart
+	bench-env bench-restart bench-p2p-read
 
 $(STAMP): pyproject.toml dev/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ bench-image: system-deps venv
 # benchmark's own tool venv (~/.cache/bootseer/bench-env), not the project's dependencies.
 bench-env: system-deps venv
 	$(BIN)/python benchmarks/bench_env.py --out bench-results/env.json
+
+# Demand reads served by a peer vs the same reads from an idle store (two lab nodes).
+bench-p2p-read: system-deps venv
+	$(BIN)/python benchmarks/bench_p2p_read.py --out bench-results/p2p-read.json
 
 # A job restarting on 1..16 nodes of the fleet lab (network namespaces, tc caps; root):
 # baseline vs Bootseer cases, origin bytes, and the fleet simulator calibrated from it.

@@ -86,7 +86,7 @@ from bootseer.agents.timeline import StartRecord, Timeline, timeline_path
 from bootseer.agents.warm import WarmRequest, warm
 from bootseer.config import Config
 from bootseer.errors import BootseerError
-from bootseer.p2p import Fanout, open_swarm, rendezvous
+from bootseer.p2p import Fanout, Peer, open_swarm, rendezvous
 from bootseer.p2p.demand import DemandReads, NotShared
 from bootseer.prefetch.lazyimage import LazyImage, block_cache, resolve_image
 from bootseer.store import BlobStore, open_configured_store
@@ -373,18 +373,23 @@ class Agent:
         """The job's swarm for a warm: None with peer-to-peer off, for a warm of no job,
         or if the job's members cannot be read (the warm then reads the store, as
         without peer-to-peer). With ``peers``, those are the members; else this node
-        announces itself in the job's records and reads everyone's."""
+        announces itself, and the checkpoints it warms, in the job's records and reads
+        everyone's: a checkpoint is shared among the members that warm it."""
         if self.swarm is None or (request.job is None and not request.peers):
             return None
         members = list(request.peers)
+        wanting: dict[str, tuple[Peer, ...]] = {}
         if not members:
             assert request.job is not None
             try:
                 rendezvous.announce(self.blobs.store, request.job, self.node,
-                                    self.swarm.address)
+                                    self.swarm.address, request.checkpoints)
                 with self._lock:
                     self._jobs.add(request.job)
-                members = rendezvous.gather(self.blobs.store, request.job, request.nodes)
+                roster = rendezvous.gather(self.blobs.store, request.job, request.nodes)
+                members = [m.peer for m in roster]
+                wanting = {url: tuple(rendezvous.wanting(roster, url))
+                           for url in request.checkpoints}
             except (BootseerError, OSError) as exc:
                 log.warning("job %s: cannot meet its peers (%s); warming from the store",
                             request.job, exc)
@@ -393,7 +398,7 @@ class Agent:
             self._sharing += 1
         if self.demand is not None and request.job is not None:
             self.demand.met(request.job, members)  # the job's starts read with the same
-        return Fanout(self.swarm, tuple(members))
+        return Fanout(self.swarm, tuple(members), wanting)
 
     def close(self) -> None:
         """Leave the jobs' swarms: withdraw this node's peer records and close the swarm

@@ -138,7 +138,8 @@ def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
         turn()
         checkpoints.append(stage_checkpoint(
             source, url, concurrency=config.checkpoint.stage_concurrency, keep=keep,
-            fanout=fanout, records=blobs.store, on_plan=on_plan, on_progress=on_progress,
+            fanout=fanout.among(url) if fanout else None, records=blobs.store,
+            on_plan=on_plan, on_progress=on_progress,
             before_fetch=before_fetch))
     return WarmSummary(image, envs, checkpoints,
                        members=len(fanout.peers) if fanout is not None else 0)

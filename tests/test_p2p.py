@@ -32,6 +32,7 @@ from bootseer.config import P2PConfig, load_config
 from bootseer.errors import BootseerError, IntegrityError
 from bootseer.limits import TORRENT_MAX_PIECES
 from bootseer.p2p import (
+    Fanout,
     Peer,
     PeerAddressError,
     fetch_blob,
@@ -280,7 +281,10 @@ def test_members_come_from_the_store_and_hostile_records_are_skipped(
         return json.dumps({**base, **fields}).encode()
 
     hostile = {
-        "big": record(node="big", address="198.18.64.51" + " " * 2000),
+        "big": record(node="big", address="198.18.64.51" + " " * 40000),
+        "wantsbad": record(node="wantsbad", wants=["../x"]),
+        "wantsmany": record(node="wantsmany", wants=["a" * 64] * 257),
+        "wantsstr": record(node="wantsstr", wants="a" * 64),
         "json": b"{not json",
         "list": b"[1, 2]",
         "deep": b"[" * 900 + b"]" * 900,
@@ -308,6 +312,29 @@ def test_members_come_from_the_store_and_hostile_records_are_skipped(
     for job, node in (("../x", "n"), ("job", "../n"), ("", "n"), ("job", "a/b")):
         with pytest.raises(BootseerError):
             rendezvous.announce(store, job, node, Peer("198.18.64.1", 1))
+
+
+def test_a_checkpoint_is_shared_among_the_members_that_want_it(tmp_path: Path) -> None:
+    store = open_store((tmp_path / "store").as_uri())
+    group = {"hdfs://nn/ckpt/a": (0, 1), "hdfs://nn/ckpt/b": (2, 3)}
+    for i in range(4):
+        urls = [url for url, nodes in group.items() if i in nodes]
+        rendezvous.announce(store, "j", f"n{i}", Peer(f"198.18.64.{i + 1}", 6881), urls)
+    roster = rendezvous.gather(store, "j", 4)
+    assert [m.peer.address for m in roster] == [f"198.18.64.{i + 1}" for i in range(4)]
+    for url, nodes in group.items():
+        wanted = rendezvous.wanting(roster, url)
+        assert wanted == [Peer(f"198.18.64.{i + 1}", 6881) for i in nodes]
+    assert rendezvous.wanting(roster, "hdfs://nn/ckpt/c") == []
+    with _loopback() as swarm:
+        fanout = Fanout(swarm, tuple(m.peer for m in roster),
+                        {url: tuple(rendezvous.wanting(roster, url)) for url in group})
+        assert fanout.among("hdfs://nn/ckpt/a").peers == fanout.wanting["hdfs://nn/ckpt/a"]
+        assert fanout.among("hdfs://nn/ckpt/a").results is fanout.results
+        assert fanout.among("hdfs://other") is fanout  # not in the records: every member
+    with pytest.raises(BootseerError):
+        rendezvous.announce(store, "j", "n9", Peer("198.18.64.9", 1),
+                            [f"u{i}" for i in range(rendezvous.MAX_WANTS + 1)])
 
 
 def test_members_read_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -694,7 +721,8 @@ def test_a_demand_read_is_served_by_a_peer_that_has_its_pieces(tmp_path: Path) -
         got = a.read(torrent, tmp_path / "a.part", *span, peers, reader("a"), wait=0.5)
         assert got == blob.data[100:100 + piece + 5000]
         assert counted["a"] == 2 * piece
-        # b finds both pieces at a: none from its store.
+        # b finds both pieces at a (once a's HAVE messages came): none from its store.
+        time.sleep(0.5)
         got = b.read(torrent, tmp_path / "b.part", *span, peers, reader("b"), wait=0.5)
         assert got == blob.data[100:100 + piece + 5000]
         assert counted["b"] == 0, counted

@@ -438,8 +438,8 @@ def test_a_job_starting_cold_reads_its_image_through_its_peers(lab) -> None:
     print(f"{NODES} cold starts: the DataNode sent {sent / 2**20:.1f} MiB through peers, "
           f"{sent_off / 2**20:.1f} MiB without; {served / 2**20:.1f} MiB of reads served "
           f"by the agents; fallbacks {[m['bootseer_p2p_demand_fallbacks_total'] for m in metrics]}")
-    # Each node reads its share, and pieces whose owner was slower than demand_wait.
-    assert served > 0 and sent <= 0.7 * sent_off, (sent, sent_off, metrics)
+    # Each node reads its share (and pieces whose owner was slower than demand_wait).
+    assert served > 0 and sent <= 0.5 * sent_off, (sent, sent_off, metrics)
 
 
 def test_with_p2p_off_every_node_reads_the_store_and_nothing_listens(lab) -> None:

@@ -93,6 +93,9 @@ class Fanout:
 
     swarm: Swarm
     peers: tuple[Peer, ...]
+    #: Objects not every member fetches (a data-parallel group's checkpoint), by URL:
+    #: the members that do (:meth:`among`).
+    wanting: dict[str, tuple[Peer, ...]] = field(default_factory=dict)
     results: list[FetchResult] = field(default_factory=list)
     _torrents: dict[str, Torrent | None] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -117,6 +120,14 @@ class Fanout:
         result = self._through_swarm(store, digest, size, dest,
                                      lambda offset, n: store.read_range(key, offset, n))
         return self._kept(result or read_object(store, key, digest, dest))
+
+    def among(self, url: str) -> Fanout:
+        """This fanout for ``url``, fetched by the members that want it (all, if the
+        records did not say), counting into the same results."""
+        peers = self.wanting.get(url, self.peers)
+        if peers == self.peers:
+            return self
+        return Fanout(self.swarm, peers, {}, self.results, self._torrents, self._lock)
 
     def fetch_file(self, file: SharedFile, dest: Path, spool: Path) -> FetchResult | None:
         """A store object with no digest known (a checkpoint file) into ``dest`` through

@@ -88,7 +88,10 @@ class DemandReads:
     def open_image(self, job: str, packs: list[str]) -> None:
         """A container of ``job`` is starting here with an image made of ``packs``: join
         the job's records and open each pack that has a torrent in the swarm."""
-        rendezvous.announce(self.store, job, self.node, self.swarm.address)
+        with self._lock:
+            met = job in self._met
+        if not met:  # (a warm's record says more: what the node warmed)
+            rendezvous.announce(self.store, job, self.node, self.swarm.address)
         peers = self.members(job, fresh=True)
         for key in packs:
             try:

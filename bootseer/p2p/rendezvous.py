@@ -3,13 +3,16 @@
 Each node of a job announces where its peer session listens, one small object per node,
 rewritten on every start (a restarted node may listen on another port)::
 
-    p2p/jobs/<job>/peers/<node>.json      {"node": ..., "address": ..., "port": ..., "time": ...}
+    p2p/jobs/<job>/peers/<node>.json      {"node": ..., "address": ..., "port": ..., "time": ...,
+                                           "wants": [<interest>, ...]}
 
-and reads every other node's (:func:`members`; :func:`gather` waits until as many as the
-scheduler said would start have announced). A scheduler that knows the job's nodes
-can pass their addresses instead (:func:`bootseer.p2p.peer.parse_peers`); either way the
-result is a sorted list of :class:`~bootseer.p2p.peer.Peer`, and the swarm splits store
-reads by position in it.
+and reads every other node's (:func:`roster`; :func:`gather` waits until as many as the
+scheduler said would start have announced). ``wants`` names what this node fetches that
+not every node of the job does (:func:`interest` of each checkpoint URL: a data-parallel
+group's shards), so that such an object is shared among the nodes that want it only. A
+scheduler that knows the job's nodes can pass their addresses instead
+(:func:`bootseer.p2p.peer.parse_peers`); either way the result is a sorted list of
+:class:`~bootseer.p2p.peer.Peer`, and the swarm splits store reads by position in it.
 
 The records are hostile input (anyone who can write the store can write one): at most
 MAX_MEMBERS are read, each refused above MAX_RECORD_BYTES before it is read, parsed as
@@ -20,12 +23,15 @@ waste time: everything it sends is checked against the store's torrent.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
 import posixpath
 import re
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -38,7 +44,9 @@ log = logging.getLogger(__name__)
 
 PREFIX = "p2p/jobs"
 #: A record is under a hundred bytes; anything much larger is not one.
-MAX_RECORD_BYTES = 1024
+MAX_RECORD_BYTES = 32 << 10
+#: Interests one record may name (checkpoint URLs of one warm).
+MAX_WANTS = 256
 #: Peers read for one job: more than any job's node count, few enough to dial.
 MAX_MEMBERS = 4096
 #: A job's name, as ``io.bootseer.job`` and ``bootseer report --job`` take it.
@@ -46,12 +54,32 @@ JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")
 #: A node's name (``agent.node_name``).
 NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _FIELDS = {"node", "address", "port", "time"}
+_HEX = re.compile(r"[0-9a-f]{64}")
 #: Longest :func:`gather` waits for the members a scheduler said would start: the nodes
 #: of a restart warm within seconds of each other; one that does not come costs the
 #: others this long once, then they go on without it.
 GATHER_WAIT = 15.0
 GATHER_POLL = 0.2  # the first wait between listings; it doubles up to GATHER_POLL_MAX
 GATHER_POLL_MAX = 2.0
+
+
+@dataclass(frozen=True, order=True)
+class Member:
+    """A node of the job as its record says: where it listens, what it wants."""
+
+    peer: Peer
+    wants: frozenset[str] = frozenset()
+
+
+def interest(url: str) -> str:
+    """The name a record gives an object some nodes of a job fetch: sha256 of its URL."""
+    return hashlib.sha256(url.encode()).hexdigest()
+
+
+def wanting(roster: list[Member], url: str) -> list[Peer]:
+    """The members that want ``url``, sorted (the swarm splits by position)."""
+    name = interest(url)
+    return [m.peer for m in roster if name in m.wants]
 
 
 def _name(value: str, what: str, pattern: re.Pattern[str]) -> str:
@@ -65,10 +93,16 @@ def peers_dir(job: str) -> str:
     return posixpath.join(PREFIX, quote(_name(job, "job", JOB), safe="._-"), "peers")
 
 
-def announce(store: Store, job: str, node: str, peer: Peer) -> str:
-    """Publish (or replace) this node's record for ``job``; returns its key."""
+def announce(store: Store, job: str, node: str, peer: Peer,
+             wants: Iterable[str] = ()) -> str:
+    """Publish (or replace) this node's record for ``job``, wanting the URLs ``wants``;
+    returns its key."""
     key = posixpath.join(peers_dir(job), _name(node, "node", NODE) + ".json")
-    record = {"node": node, "address": peer.address, "port": peer.port, "time": time.time()}
+    names = sorted({interest(url) for url in wants})
+    if len(names) > MAX_WANTS:
+        raise BootseerError(f"a node may want at most {MAX_WANTS} objects of a job")
+    record = {"node": node, "address": peer.address, "port": peer.port, "time": time.time(),
+              "wants": names}
     store.put(key, json.dumps(record).encode())
     return key
 
@@ -83,26 +117,31 @@ def withdraw(store: Store, job: str, node: str) -> None:
 
 def members(store: Store, job: str) -> list[Peer]:
     """Every valid peer record of ``job``, as sorted peers (one per address)."""
+    return [m.peer for m in roster(store, job)]
+
+
+def roster(store: Store, job: str) -> list[Member]:
+    """Every valid record of ``job``, sorted by peer (one per address)."""
     prefix = peers_dir(job) + "/"
-    found: dict[str, Peer] = {}
+    found: dict[str, Member] = {}
     for count, info in enumerate(store.list(prefix)):
         if count >= MAX_MEMBERS:
             log.warning("job %s: over %d peer records; reading the first only", job,
                         MAX_MEMBERS)
             break
         try:
-            peer = _parse(info.key[len(prefix):], store.get(info.key, MAX_RECORD_BYTES))
+            member = _parse(info.key[len(prefix):], store.get(info.key, MAX_RECORD_BYTES))
         except (BootseerError, ValueError, RecursionError) as exc:  # SizeLimitError, JSON
             log.warning("job %s: skipping peer record %s: %s", job, info.key, exc)
             continue
         except FileNotFoundError:  # withdrawn while we listed
             continue
-        found.setdefault(peer.address, peer)
+        found.setdefault(member.peer.address, member)
     return sorted(found.values())
 
 
 def gather(store: Store, job: str, expected: int | None, timeout: float = GATHER_WAIT,
-           poll: float = GATHER_POLL) -> list[Peer]:
+           poll: float = GATHER_POLL) -> list[Member]:
     """The job's members once ``expected`` of them have announced (or ``timeout``
     passed: then those there, with a warning); with ``expected`` None, those there now.
 
@@ -126,16 +165,20 @@ def gather(store: Store, job: str, expected: int | None, timeout: float = GATHER
             break
         time.sleep(min(poll, left))
         poll = min(poll * 2, GATHER_POLL_MAX)
-    return members(store, job)
+    return roster(store, job)
 
 
-def _parse(name: str, data: bytes) -> Peer:
+def _parse(name: str, data: bytes) -> Member:
     record: Any = json.loads(data)
-    if not isinstance(record, dict) or set(record) != _FIELDS:
-        raise ValueError(f"fields must be exactly {sorted(_FIELDS)}")
+    if not isinstance(record, dict) or set(record) - {"wants"} != _FIELDS:
+        raise ValueError(f"fields must be exactly {sorted(_FIELDS)} and wants")
+    wants = record.get("wants", [])
+    if not isinstance(wants, list) or len(wants) > MAX_WANTS or \
+            not all(isinstance(w, str) and _HEX.fullmatch(w) for w in wants):
+        raise ValueError(f"wants must be at most {MAX_WANTS} sha256 hex names")
     if name != _name(record["node"], "node", NODE) + ".json":
         raise ValueError(f"names node {record['node']!r} but is filed as {name!r}")
     if not isinstance(record["address"], str) or \
             not isinstance(record["time"], (int, float)) or isinstance(record["time"], bool):
         raise ValueError("address must be a string and time a number")
-    return Peer.of(record["address"], record["port"])
+    return Member(Peer.of(record["address"], record["port"]), frozenset(wants))

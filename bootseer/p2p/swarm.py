@@ -297,10 +297,9 @@ class Swarm:
         node owns (``p % N``, as in :meth:`fetch`) is read from the store at once; one
         whose owner is connected is waited for, ``wait`` seconds at most, then read from
         the store; one whose owner is not connected, until the owner has been missing for
-        ``piece_grace`` (it may be starting), then at once. The bytes
-        returned are checked against the torrent's piece hashes here (whatever
-        libtorrent has already checked); :class:`SwarmError` or :class:`IntegrityError`
-        mean: read the store.
+        ``piece_grace`` (it may be starting), then at once. The bytes returned are
+        checked against the torrent's piece hashes here (whatever libtorrent checked
+        already); :class:`SwarmError` or :class:`IntegrityError` mean: read the store.
         """
         if torrent.num_pieces < 2:
             raise SwarmError(f"{torrent.digest} is one piece: read it from the store")
@@ -347,13 +346,18 @@ class Swarm:
                         reading.result()  # a failed store read fails this read
                     continue
                 owner = members[piece % len(members)]
-                if availability[piece] and piece not in asked:
+                if piece in asked:  # from a peer: the store only if it is slow
+                    from_store = now - asked[piece] >= wait
+                elif availability[piece]:
                     handle.piece_priority(piece, 7)
                     handle.set_piece_deadline(piece, 0)
                     asked[piece] = now
-                elif owner == me or (owner.address in connected
-                                     and now - asked.get(piece, began) >= wait) \
-                        or now - transfer.absent.get(owner.address, now) >= grace:
+                    from_store = False
+                else:
+                    from_store = owner == me or \
+                        (owner.address in connected and now - began >= wait) or \
+                        now - transfer.absent.get(owner.address, now) >= grace
+                if from_store:
                     with self._lock:
                         if self._transfers.get(torrent.hex) is not transfer:
                             raise SwarmError(f"{torrent.digest} expired during a read")
@@ -635,6 +639,8 @@ class Swarm:
         while True:
             with self._lock:
                 current = self._transfers.get(torrent.hex)
+                if current is not None and partial and current.partial:
+                    return current  # two reads opened it at once
                 if current is not None and not current.seeding:
                     raise SwarmError(f"{torrent.digest} is being fetched already")
                 leaving = current or self._removing.get(torrent.hex)
