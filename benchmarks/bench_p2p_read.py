@@ -42,20 +42,18 @@ OBJECT_BYTES = 64 << 20
 
 #: Run on node 0: the object and its torrent into the store; prints its key.
 SETUP = textwrap.dedent("""
-    import hashlib, os, sys, tempfile
-    from pathlib import Path
+    import hashlib, os, sys
     from bootseer.config import load_config
-    from bootseer.p2p import publish_torrent
+    from bootseer.p2p.publish import leaf_hasher, publish_layer
     from bootseer.store import open_configured_store
     store = open_configured_store(load_config().config)
     data = os.urandom(int(sys.argv[1]))
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     key = "packs/" + digest[7:]
     store.put(key, data)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "pack"
-        path.write_bytes(data)
-        assert publish_torrent(store, digest, path)
+    hasher = leaf_hasher()
+    hasher.update(data)
+    assert publish_layer(store, digest, hasher)  # as a conversion publishes a pack's
     print(key)
 """)
 

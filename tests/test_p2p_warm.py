@@ -178,7 +178,8 @@ def test_an_image_conversion_publishes_each_packs_torrent(tmp_path: Path) -> Non
         torrent = torrents.load(blobs.store, "sha256:" + key.removeprefix("packs/"), size)
         pack = tmp_path / torrent.hex
         pack.write_bytes(blobs.store.get(key))
-        assert torrent.data == torrents.build(torrent.digest, size, pack)
+        assert torrent.data == torrents.build(torrent.digest, size, pack,
+                                              torrents.piece_size_for(size, 256 << 10))
 
 
 def test_peer_reads_check_what_a_server_asks() -> None:

@@ -58,12 +58,13 @@ def leaf_hasher() -> LeafHasher | None:
 
 def publish_layer(store: Store, digest: str, hasher: LeafHasher) -> bool:
     """Publish the torrent of object ``digest``, whose bytes ``hasher`` took as they were
-    written (create-only); False if it is too small to share (one piece), was there
-    already, or could not be published (logged)."""
+    written (create-only), with pieces for reads by ranges (DEMAND_PIECE: an image's
+    packs); False if it is too small to share (one piece), was there already, or could
+    not be published (logged)."""
     from . import torrents
 
     try:
-        piece = torrents.piece_size_for(hasher.size)
+        piece = torrents.piece_size_for(hasher.size, torrents.DEMAND_PIECE)
         if -(-hasher.size // piece) < 2:
             return False  # one piece: fetched whole from the store, never shared
         data = torrents.build_from_layer(digest, hasher.size, piece, hasher.layer(piece))

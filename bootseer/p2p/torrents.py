@@ -55,6 +55,9 @@ FILES_PREFIX = "p2p/files"
 #: The piece size a large blob gets: large enough that a piece's request and hash cost
 #: little per byte, small enough that N nodes each have a share to start from.
 TARGET_PIECE = 1 << 20
+#: The piece size of objects read by ranges (an image's packs, read a run of blocks at a
+#: time): a demand read fetches whole pieces, so they are kept near a block's size.
+DEMAND_PIECE = 256 << 10
 #: Smaller blobs get smaller pieces, down to TORRENT_MIN_PIECE, so that they still have
 #: this many pieces to spread over the nodes that fetch them.
 MIN_PIECES = 16
@@ -104,11 +107,11 @@ def key(digest: str, *, addressed: bool = True) -> str:
     return f"{PREFIX if addressed else FILES_PREFIX}/{hexd[:2]}/{hexd}"
 
 
-def piece_size_for(size: int) -> int:
-    """The piece size of a blob of ``size`` bytes: TARGET_PIECE, halved (not below 16 KiB)
+def piece_size_for(size: int, target: int = TARGET_PIECE) -> int:
+    """The piece size of a blob of ``size`` bytes: ``target``, halved (not below 16 KiB)
     while the blob would have fewer than MIN_PIECES pieces, doubled while it would have
     more than TORRENT_MAX_PIECES; :class:`TorrentError` beyond TORRENT_MAX_PIECE."""
-    piece = TARGET_PIECE
+    piece = target
     while piece > TORRENT_MIN_PIECE and size < piece * MIN_PIECES:
         piece //= 2
     while -(-size // piece) > TORRENT_MAX_PIECES:
@@ -119,7 +122,7 @@ def piece_size_for(size: int) -> int:
     return piece
 
 
-def build(digest: str, size: int, path: Path) -> bytes:
+def build(digest: str, size: int, path: Path, piece: int | None = None) -> bytes:
     """The bencoded v2 torrent of the blob whose bytes are the file ``path``.
 
     The file is checked against ``digest`` (and ``size``) first: a torrent is published
@@ -133,7 +136,7 @@ def build(digest: str, size: int, path: Path) -> bytes:
         raise IntegrityError(f"{path} is {path.stat().st_size} bytes, not the {size} of "
                              f"blob {digest}")
     _check_file_digest(path, digest)
-    piece = piece_size_for(size)
+    piece = piece or piece_size_for(size)
     with tempfile.TemporaryDirectory(prefix="bootseer-torrent-") as tmp:
         root = path.parent
         if path.name != hexd:
