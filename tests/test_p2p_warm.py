@@ -182,6 +182,26 @@ def test_an_image_conversion_publishes_each_packs_torrent(tmp_path: Path) -> Non
                                               torrents.piece_size_for(size, 256 << 10))
 
 
+def test_a_demand_read_without_peers_or_torrent_is_refused(tmp_path: Path) -> None:
+    from bootseer.p2p.demand import DemandReads, NotShared
+    from bootseer.p2p.publish import leaf_hasher, publish_layer
+
+    store = open_store((tmp_path / "store").as_uri())
+    data = os.urandom(3 << 20)
+    hexd = hashlib.sha256(data).hexdigest()
+    store.put("packs/" + hexd, data)
+    store.put("packs/" + "b" * 64, data)  # no torrent
+    hasher = leaf_hasher()
+    hasher.update(data)
+    assert publish_layer(store, "sha256:" + hexd, hasher)
+    with _loopback() as swarm:
+        demand = DemandReads(swarm, store, tmp_path / "partial", "n0", 0.5)
+        for key in ("packs/" + hexd, "packs/" + "b" * 64, "blobs/x", "packs/../../etc"):
+            with pytest.raises(NotShared):  # alone in the job; no torrent; not a pack
+                demand.read("j", key, 0, 1 << 20)
+        assert demand.snapshot().fallbacks == 4 and demand.snapshot().reads == 0
+
+
 def test_peer_reads_check_what_a_server_asks() -> None:
     body = {"job": "train-7", "pack": "packs/" + "a" * 64, "offset": 0, "length": 1 << 20}
     assert PeerRead.from_json(body).to_json() == body

@@ -110,8 +110,11 @@ class DemandReads:
             torrent = self._torrent(key)
             if torrent is None:
                 raise NotShared(f"{key} has no torrent")
-            data = self.swarm.read(torrent, self._path(torrent), offset, length,
-                                   self.members(job), self._reader(key), self.wait)
+            members = self.members(job)
+            if not set(members) - {self.swarm.address}:
+                raise NotShared(f"job {job} has no other member here to read from")
+            data = self.swarm.read(torrent, self._path(torrent), offset, length, members,
+                                   self._reader(key), self.wait)
         except (BootseerError, ValueError) as exc:
             with self._lock:
                 self.counts.fallbacks += 1

@@ -337,7 +337,7 @@ class Swarm:
                     transfer.absent.pop(member.address, None)
                 elif member != me:
                     transfer.absent.setdefault(member.address, now)
-            availability = handle.piece_availability()
+            availability = _availability(handle, torrent.num_pieces)
             for piece in missing:
                 with self._lock:
                     reading = transfer.demanded.get(piece)
@@ -567,7 +567,7 @@ class Swarm:
         missing = [p for p, had in enumerate(have) if not had and p not in claimed]
         if stalled:
             return missing
-        availability = handle.piece_availability()
+        availability = _availability(handle, len(have))
         live = set(alive)
         ranked = sorted(alive)
         mine = []
@@ -796,6 +796,13 @@ def _check_digest(path: Path, digest: str) -> None:
     if "sha256:" + sha.hexdigest() != digest:
         path.unlink(missing_ok=True)
         raise IntegrityError(f"the file fetched for {digest} does not match it: deleted")
+
+
+def _availability(handle: lt.torrent_handle, pieces: int) -> list[int]:
+    """How many connected peers have each piece: libtorrent gives an empty list until its
+    piece picker exists (no peer has offered anything yet), which means none."""
+    counts = list(handle.piece_availability())
+    return counts if len(counts) == pieces else [0] * pieces
 
 
 def _pread(path: Path, offset: int, length: int) -> bytes:
