@@ -73,9 +73,7 @@ class AgentMetrics:
                 ["source"], registry=self.registry)  # peer, store
             for source in ("peer", "store"):
                 self.p2p_bytes.labels(source)
-            self.registry.register(_SwarmCollector(swarm_stats))
-        if demand is not None:
-            self.registry.register(_DemandCollector(demand))
+            self.registry.register(_SwarmCollector(swarm_stats, demand))
 
     def observe(self, before: StartRecord | None, after: StartRecord) -> None:
         """Count what a merge of start records added (nothing is counted twice)."""
@@ -119,31 +117,24 @@ class AgentMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-class _DemandCollector:
-    """Mount servers' reads through the swarm (:mod:`bootseer.p2p.demand`)."""
-
-    def __init__(self, counts: Callable[[], DemandCounts]) -> None:
-        self.counts = counts
-
-    def collect(self) -> Iterator[Metric]:
-        counts = self.counts()
-        yield CounterMetricFamily("bootseer_p2p_demand_reads",
-                                  "Image pack ranges mount servers read through the swarm",
-                                  value=counts.reads)
-        yield CounterMetricFamily("bootseer_p2p_demand_bytes",
-                                  "Bytes of those reads", value=counts.bytes)
-        yield CounterMetricFamily("bootseer_p2p_demand_fallbacks",
-                                  "Reads the swarm could not serve (read from the store)",
-                                  value=counts.fallbacks)
-
-
 class _SwarmCollector:
     """The swarm's own counters, read when Prometheus scrapes."""
 
-    def __init__(self, stats: Callable[[], SwarmStats]) -> None:
-        self.stats = stats
+    def __init__(self, stats: Callable[[], SwarmStats],
+                 demand: Callable[[], DemandCounts] | None) -> None:
+        self.stats, self.demand = stats, demand
 
     def collect(self) -> Iterator[Metric]:
+        if self.demand is not None:  # mount servers' reads (bootseer.p2p.demand)
+            counts = self.demand()
+            yield CounterMetricFamily("bootseer_p2p_demand_reads",
+                                      "Image pack ranges mount servers read through the "
+                                      "swarm", value=counts.reads)
+            yield CounterMetricFamily("bootseer_p2p_demand_bytes", "Bytes of those reads",
+                                      value=counts.bytes)
+            yield CounterMetricFamily("bootseer_p2p_demand_fallbacks",
+                                      "Reads the swarm could not serve (read from the "
+                                      "store)", value=counts.fallbacks)
         stats = self.stats()
         yield CounterMetricFamily("bootseer_p2p_uploaded_bytes",
                                   "Payload bytes this node sent to peers",

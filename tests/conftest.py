@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests import store_contract as a module
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def wait_until(condition: Callable[[], object], seconds: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
 
 
 @pytest.fixture(autouse=True)

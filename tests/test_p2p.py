@@ -26,7 +26,7 @@ from pathlib import Path
 
 import libtorrent as lt
 import pytest
-from conftest import IN_CI
+from conftest import IN_CI, wait_until
 
 from bootseer.config import P2PConfig, load_config
 from bootseer.errors import BootseerError, IntegrityError
@@ -672,6 +672,25 @@ def test_hashes_that_lie_fail_the_share_and_nothing_is_kept(cluster, tmp_path) -
                    for i in store.list("p2p/files/")), list(store.list("p2p/files/"))
 
 
+def test_a_share_record_of_the_wrong_size_is_refused_and_removed(tmp_path: Path) -> None:
+    from bootseer.p2p.sharedfile import SharedFile
+
+    blob, key, _ = _shared_object(tmp_path)
+    store = blob.blobs.store
+    info = store.stat(key)
+    shared = SharedFile(store, store, key, f"{store.url}/{key}", info.size, info.mtime)
+    layers = torrents.key(shared.identity, addressed=False) + ".layers/"
+    with _loopback() as swarm:
+        other = Peer("127.0.0.3", 6881)  # listed, never answers; sorts after this node
+        for record in (b"x" * 5, b"x" * (1 << 20)):  # short; far larger than a share
+            store.put(layers + "2-1", record)
+            fanout = Fanout(swarm, (swarm.address, other))
+            dest = tmp_path / "copy"
+            assert fanout.fetch_file(shared, dest, tmp_path / "spool") is None
+            assert not dest.exists()
+            assert not list(store.list("p2p/files/"))  # the hashes went with it
+
+
 def test_the_upload_cap_holds(cluster, tmp_path: Path) -> None:
     blob = _blob(tmp_path)
     cap = 4 << 20
@@ -715,7 +734,7 @@ def test_a_demand_read_is_served_by_a_peer_that_has_its_pieces(tmp_path: Path) -
         piece = torrent.piece_size
         for swarm, name in ((a, "a.part"), (b, "b.part")):  # as a mount opens its packs
             swarm.open(torrent, tmp_path / name, peers)
-        _wait_until(lambda: a.stats().peers and b.stats().peers)
+        wait_until(lambda: a.stats().peers and b.stats().peers)
         # Piece 0 is a's (members sorted: 127.0.0.1 first): a reads it from the store.
         span = (100, piece + 5000)  # into piece 1, b's: a waits for b, then the store
         got = a.read(torrent, tmp_path / "a.part", *span, peers, reader("a"), wait=0.5)
@@ -731,11 +750,5 @@ def test_a_demand_read_is_served_by_a_peer_that_has_its_pieces(tmp_path: Path) -
         with pytest.raises(ValueError):
             b.read(torrent, tmp_path / "b.part", BLOB_SIZE - 1, 2, peers, reader("b"), 0.5)
         a.wind_down(0)
-        _wait_until(lambda: not (tmp_path / "a.part").exists())  # expired: removed
+        wait_until(lambda: not (tmp_path / "a.part").exists())  # expired: removed
 
-
-def _wait_until(condition, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)

@@ -23,11 +23,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
+from conftest import wait_until
 from test_fleet_lab import _need_lab_tools
 from test_prefetch_lazy import BIG, MIB, MIB_BLOCKS, big_image
 from test_prefetch_lazy import bootseer as lazy_cli
@@ -76,13 +76,6 @@ def _shards(blobs: BlobStore, key: str) -> tuple[Shard, ...]:
     return Manifest.decode(data, key).shards
 
 
-def _wait(condition: Callable[[], bool], seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def test_a_published_snapshot_is_staged_through_a_fanout_verified_and_seeded(
         tmp_path: Path) -> None:
     store_dir, target = tmp_path / "store", tmp_path / "venv"
@@ -108,7 +101,7 @@ def test_a_published_snapshot_is_staged_through_a_fanout_verified_and_seeded(
         assert not list((cache.directory / "tmp").iterdir())
         assert swarm.stats().seeding == 2
         cache.drop(shards[0].digest.removeprefix("sha256:"))  # evicted: no longer seeded
-        _wait(lambda: swarm.stats().seeding == 1)
+        wait_until(lambda: swarm.stats().seeding == 1)
         again = stage_snapshot(blobs, cache, "k", fanout=Fanout(swarm, ()))
         assert (again.already_local, again.fetched_shards) == (1, 1)
 
@@ -395,7 +388,7 @@ def test_a_start_on_a_node_ends_its_seeding_soon_after(lab) -> None:
     assert all(_metrics(lab, i)["bootseer_p2p_seeding"] >= 1 for i in range(NODES))
     start = lab.run(0, [PY, "-m", "bootseer", "image", "run", IMAGE, "--", "true"])
     _ok(start)
-    _wait(lambda: _metrics(lab, 0)["bootseer_p2p_seeding"] == 0,
+    wait_until(lambda: _metrics(lab, 0)["bootseer_p2p_seeding"] == 0,
           seconds=SEED_AFTER_START + 10)
     assert _metrics(lab, 1)["bootseer_p2p_seeding"] >= 1
 

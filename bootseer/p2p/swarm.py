@@ -329,14 +329,6 @@ class Swarm:
             if now - dialed_at >= DEMAND_REDIAL:
                 dialed_at = now
                 self._dial(transfer, peers, connected, dialing)
-            # A member not connected may be starting (a mount opens its image's packs
-            # early, :meth:`open`, so that reads find their connections up): its pieces
-            # are waited for until it has been missing for piece_grace.
-            for member in members:
-                if member.address in connected:
-                    transfer.absent.pop(member.address, None)
-                elif member != me:
-                    transfer.absent.setdefault(member.address, now)
             availability = _availability(handle, torrent.num_pieces)
             for piece in missing:
                 with self._lock:
@@ -346,6 +338,13 @@ class Swarm:
                         reading.result()  # a failed store read fails this read
                     continue
                 owner = members[piece % len(members)]
+                # An owner not connected may be starting (a mount opens its image's packs
+                # early, :meth:`open`, so that reads find their connections up): its
+                # pieces are waited for until it has been missing for piece_grace.
+                if owner.address in connected:
+                    transfer.absent.pop(owner.address, None)
+                elif owner != me:
+                    transfer.absent.setdefault(owner.address, now)
                 if piece in asked:  # from a peer: the store only if it is slow
                     from_store = now - asked[piece] >= wait
                 elif availability[piece]:
