@@ -32,6 +32,8 @@ anything behind. Requests marked *root* are refused (403) to any other peer
 * ``POST /v1/p2p/read`` (root: the node's mount servers) a
   :class:`bootseer.agents.mountapi.PeerRead` -> the bytes of an image pack's range through
   the job's swarm (:mod:`bootseer.p2p.demand`); 404: read the store.
+  ``POST /v1/p2p/read-file`` (root: checkpoint mount servers) a
+  :class:`bootseer.agents.mountapi.PeerFileRead` -> the same for a checkpoint file.
 
 Each kind of work has threads of its own (mounts, releases, warms, queries, the watcher),
 and every wait has a timeout, so no number of requests of one kind holds up another.
@@ -42,8 +44,9 @@ this node in the job's records, reads the job's members (waiting briefly for ``n
 them: every node must see the same list) and fetches the hot pack and the snapshots' shards
 through the swarm, seeding each once it is in the cache, until ``p2p.seed_time`` or
 ``p2p.seed_after_start`` seconds after a container's mount here. A mount of a job's
-container opens its image's packs in the swarm, and its server reads them through the
-agent (``/v1/p2p/read``), from the job's peers where they have the bytes. Off, no swarm exists and
+container opens its image's packs in the swarm, and its servers read them and its
+checkpoint files through the agent (``/v1/p2p/read``, ``/v1/p2p/read-file``), from the
+job's peers where they have the bytes. Off, no swarm exists and
 libtorrent is never loaded; a job in a warm request changes nothing.
 
 SIGTERM and SIGINT stop it gracefully: requests in progress finish their current step,
@@ -56,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import dataclasses
+import functools
 import gc
 import grp
 import json
@@ -78,7 +82,7 @@ from aiohttp import web
 from bootseer import __version__
 from bootseer.agents import fields, jobreport
 from bootseer.agents.metrics import AgentMetrics
-from bootseer.agents.mountapi import MountRequest, PeerRead
+from bootseer.agents.mountapi import MountRequest, PeerFileRead, PeerRead
 from bootseer.agents.mounts import MountManager, MountMismatch, UnknownMount
 from bootseer.agents.policy import CheckpointPolicy, PolicyError
 from bootseer.agents.priority import Priority, PriorityGate
@@ -88,8 +92,10 @@ from bootseer.config import Config
 from bootseer.errors import BootseerError
 from bootseer.p2p import Fanout, Peer, open_swarm, rendezvous
 from bootseer.p2p.demand import DemandReads, NotShared
+from bootseer.p2p.sharedfile import SharedFile
 from bootseer.prefetch.lazyimage import LazyImage, block_cache, resolve_image
 from bootseer.store import BlobStore, open_configured_store
+from bootseer.stripedfs.files import CheckpointSource
 
 if TYPE_CHECKING:  # bootseer.p2p.swarm loads libtorrent: only when the swarm exists
     from bootseer.p2p.swarm import Swarm
@@ -104,8 +110,9 @@ T = TypeVar("T")
 MOUNT_THREADS = 8
 RELEASE_THREADS = 8
 WARM_THREADS = 2
-#: Mount servers' reads through peers at once (each mostly waits for pieces).
-P2P_THREADS = 8
+#: Mount servers' reads through peers at once (each mostly waits for pieces): an image's
+#: and a checkpoint's servers' reads together.
+P2P_THREADS = 16
 QUERY_THREADS = 2
 #: Warm requests admitted at once (running or waiting for a thread); more get 503.
 MAX_WARMS = 16
@@ -115,7 +122,8 @@ WARM_MAX_YIELD = 30.0
 #: Requests only root may make (the runtime shim and the OCI hook run as root): they
 #: mount, release and record containers' starts. The socket's group may warm and read.
 ROOT_ONLY = {("POST", "/v1/mounts"), ("GET", "/v1/mounts"), ("DELETE", "/v1/mounts/{id}"),
-             ("POST", "/v1/starts"), ("POST", "/v1/p2p/read")}
+             ("POST", "/v1/starts"), ("POST", "/v1/p2p/read"),
+             ("POST", "/v1/p2p/read-file")}
 
 
 #: What a mount itself records (``MountManager.mount``), before the workload runs.
@@ -189,7 +197,8 @@ class Agent:
                         web.post("/v1/mounts", self.mount),
                         web.get("/v1/mounts", self.list_mounts),
                         web.delete("/v1/mounts/{id}", self.release),
-                        web.post("/v1/p2p/read", self.peer_read)])
+                        web.post("/v1/p2p/read", self.peer_read),
+                        web.post("/v1/p2p/read-file", self.peer_read_file)])
         return app
 
     async def _run(self, kind: str, fn: Callable[..., T], *args: Any) -> T:
@@ -237,6 +246,33 @@ class Agent:
         except NotShared as exc:
             raise web.HTTPNotFound(text=str(exc)) from exc
         return web.Response(body=data, content_type="application/octet-stream")
+
+    async def peer_read_file(self, request: web.Request) -> web.Response:
+        """A range of a checkpoint file through the job's swarm, for a checkpoint mount's
+        server (root); 404 when it is not to be had so (then the server reads the store),
+        403 when ``checkpoint.allowed`` does not allow the file."""
+        if self.demand is None:
+            raise web.HTTPNotFound(text="peer-to-peer is off on this node")
+        body = await _parse(request, PeerFileRead.from_json, "peer read")
+        try:
+            data = await self._run("p2p", self._read_file, body)
+        except NotShared as exc:
+            raise web.HTTPNotFound(text=str(exc)) from exc
+        except Exception as exc:
+            raise _http_error(exc, f"reading {body.url} through peers") from exc
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    @functools.cached_property
+    def _checkpoint_source(self) -> CheckpointSource:
+        """Checkpoint stores as configured, each opened once (demand reads' own)."""
+        return CheckpointSource(self.config)
+
+    def _read_file(self, body: PeerFileRead) -> bytes:
+        assert self.demand is not None
+        url = self.checkpoints.check(body.url)
+        store, key = self._checkpoint_source.locate(url)
+        file = SharedFile(store, self.blobs.store, key, url, body.size, body.mtime)
+        return self.demand.read_file(body.job, file, body.offset, body.length)
 
     async def release(self, request: web.Request) -> web.Response:
         exit_code = request.query.get("exit_code")
@@ -378,6 +414,7 @@ class Agent:
         if self.swarm is None or (request.job is None and not request.peers):
             return None
         members = list(request.peers)
+        roster = [rendezvous.Member(peer) for peer in members]
         wanting: dict[str, tuple[Peer, ...]] = {}
         if not members:
             assert request.job is not None
@@ -397,7 +434,7 @@ class Agent:
         with self._lock:
             self._sharing += 1
         if self.demand is not None and request.job is not None:
-            self.demand.met(request.job, members)  # the job's starts read with the same
+            self.demand.met(request.job, roster)  # the job's starts read with the same
         return Fanout(self.swarm, tuple(members), wanting)
 
     def close(self) -> None:

@@ -10,10 +10,15 @@ from typing import Any
 
 import httpx
 
-from bootseer.agents.mountapi import ContainerMount, MountRequest, PeerRead
+from bootseer.agents.mountapi import ContainerMount, MountRequest, PeerFileRead, PeerRead
 from bootseer.agents.timeline import StartRecord
 from bootseer.agents.warm import WarmRequest, WarmSummary
 from bootseer.errors import BootseerError
+from bootseer.store import ObjectInfo
+
+#: Longest a mount server waits for the agent's read through peers (it then reads the
+#: store): the agent's own bound (p2p.demand_wait + the swarm's timeout) and a margin.
+PEER_READ_TIMEOUT = 30.0
 
 
 class AgentUnavailable(BootseerError):
@@ -45,9 +50,19 @@ class AgentClient:
     def peer_read(self, job: str, pack: str, offset: int, length: int) -> bytes | None:
         """A range of an image pack through the agent's swarm for ``job`` (a mount
         server's read); None when the agent cannot serve it so: read the store."""
-        body = PeerRead(job, pack, offset, length).to_json()
+        return self._peer_read("/v1/p2p/read", PeerRead(job, pack, offset, length).to_json())
+
+    def peer_read_file(self, job: str, url: str, info: ObjectInfo, offset: int,
+                       length: int) -> bytes | None:
+        """A range of checkpoint file ``url`` (the version ``info`` describes) through
+        the agent's swarm for ``job`` (a checkpoint mount server's read); None when the
+        agent cannot serve it so: read the store."""
+        body = PeerFileRead(job, url, info.size, info.mtime, offset, length).to_json()
+        return self._peer_read("/v1/p2p/read-file", body)
+
+    def _peer_read(self, path: str, body: dict[str, Any]) -> bytes | None:
         try:
-            response = self._client.post("/v1/p2p/read", json=body)
+            response = self._client.post(path, json=body)
         except httpx.TransportError:
             return None
         return response.content if response.status_code == 200 else None

@@ -10,6 +10,7 @@ complete. Asking twice for the same id gives the same mount (runtimes retry).
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -152,3 +153,38 @@ class PeerRead:
             raise ValueError(f"offset, length: {offset!r}, {length!r} are not a range of at "
                              f"most {MAX_READ} bytes")
         return cls(fields.name(body.get("job"), "job", JOB), pack, offset, length)
+
+
+@dataclass(frozen=True)
+class PeerFileRead:
+    """``POST /v1/p2p/read-file`` (root: the node's checkpoint mount servers): ``length``
+    bytes at ``offset`` of the checkpoint file ``url`` as the server found it (``size``
+    and ``mtime``: which version) through the swarm of ``job``; 404 means read the store
+    (:meth:`bootseer.p2p.demand.DemandReads.read_file`). The agent applies
+    ``checkpoint.allowed`` to ``url`` as to a mount's."""
+
+    job: str
+    url: str
+    size: int
+    mtime: float
+    offset: int
+    length: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, body: Any) -> PeerFileRead:
+        body = fields.only(body, {f for f in cls.__dataclass_fields__}, "peer read")
+        size, mtime = body.get("size"), body.get("mtime")
+        offset, length = body.get("offset"), body.get("length")
+        if type(size) is not int or not 0 <= size < 1 << 63:
+            raise ValueError(f"size: {size!r} is not an object's size")
+        if type(mtime) not in (int, float) or not math.isfinite(mtime):
+            raise ValueError(f"mtime: {mtime!r} is not a time")
+        if type(offset) is not int or type(length) is not int or offset < 0 or \
+                not 0 < length <= MAX_READ or offset + length > size:
+            raise ValueError(f"offset, length: {offset!r}, {length!r} are not a range of at "
+                             f"most {MAX_READ} bytes within the file")
+        return cls(fields.name(body.get("job"), "job", JOB), fields.url(body.get("url"), "url"),
+                   size, float(mtime), offset, length)

@@ -371,8 +371,7 @@ class MountManager:
                 if fd is None:
                     raise BootseerError("the connection is gone")
                 server.pid, server.fd = self._start_checkpoint_server(
-                    mounted.request.checkpoints[name], self.root / container_id, name, fd,
-                    takeover=True)
+                    mounted.request, self.root / container_id, name, fd, takeover=True)
                 log.warning("container %s: the server of checkpoint mount %s died; pid %d "
                             "took its connection over", container_id, name, server.pid)
             except (BootseerError, OSError) as exc:
@@ -487,23 +486,27 @@ class MountManager:
                 fd = mount_fd(target, f"bootseer:{url}")
                 self._checkpoint_fds[(request.key, name)] = fd
                 servers[name] = _Server(
-                    *self._start_checkpoint_server(url, directory, name, fd, takeover=False))
+                    *self._start_checkpoint_server(request, directory, name, fd,
+                                                   takeover=False))
         except BaseException:
             self._unmount_checkpoints(directory, request.key, servers)
             raise
         return servers
 
-    def _start_checkpoint_server(self, url: str, directory: Path, name: str, fd: int, *,
-                                 takeover: bool) -> tuple[int, int]:
+    def _start_checkpoint_server(self, request: MountRequest, directory: Path, name: str,
+                                 fd: int, *, takeover: bool) -> tuple[int, int]:
         """A server for checkpoint mount ``name``; the first one is waited for until it
-        has listed the store directory."""
+        has listed the store directory. A job's server reads through the job's peers."""
         from bootseer.stripedfs.server import ServerOptions
 
         cfg = self.config.checkpoint
         ready = directory / f"checkpoint-{name}.ready"
+        url = request.checkpoints[name]
+        peers = self.peer_reads and request.job is not None
         options = ServerOptions(mode=cfg.mount_mode, memory=cfg.mount_memory, fuse_fd=fd,
                                 takeover_state=directory / f"checkpoint-{name}.fuse.json",
-                                ready_file=ready)
+                                ready_file=ready, peer_job=request.job if peers else None,
+                                agent_socket=self.config.agent.socket if peers else None)
         argv = options.argv(self._bootseer, url, directory / "checkpoints" / name)
         return self._spawn(argv, directory / f"checkpoint-{name}.log", fd,
                            None if takeover else ready, f"checkpoint {url}")

@@ -10,9 +10,10 @@ Hot blocks come by ranged reads of the hot pack (:mod:`bootseer.prefetch.prefetc
 When the warm is one of a job's with peer-to-peer on (a :class:`~bootseer.p2p.Fanout`),
 the hot pack is one object every node needs whole, so it is fetched whole through the
 job's swarm (each node reading its share from the store, the rest from peers) into the
-block cache, seeded from there, and the same ranged reads are served from that copy.
-Blocks the hot pack does not hold (a list without one, ``all_blocks``, blocks of a newer
-recording) keep the ranged reads from the store; so does everything if the pack cannot be
+block cache, seeded from there, and the same ranged reads are served from that copy;
+with ``all_blocks``, so is every pack of the image (each has a torrent from its
+conversion). Blocks no such pack holds (a list without a hot pack, blocks of a newer
+recording) keep the ranged reads from the store; so does everything if a pack cannot be
 fetched or kept (a full cache).
 """
 
@@ -29,7 +30,7 @@ from bootseer.nodecache import NodeCache
 from bootseer.p2p import Fanout, FetchResult
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.blockformat import PACK_PREFIX
-from bootseer.prefetch.hotlist import HotBlock, HotLayout, HotList
+from bootseer.prefetch.hotlist import HotBlock, HotList
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.prefetcher import Prefetcher
 from bootseer.store import BlobStore
@@ -52,7 +53,7 @@ class WarmResult:
     fetch_requests: int
     missing: int  # blocks still not local at the end
     seconds: float
-    peer_bytes: int = 0  # of the hot pack, received from the job's peers
+    peer_bytes: int = 0  # of the packs fetched whole, received from the job's peers
 
     @property
     def complete(self) -> bool:
@@ -90,11 +91,14 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
                             on_progress=on_progress, before_fetch=before_fetch)
     if on_plan:
         on_plan(prefetcher.stats.hot_bytes)
-    pack = None
-    if fanout is not None and wanted.layout is not None:
-        if before_fetch:
-            before_fetch()
-        pack = _hot_pack_from_peers(blobs, cache, lazy, wanted.layout, prefetcher, fanout)
+    packs: list[FetchResult] = []
+    if fanout is not None:
+        for key in _packs_to_share(lazy, wanted, all_blocks):
+            if before_fetch:
+                before_fetch()
+            result = _pack_from_peers(blobs, cache, lazy, key, prefetcher, fanout)
+            if result is not None:
+                packs.append(result)
     if prefetcher.requests:
         prefetcher.start().wait()
     lazy.wait_for(prefetcher.digests)  # blocks a concurrent warm of the image was fetching
@@ -104,39 +108,52 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
         recordings=hot.recordings if hot else 0, blocks=stats.hot_blocks,
         bytes=stats.hot_bytes, already_local=stats.already_local,
         fetched_blocks=stats.blocks_fetched,
-        fetched_bytes=stats.bytes_fetched + (pack.store_bytes if pack else 0),
+        fetched_bytes=stats.bytes_fetched + sum(p.store_bytes for p in packs),
         fetch_requests=stats.fetch_requests,
         missing=sum(1 for d in prefetcher.digests if d not in cache),
         seconds=round(time.monotonic() - started, 3),
-        peer_bytes=pack.peer_bytes if pack else 0)
+        peer_bytes=sum(p.peer_bytes for p in packs))
 
 
-def _hot_pack_from_peers(blobs: BlobStore, cache: NodeCache, lazy: LazyImage,
-                         layout: HotLayout, prefetcher: Prefetcher,
-                         fanout: Fanout) -> FetchResult | None:
-    """The hot pack whole into ``cache`` through the job's swarm, if a block the prefetch
-    reads from it is missing (a node that lacks a few fetches it all: its store share is
-    1/N of the pack) and the pack has a torrent (one recorded before torrents were
-    published has none: its blocks keep their ranged reads), then seeded and read by the
-    prefetch from there. Returns what the fetch cost; None if nothing was fetched."""
-    hexd = layout.pack.removeprefix(PACK_PREFIX)
+def _packs_to_share(lazy: LazyImage, wanted: HotList, all_blocks: bool) -> list[str]:
+    """The packs a warm through peers fetches whole: the hot pack; with ``all_blocks``,
+    every pack of the image (each needed whole by every node of the job)."""
+    if all_blocks:
+        return list(lazy.manifest.packs)
+    return [wanted.layout.pack] if wanted.layout is not None else []
+
+
+def _pack_from_peers(blobs: BlobStore, cache: NodeCache, lazy: LazyImage, pack: str,
+                     prefetcher: Prefetcher, fanout: Fanout) -> FetchResult | None:
+    """``pack`` whole into ``cache`` through the job's swarm, if a block the prefetch reads
+    from it is missing (a node that lacks a few fetches it all: its store share is 1/N of
+    the pack), the prefetch reads at least half of it, and the pack has a torrent (a hot
+    pack recorded before torrents were published has none: its blocks keep their ranged
+    reads), then seeded and read by the prefetch from there (the copy is a cache entry
+    like any: evicted, its seeding ends).
+    Returns what the fetch cost; None if nothing was fetched."""
+    hexd = pack.removeprefix(PACK_PREFIX)
     digest = "sha256:" + hexd
     table = lazy.manifest.blocks
-    needed = any(table[piece.index].digest not in cache for request in prefetcher.requests
-                 if request.pack == layout.pack for piece in request.pieces)
+    pieces = [piece for request in prefetcher.requests if request.pack == pack
+              for piece in request.pieces]
+    needed = any(table[piece.index].digest not in cache for piece in pieces)
+    size = blobs.store.stat(pack).size if needed and hexd not in cache else 0
     result = None
-    if needed and hexd not in cache and fanout.shares(blobs.store, digest, layout.size):
+    # A pack mostly of other images' blocks (deduplicated into it) is not worth its whole.
+    if size and 2 * sum(piece.length for piece in pieces) >= size and \
+            fanout.shares(blobs.store, digest, size):
         tmp = cache.new_temporary(hexd)
         try:
-            result = fanout.fetch_object(blobs.store, layout.pack, digest, tmp)  # verified
+            result = fanout.fetch_object(blobs.store, pack, digest, tmp)  # verified
             os.chmod(tmp, cache.mode)
             cache.add_file(tmp, hexd)
         except (OSError, BootseerError) as exc:
-            log.warning("hot pack %s of %s: %s; reading its blocks from the store instead",
+            log.warning("pack %s of %s: %s; reading its blocks from the store instead",
                         digest, lazy.image_id, exc)
         finally:
             tmp.unlink(missing_ok=True)
     if hexd in cache:
-        lazy.source.use_local(layout.pack, cache.path(hexd))
+        lazy.source.use_local(pack, cache.path(hexd))
         fanout.seed(blobs.store, digest, cache.path(hexd))
     return result

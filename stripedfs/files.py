@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import functools
 import posixpath
+from collections.abc import Callable
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 from bootseer.config import Config
-from bootseer.store import Store, open_store
+from bootseer.store import ObjectInfo, Store, open_store
 from bootseer.store.base import open_ranged
 from bootseer.store.registry import store_options
 from bootseer.stripedfs.checkpoint_cache import CheckpointCache, CopyReader, object_url
@@ -33,6 +34,10 @@ from bootseer.stripedfs.reader import StripedReader
 
 #: What :func:`open_reader` returns: both read with the same methods.
 Reader = StripedReader | CopyReader
+#: ``peers(url, info, offset, length)``: bytes of the object ``url`` (the version ``info``
+#: describes) through the node's peers, or None (a checkpoint mount of a job's container:
+#: :meth:`bootseer.agents.client.AgentClient.peer_read_file`).
+PeerFiles = Callable[[str, ObjectInfo, int, int], "bytes | None"]
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -46,16 +51,21 @@ def split_url(url: str) -> tuple[str, str]:
 
 def open_reader(store: Store, key: str, *, config: StripeConfig | None = None,
                 copies: CheckpointCache | None = None,
-                observer: ReadObserver | None = None) -> Reader:
+                observer: ReadObserver | None = None,
+                peers: PeerFiles | None = None) -> Reader:
     """``key`` of ``store``: from its copy in ``copies`` if that is a copy of the object
-    the store holds now, else through the striped reader (with ``config``); one ``stat``
-    of the object either way. ``observer`` hears of the reader's first bytes."""
+    the store holds now, else through the striped reader (with ``config``; each stripe
+    asked of ``peers`` first, if given); one ``stat`` of the object either way.
+    ``observer`` hears of the reader's first bytes."""
     info = store.stat(key)
+    url = object_url(store, key)
     if copies is not None:
-        copy = copies.open_copy(object_url(store, key), info, observer=observer)
+        copy = copies.open_copy(url, info, observer=observer)
         if copy is not None:
             return copy
-    return StripedReader(store, key, config=config, size=info.size, observer=observer)
+    peer_read = None if peers is None else functools.partial(peers, url, info)
+    return StripedReader(store, key, config=config, size=info.size, observer=observer,
+                         peer_read=peer_read)
 
 
 def striped_file(reader: Reader, *, buffer_size: int = 1 << 20) -> BinaryIO:

@@ -13,6 +13,12 @@ straight into a pooled buffer (``Store.read_range_into``), because fresh multi-M
 allocations cost a page fault per 4 KiB, which on a virtual machine is enough to make the
 reader CPU-bound.
 
+A reader may have a ``peer_read`` (a checkpoint mount's, for a job whose nodes share their
+staged copies: :meth:`bootseer.p2p.demand.DemandReads.read_file` through the node
+agent): each stripe is asked of it first, and read from the store when it answers None,
+fails or answers short (peers cost time, never a read). Its bytes were checked against
+the job's piece hashes from Bootseer's store by the agent.
+
 A stripe fetch retries transient errors with backoff; a fetch that still fails becomes a
 :class:`StripeReadError` naming the object and the byte range, raised by the read that
 needs the stripe (a failed read-ahead nobody needs is never raised). A read never returns
@@ -38,6 +44,9 @@ from bootseer.stripedfs.window import ReadWindow
 
 log = logging.getLogger(__name__)
 
+#: ``peer_read(offset, length)``: one object's bytes through the node's peers, or None.
+PeerRead = Callable[[int, int], "bytes | None"]
+
 
 class StripeReadError(BootseerError, OSError):
     """A stripe could not be read after every retry."""
@@ -55,6 +64,8 @@ class ReaderStats:
     retries: int = 0
     seeks: int = 0
     fetch_seconds: float = 0.0
+    peer_stripes: int = 0  # stripes the node's peers served (``peer_read``)
+    peer_bytes: int = 0
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -160,8 +171,9 @@ class StripedReader:
         size: int | None = None,
         block_size: int | None = None,
         observer: ReadObserver | None = None,
+        peer_read: PeerRead | None = None,
     ) -> None:
-        self.store, self.key = store, key
+        self.store, self.key, self.peer_read = store, key, peer_read
         self.config = config or StripeConfig()
         self.size = store.stat(key).size if size is None else size
         if block_size is None:
@@ -400,6 +412,8 @@ class StripedReader:
         return buffer
 
     def _fetch_into(self, stripe: Stripe, view: memoryview) -> None:
+        if self.peer_read is not None and self._from_peers(stripe, view):
+            return
         cfg = self.config
         delay = cfg.retry_initial_delay
         for attempt in range(1, cfg.max_attempts + 1):
@@ -427,3 +441,24 @@ class StripedReader:
                 self.stats.bytes_fetched += stripe.length
                 self.stats.fetch_seconds += time.monotonic() - started
             return
+
+    def _from_peers(self, stripe: Stripe, view: memoryview) -> bool:
+        """Whether ``peer_read`` filled ``view`` with the stripe (False: read the store)."""
+        assert self.peer_read is not None
+        started = time.monotonic()
+        try:
+            data = self.peer_read(stripe.start, stripe.length)
+        except Exception as exc:  # peers cost time, never a read
+            log.debug("%s: bytes %d-%d through peers failed (%s); reading the store",
+                      self.name, stripe.start, stripe.end, exc)
+            return False
+        if data is None or len(data) != stripe.length:
+            return False
+        view[:] = data
+        with self._lock:
+            self.stats.peer_stripes += 1
+            self.stats.peer_bytes += stripe.length
+            self.stats.stripes_fetched += 1
+            self.stats.bytes_fetched += stripe.length
+            self.stats.fetch_seconds += time.monotonic() - started
+        return True

@@ -18,7 +18,7 @@ from bootseer.fuse.server import serve_at
 from bootseer.fuse.tree import ROOT
 from bootseer.stripedfs.checkpoint_cache import CheckpointCache
 from bootseer.stripedfs.config import StripeConfig
-from bootseer.stripedfs.files import CheckpointSource
+from bootseer.stripedfs.files import CheckpointSource, PeerFiles
 from bootseer.stripedfs.tree import CheckpointTree
 
 
@@ -33,6 +33,10 @@ class ServerOptions:
     fuse_fd: int | None = None
     takeover_state: Path | None = None
     ready_file: Path | None = None  # created once the store is open and listed
+    #: A job whose nodes share their staged checkpoints (peer-to-peer): stripes are asked
+    #: of the node agent on ``agent_socket`` first, which reads them from the job's peers.
+    peer_job: str | None = None
+    agent_socket: Path | None = None
 
     def argv(self, bootseer: list[str], url: str, mountpoint: Path) -> list[str]:
         """The server's command line; ``bootseer`` is how the caller runs Bootseer."""
@@ -41,21 +45,25 @@ class ServerOptions:
                 "--direct-io" if self.direct_io else "--page-cache"]
         for flag, value in (("--fuse-fd", self.fuse_fd),
                             ("--takeover-state", self.takeover_state),
-                            ("--ready-file", self.ready_file)):
+                            ("--ready-file", self.ready_file),
+                            ("--peer-job", self.peer_job),
+                            ("--agent-socket", self.agent_socket)):
             if value is not None:
                 args += [flag, str(value)]
         return [*args, "--", url, str(mountpoint)]
 
 
-def serve(config: Config, url: str, mountpoint: Path, options: ServerOptions) -> None:
+def serve(config: Config, url: str, mountpoint: Path, options: ServerOptions,
+          peers: PeerFiles | None = None) -> None:
     """Serve the store directory ``url`` at ``mountpoint`` until it is unmounted: stores
     opened as ``config`` says, and the node's staged copies where this process may read
-    them (they are root's, the agent's cache)."""
+    them (they are root's, the agent's cache); ``peers`` (with ``options.peer_job``)
+    reads stripes through the node's peers."""
     copies = CheckpointCache.for_config(config) if os.geteuid() == 0 else None
     tree = CheckpointTree(CheckpointSource(config).store(url),
                           config=StripeConfig(max_memory=options.memory), copies=copies,
                           ttl=options.metadata_ttl, mode=options.mode,
-                          direct_io=options.direct_io)
+                          direct_io=options.direct_io, peers=peers)
     if options.fuse_fd is None:
         serve_at(tree, mountpoint, f"bootseer:{url}")
         return

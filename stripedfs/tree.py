@@ -33,7 +33,7 @@ from bootseer.store import Store
 from bootseer.store.base import Access
 from bootseer.stripedfs.checkpoint_cache import CheckpointCache
 from bootseer.stripedfs.config import StripeConfig
-from bootseer.stripedfs.files import Reader, open_reader
+from bootseer.stripedfs.files import PeerFiles, Reader, open_reader
 
 #: Open files per mount (``ENFILE`` beyond).
 MAX_OPEN = 4096
@@ -61,8 +61,9 @@ class CheckpointTree(Tree):
 
     def __init__(self, store: Store, *, config: StripeConfig | None = None,
                  copies: CheckpointCache | None = None, ttl: float = 30.0,
-                 mode: int = 0o444, direct_io: bool = True) -> None:
-        self.store, self.config, self.copies = store, config, copies
+                 mode: int = 0o444, direct_io: bool = True,
+                 peers: PeerFiles | None = None) -> None:
+        self.store, self.config, self.copies, self.peers = store, config, copies, peers
         self.ttl, self.direct_io = ttl, direct_io
         self.file_mode = mode & 0o444
         self.dir_mode = self.file_mode | (self.file_mode >> 2)  # search where readable
@@ -181,7 +182,7 @@ class CheckpointTree(Tree):
             raise OSError(errno.EISDIR, "is a directory")
         try:
             return open_reader(self.store, entry.path.lstrip("/"), config=self.config,
-                               copies=self.copies)
+                               copies=self.copies, peers=self.peers)
         except FileNotFoundError:
             raise OSError(errno.ENOENT, "gone from the store") from None
 

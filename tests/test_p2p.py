@@ -45,6 +45,7 @@ from bootseer.p2p import (
 from bootseer.p2p.swarm import Swarm, SwarmError, parse_listen
 from bootseer.p2p.torrents import TorrentError
 from bootseer.store import BlobStore, open_store
+from bootseer.store.local import LocalStore
 from bootseer_dev import netns
 
 PY = sys.executable
@@ -326,6 +327,10 @@ def test_a_checkpoint_is_shared_among_the_members_that_want_it(tmp_path: Path) -
         wanted = rendezvous.wanting(roster, url)
         assert wanted == [Peer(f"198.18.64.{i + 1}", 6881) for i in nodes]
     assert rendezvous.wanting(roster, "hdfs://nn/ckpt/c") == []
+    # A demand read names a file; the records name the directory a warm was given.
+    assert rendezvous.wanting_within(roster, "hdfs://nn/ckpt/a/model-0.safetensors") == \
+        rendezvous.wanting(roster, "hdfs://nn/ckpt/a")
+    assert rendezvous.wanting_within(roster, "hdfs://nn/ckpt/ab/x") == []
     with _loopback() as swarm:
         fanout = Fanout(swarm, tuple(m.peer for m in roster),
                         {url: tuple(rendezvous.wanting(roster, url)) for url in group})
@@ -752,3 +757,63 @@ def test_a_demand_read_is_served_by_a_peer_that_has_its_pieces(tmp_path: Path) -
         a.wind_down(0)
         wait_until(lambda: not (tmp_path / "a.part").exists())  # expired: removed
 
+
+class _CountingStore(LocalStore):
+    """A local store that counts the bytes its ranged reads return."""
+
+    read_bytes = 0
+
+    def _read_range(self, key: str, offset: int, length: int) -> bytes:
+        data = super()._read_range(key, offset, length)
+        self.read_bytes += len(data)
+        return data
+
+
+def test_a_demand_read_of_a_checkpoint_file_is_served_by_the_members_that_staged_it(
+        tmp_path: Path) -> None:
+    """A node that did not stage the checkpoint reads a range of one of its files through
+    the job's swarm: from the member that staged it (and seeds it), checked against the
+    piece hashes the job's warms published, and not at all from the store."""
+    from bootseer.p2p.demand import DemandReads, NotShared
+    from bootseer.p2p.rendezvous import Member, interest
+    from bootseer.p2p.sharedfile import SharedFile
+
+    records = open_store((tmp_path / "records").as_uri())
+    ckpt = _CountingStore((tmp_path / "ckpt").as_uri())
+    data = os.urandom((4 << 20) + 1234)
+    ckpt.put("model.bin", data)
+    ckpt.put("small.bin", data[:1000])
+    info = ckpt.stat("model.bin")
+    url = f"{ckpt.url}/model.bin"
+    file = SharedFile(ckpt, records, "model.bin", url, info.size, info.mtime)
+    piece = torrents.piece_size_for(info.size)
+    layer = b"".join(torrents.piece_hash(data[i:i + piece], piece)
+                     for i in range(0, info.size, piece))
+    torrents.publish(records, file.identity,
+                     torrents.build_from_layer(file.identity, info.size, piece, layer),
+                     addressed=False)
+    torrent = torrents.load(records, file.identity, info.size, addressed=False)
+    (tmp_path / "copy").write_bytes(data)  # the staging member's verified copy
+    ckpt.read_bytes = 0
+    a = Swarm(P2PConfig(enabled=True, listen="127.0.0.1:0"))
+    b = Swarm(P2PConfig(enabled=True, listen="127.0.0.2:0"))
+    with a, b:
+        assert a.seed(torrent, tmp_path / "copy", [b.address])
+        demand = DemandReads(b, records, tmp_path / "partial", "n1", 0.5)
+        # a warmed the checkpoint's directory; b warmed something else of the job.
+        demand.met("j", [Member(a.address, frozenset({interest(ckpt.url)})),
+                         Member(b.address)])
+        span = (piece - 100, piece + 5000)  # across two pieces
+        assert demand.read_file("j", file, *span) == data[span[0]:span[0] + span[1]]
+        assert ckpt.read_bytes == 0, ckpt.read_bytes
+        assert demand.snapshot().reads == 1
+        other = SharedFile(ckpt, records, "model.bin", url, info.size, info.mtime + 1)
+        small = ckpt.stat("small.bin")
+        for refused in (other,  # rewritten since: no torrent for this version
+                        SharedFile(ckpt, records, "small.bin", f"{ckpt.url}/small.bin",
+                                   small.size, small.mtime)):
+            with pytest.raises(NotShared):
+                demand.read_file("j", refused, 0, 100)
+        with pytest.raises(NotShared):
+            demand.read_file("j", file, info.size - 10, 100)  # past its end
+        assert demand.snapshot().fallbacks == 3

@@ -33,7 +33,7 @@ from test_prefetch_lazy import BIG, MIB, MIB_BLOCKS, big_image
 from test_prefetch_lazy import bootseer as lazy_cli
 from test_snapshot_cli import bootseer as snapshot_cli
 
-from bootseer.agents.mountapi import PeerRead
+from bootseer.agents.mountapi import PeerFileRead, PeerRead
 from bootseer.agents.warm import WarmRequest
 from bootseer.config import P2PConfig
 from bootseer.nodecache import NodeCache
@@ -172,7 +172,7 @@ def test_an_image_conversion_publishes_each_packs_torrent(tmp_path: Path) -> Non
         pack = tmp_path / torrent.hex
         pack.write_bytes(blobs.store.get(key))
         assert torrent.data == torrents.build(torrent.digest, size, pack,
-                                              torrents.piece_size_for(size, 256 << 10))
+                                              torrents.piece_size_for(size, torrents.DEMAND_PIECE))
 
 
 def test_a_demand_read_without_peers_or_torrent_is_refused(tmp_path: Path) -> None:
@@ -203,6 +203,15 @@ def test_peer_reads_check_what_a_server_asks() -> None:
                 {"offset": 1.5}, {"job": "../x"}, {"extra": 1}):
         with pytest.raises(ValueError):
             PeerRead.from_json(body | bad)
+    body = {"job": "train-7", "url": "hdfs://nn:9000/ckpt/x", "size": 10 << 20,
+            "mtime": 1.5e9, "offset": 1 << 20, "length": 4 << 20}
+    assert PeerFileRead.from_json(body).to_json() == body
+    for bad in ({"url": "x\n"}, {"url": ""}, {"url": 7}, {"size": -1}, {"size": 1.0},
+                {"mtime": float("nan")}, {"mtime": "now"}, {"mtime": True},
+                {"offset": 9 << 20},  # past the end
+                {"length": 0}, {"length": 1 << 40}, {"job": "../x"}, {"pack": "x"}):
+        with pytest.raises(ValueError):
+            PeerFileRead.from_json(body | bad)
 
 
 def test_warm_requests_check_their_job_nodes_and_peers() -> None:
@@ -282,24 +291,27 @@ def lab(tmp_path_factory):
 
 
 def _warm_all(lab: Lab, job: str, *, kill: int | None = None, scheduler: bool = False,
-              parts: tuple[str, ...] | None = None) -> tuple[list[dict | None], int]:
+              parts: tuple[str, ...] | None = None,
+              last_parts: tuple[str, ...] | None = None) -> tuple[list[dict | None], int]:
     """`bootseer warm --job J --nodes 4` on every node at once (with ``scheduler``,
     ``--peers`` naming the nodes instead); each node's summary (None if its warm failed)
     and the bytes the DataNode sent meanwhile. With ``kill``, that node's agent is
     killed once the node has received its first MiB. ``parts``: what to warm (default:
-    the snapshot, the image's hot blocks and the checkpoint)."""
+    the snapshot, the image's hot blocks and the checkpoint); ``last_parts``: what the
+    last node warms instead, if given."""
     members = ["--peers", ",".join(f"{lab.spec.node(i).address}:{P2P_PORT}"
                                    for i in range(NODES))] if scheduler else \
         ["--nodes", str(NODES)]
     if parts is None:
         parts = ("--env", ENV_KEY, "--image", IMAGE,
                  "--checkpoint", f"{lab.spec.checkpoint_prefix()}{CKPT}")
-    argv = [PY, "-m", "bootseer", "warm", "--agent", "--json", "--job", job, *members,
-            *parts]
+    argv = [PY, "-m", "bootseer", "warm", "--agent", "--json", "--job", job, *members]
     sent = lab.link_bytes("datanode-0")[0]
     received = lab.link_bytes(f"node-{kill}")[1] if kill is not None else 0
     warms = [subprocess.Popen(
-        [*netns.enter_argv(lab.spec.node(i).netns), *argv], stdout=subprocess.PIPE,
+        [*netns.enter_argv(lab.spec.node(i).netns), *argv,
+         *(last_parts if last_parts is not None and i == NODES - 1 else parts)],
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
         env=agent_env(lab.client_env()) | {"BOOTSEER_CONFIG": str(lab.node_files(i).config)})
         for i in range(NODES)]
@@ -454,6 +466,74 @@ def test_a_job_starting_cold_reads_its_image_through_its_peers(lab) -> None:
           f"by the agents; fallbacks {[m['bootseer_p2p_demand_fallbacks_total'] for m in metrics]}")
     # Each node reads its share (and pieces whose owner was slower than demand_wait).
     assert served > 0 and sent <= 0.5 * sent_off, (sent, sent_off, metrics)
+
+
+def test_a_whole_image_is_warmed_through_peers_pack_by_pack(lab) -> None:
+    """`warm --all` stages every block of the image: each pack goes whole through the
+    swarm (its torrent from the conversion), so the DataNode sends about one image, not
+    one per node; every block is then in each node's cache, verified."""
+    lab.restart_agents(list(range(NODES)))  # cold caches
+    summaries, sent = _warm_all(lab, "p2pw-all", parts=("--image", IMAGE, "--all"))
+    image_bytes = summaries[0]["image"]["bytes"]
+    for i, summary in enumerate(summaries):
+        result = summary["image"]
+        assert summary["complete"] and result["missing"] == 0, summary
+        assert result["bytes"] == image_bytes
+        entries = list(lab.node_files(i).cache_dir.glob("blocks/entries/*/*"))
+        assert len(entries) >= result["blocks"], (len(entries), result)  # and the packs
+        for entry in entries:
+            assert hashlib.sha256(entry.read_bytes()).hexdigest() == entry.name, entry
+    peer_bytes = [s["image"]["peer_bytes"] for s in summaries]
+    print(f"warm --all of a {image_bytes / 2**20:.1f} MiB image on {NODES} nodes in "
+          f"{max(s['image']['seconds'] for s in summaries):.1f} s: the DataNode sent "
+          f"{sent / 2**20:.1f} MiB ({sent / image_bytes:.2f}x); from peers (MiB): "
+          f"{[round(b / 2**20, 1) for b in peer_bytes]}")
+    assert sum(peer_bytes) >= image_bytes, peer_bytes
+    assert sent <= 1.5 * image_bytes, (sent, image_bytes)
+
+
+def test_a_node_that_did_not_stage_the_checkpoint_reads_it_from_those_that_did(
+        lab) -> None:
+    """Three nodes warm the checkpoint, the fourth only the image and the snapshot (a node
+    that joined late, or whose warm skipped it). A container of the job on the fourth
+    mounts the checkpoint through its agent, as the runtime shim asks: its server reads
+    each stripe through the agent, from the three that seed their copies. The DataNode
+    sends little of the checkpoint meanwhile, and the bytes are the checkpoint's."""
+    from bootseer.agents.client import AgentClient
+    from bootseer.agents.mountapi import MountRequest
+
+    lab.restart_agents(list(range(NODES)))  # cold caches
+    url = f"{lab.spec.checkpoint_prefix()}{CKPT}"
+    summaries, _ = _warm_all(lab, "p2pw-late",
+                             parts=("--env", ENV_KEY, "--image", IMAGE, "--checkpoint", url),
+                             last_parts=("--env", ENV_KEY, "--image", IMAGE))
+    assert summaries[NODES - 1]["checkpoints"] == []
+    late = NODES - 1
+    before = _metrics(lab, late)
+    source = lab.spec.state_dir / "ckpt-src"
+    with AgentClient(lab.node_files(late).socket) as client:
+        mount = client.mount(MountRequest("late0", IMAGE, record="never", job="p2pw-late",
+                                          checkpoints={"c": url}))
+        try:
+            assert mount.checkpoints_dir is not None
+            sent = lab.link_bytes("datanode-0")[0]
+            for n in range(2):
+                name = f"shard{n}.bin"
+                read = (Path(mount.checkpoints_dir) / "c" / name).read_bytes()
+                assert read == (source / name).read_bytes(), name
+            sent = lab.link_bytes("datanode-0")[0] - sent
+        finally:
+            client.release("late0")
+    after = _metrics(lab, late)
+    served = after["bootseer_p2p_demand_bytes_total"] - \
+        before["bootseer_p2p_demand_bytes_total"]
+    fallbacks = after["bootseer_p2p_demand_fallbacks_total"] - \
+        before["bootseer_p2p_demand_fallbacks_total"]
+    print(f"a node that did not stage the checkpoint read its {2 * CKPT_SHARD_BYTES >> 20} "
+          f"MiB: {served / 2**20:.1f} MiB through its peers, the DataNode sent "
+          f"{sent / 2**20:.2f} MiB meanwhile; fallbacks {fallbacks:.0f}")
+    assert served >= 2 * CKPT_SHARD_BYTES, (served, fallbacks)
+    assert sent <= 0.1 * 2 * CKPT_SHARD_BYTES, sent  # stats and listings, not the bytes
 
 
 def test_with_p2p_off_every_node_reads_the_store_and_nothing_listens(lab) -> None:

@@ -122,6 +122,33 @@ def test_a_read_that_keeps_failing_names_file_and_offset(tmp_path: Path) -> None
         assert reader.read(70 * KIB, 10) == ramp(70 * KIB, 10)
 
 
+def test_stripes_are_asked_of_peers_first_and_read_from_the_store_when_they_fail(
+        tmp_path: Path) -> None:
+    """A peer answer fills its stripe; no answer, a failure or a short answer costs a
+    store read of that stripe, never a wrong or a failed read."""
+    flaky = FlakyStore(str(tmp_path))
+    flaky.put("f", ramp(0, 256 * KIB))
+    asked: list[int] = []
+
+    def peer_read(offset: int, length: int) -> bytes | None:
+        asked.append(offset)
+        stripe = offset // (64 * KIB)
+        if stripe == 1:
+            return None  # no peer has it
+        if stripe == 2:
+            raise ConnectionResetError("the agent went away")
+        if stripe == 3:
+            return ramp(offset, length - 1)  # short
+        return ramp(offset, length)
+
+    with StripedReader(flaky, "f", config=SMALL, size=256 * KIB, block_size=None,
+                       peer_read=peer_read) as reader:
+        assert reader.fetch(0, 256 * KIB) == ramp(0, 256 * KIB)
+        assert sorted(asked) == [0, 64 * KIB, 128 * KIB, 192 * KIB]
+        assert (reader.stats.peer_stripes, reader.stats.peer_bytes) == (1, 64 * KIB)
+        assert flaky.calls == 3 and reader.stats.stripes_fetched == 4
+
+
 def _capped(limit_stripes: int, salt: int) -> StripeConfig:
     """A config whose process-wide pool is this test's own (pools are per stripe size and
     cap, so ``salt`` bytes over the cap keep tests apart)."""

@@ -10,6 +10,7 @@ node by ``bootseer warm --checkpoint`` comes from its copy while it is current.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -54,10 +55,16 @@ def ckpt() -> None:
               hidden=True, help="With --fuse-fd: the connection's negotiated parameters.")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), hidden=True,
               help="With --fuse-fd: created once the store is open and listed.")
+@click.option("--peer-job", hidden=True,
+              help="--foreground: read stripes through the node agent's swarm for this job "
+                   "first (the agent's checkpoint mounts, with p2p.enabled).")
+@click.option("--agent-socket", type=click.Path(dir_okay=False, path_type=Path), hidden=True,
+              help="With --peer-job: the agent's socket (default: config agent.socket).")
 @pass_app
 def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_io: bool,
           metadata_ttl: float, timeout: float, mode: str | None, memory: str | None,
-          fuse_fd: int | None, takeover_state: Path | None, ready_file: Path | None) -> None:
+          fuse_fd: int | None, takeover_state: Path | None, ready_file: Path | None,
+          peer_job: str | None, agent_socket: Path | None) -> None:
     """Mount the store directory URL read-only at MOUNTPOINT, reads striped in parallel."""
     cfg = app.loaded.config.checkpoint
     file_mode = cfg.mount_mode if mode is None else coerce(FileMode, mode, "mode", "flag --mode")
@@ -71,11 +78,19 @@ def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_
 
     options = ServerOptions(mode=file_mode, memory=memory_cap, metadata_ttl=metadata_ttl,
                             direct_io=direct_io, fuse_fd=fuse_fd,
-                            takeover_state=takeover_state, ready_file=ready_file)
+                            takeover_state=takeover_state, ready_file=ready_file,
+                            peer_job=peer_job, agent_socket=agent_socket)
     if foreground:
         from bootseer.stripedfs.server import serve
 
-        serve(app.loaded.config, url, mountpoint, options)
+        peers = None
+        if peer_job is not None:
+            from bootseer.agents.client import PEER_READ_TIMEOUT, AgentClient
+
+            agent = AgentClient(agent_socket or app.loaded.config.agent.socket,
+                                answer_timeout=PEER_READ_TIMEOUT)
+            peers = functools.partial(agent.peer_read_file, peer_job)
+        serve(app.loaded.config, url, mountpoint, options, peers)
         return
     log_path = server_log(app.loaded.config.cache_dir / "logs", "ckpt-mount")
     pid = spawn_mount(options.argv(app.bootseer_argv(), url, mountpoint), mountpoint, url,

@@ -36,10 +36,6 @@ from bootseer.prefetch.session import RECORD_UNTIL, SessionOptions
 from bootseer.progress import byte_progress, console
 from bootseer.units import format_size
 
-#: Longest a mount server waits for the agent's read through peers (it then reads the
-#: store): the agent's own bound (p2p.demand_wait + the swarm's timeout) and a margin.
-PEER_READ_TIMEOUT = 30.0
-
 log = logging.getLogger(__name__)
 
 
@@ -173,7 +169,7 @@ def mount(app: AppContext, name: str, mountpoint: Path, workload: str, prefetch:
         options = dataclasses.replace(options, stats=stats_path(cfg.cache_dir, mountpoint))
         peer_read = None
         if peer_job is not None:
-            from bootseer.agents.client import AgentClient
+            from bootseer.agents.client import PEER_READ_TIMEOUT, AgentClient
 
             agent = AgentClient(agent_socket or cfg.agent.socket,
                                 answer_timeout=PEER_READ_TIMEOUT)

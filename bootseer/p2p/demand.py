@@ -1,5 +1,5 @@
 """Demand reads through the job's peers: a container's lazy read served by a node that has
-the bytes, for the node's mount servers.
+the bytes, for the node's mount servers (image packs and checkpoint files).
 
 A start reads image blocks that no warm staged (a cold start, a block the hot list
 misses). When a job's nodes start together they read the same blocks at about the same
@@ -15,6 +15,15 @@ job's records and opens every pack of the image in the swarm, so that the connec
 are up before the container's first read. Every read's bytes are checked against the
 torrent's piece hashes before they leave here, and each block once more against its
 digest by the server (:mod:`bootseer.prefetch.blocksource`), like a store read.
+
+A checkpoint file (:meth:`DemandReads.read_file`) has no digest of its own: its torrent is
+the one the job's warms built together (:mod:`bootseer.p2p.sharedfile`) for that URL,
+size and mtime. Without one (no node of the job staged this version of the file) the
+server reads the store: a peer's bytes with no hash from the store would be trusted on
+its word. Its pieces are dealt out among the members that warmed the checkpoint (their
+records' ``wants``), who seed it from their copies: a node starting late, or one whose
+warm did not stage it, reads it from them and takes no share of the store reads (a piece
+none of them has is waited for as theirs, then read from the store).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,9 +44,11 @@ from bootseer.store import Store
 
 from . import rendezvous
 from .peer import Peer
+from .rendezvous import Member
+from .sharedfile import MIN_SHARED_SIZE, SharedFile
 
 if TYPE_CHECKING:
-    from .swarm import Swarm
+    from .swarm import ReadRange, Swarm
     from .torrents import Torrent
 
 log = logging.getLogger(__name__)
@@ -80,9 +92,11 @@ class DemandReads:
     wait: float  # p2p.demand_wait
     counts: DemandCounts = field(default_factory=DemandCounts)
     _torrents: OrderedDict[str, Torrent | None] = field(default_factory=OrderedDict)
-    _members: OrderedDict[str, tuple[float, tuple[Peer, ...]]] = field(
+    _rosters: OrderedDict[str, tuple[float, tuple[Member, ...]]] = field(
         default_factory=OrderedDict)
-    _met: OrderedDict[str, tuple[Peer, ...]] = field(default_factory=OrderedDict)
+    _met: OrderedDict[str, tuple[Member, ...]] = field(default_factory=OrderedDict)
+    #: Files found without a torrent, and when (:meth:`_file_torrent`).
+    _unshared: OrderedDict[str, float] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def open_image(self, job: str, packs: list[str]) -> None:
@@ -104,17 +118,42 @@ class DemandReads:
     def read(self, job: str, key: str, offset: int, length: int) -> bytes:
         """``length`` bytes at ``offset`` of pack ``key`` through the job's swarm;
         :class:`NotShared` when it cannot be (then read the store)."""
-        try:
-            if not 0 < length <= MAX_READ or offset < 0:
-                raise NotShared(f"{length} bytes at {offset}: not a read peers serve")
+        def through_swarm() -> bytes:
             torrent = self._torrent(key)
             if torrent is None:
                 raise NotShared(f"{key} has no torrent")
-            members = self.members(job)
-            if not set(members) - {self.swarm.address}:
-                raise NotShared(f"job {job} has no other member here to read from")
-            data = self.swarm.read(torrent, self._path(torrent), offset, length, members,
-                                   self._reader(key), self.wait)
+            return self._read(job, torrent, self.members(job), offset, length,
+                              lambda at, n: self.store.read_range(key, at, n))
+
+        return self._counted(through_swarm, offset, length)
+
+    def read_file(self, job: str, file: SharedFile, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset`` of checkpoint file ``file`` (this version of it:
+        its URL, size and mtime) through the swarm of ``job``, from the members that
+        staged it; :class:`NotShared` when it cannot be (then read the store)."""
+        def through_swarm() -> bytes:
+            if offset + length > file.size:
+                raise NotShared(f"bytes {offset}+{length} are not in {file.url}")
+            torrent = self._file_torrent(file)
+            if torrent is None:
+                raise NotShared(f"no node of job {job} has shared {file.url} as it is now")
+            roster = self._roster(job)
+            staging = rendezvous.wanting_within(list(roster), file.url)
+            if self.swarm.address in staging or not staging:  # a member of its group
+                peers, share = staging or [m.peer for m in roster], True
+            else:  # not: those who staged it have it, this node takes no share
+                peers, share = staging, False
+            return self._read(job, torrent, tuple(peers), offset, length, file.read_range,
+                              share=share)
+
+        return self._counted(through_swarm, offset, length)
+
+    def _counted(self, read: Callable[[], bytes], offset: int, length: int) -> bytes:
+        """``read()`` of a range peers serve, counted; every failure as :class:`NotShared`."""
+        try:
+            if not 0 < length <= MAX_READ or offset < 0:
+                raise NotShared(f"{length} bytes at {offset}: not a read peers serve")
+            data = read()
         except (BootseerError, ValueError) as exc:
             with self._lock:
                 self.counts.fallbacks += 1
@@ -124,20 +163,31 @@ class DemandReads:
             self.counts.bytes += length
         return data
 
+    def _read(self, job: str, torrent: Torrent, members: tuple[Peer, ...], offset: int,
+              length: int, reader: ReadRange, *, share: bool = True) -> bytes:
+        if not set(members) - {self.swarm.address}:
+            raise NotShared(f"job {job} has no other member here to read from")
+        return self.swarm.read(torrent, self._path(torrent), offset, length, members, reader,
+                               self.wait, share=share)
+
     def snapshot(self) -> DemandCounts:
         """The counts as of now (for /metrics)."""
         with self._lock:
             return dataclasses.replace(self.counts)
 
-    def met(self, job: str, members: list[Peer]) -> None:
+    def met(self, job: str, roster: list[Member]) -> None:
         """The members a warm of ``job`` gathered (every node's the same list): its
         starts' reads split the store reads by them, as the warm did."""
         with self._lock:
-            self._met[job] = tuple(members)
+            self._met[job] = tuple(roster)
             while len(self._met) > MAX_JOBS:
                 self._met.popitem(last=False)
 
     def members(self, job: str, *, fresh: bool = False) -> tuple[Peer, ...]:
+        """The job's members (:meth:`_roster`'s peers)."""
+        return tuple(m.peer for m in self._roster(job, fresh=fresh))
+
+    def _roster(self, job: str, *, fresh: bool = False) -> tuple[Member, ...]:
         """The job's members: those its warm gathered, else its records as they are now
         (read at most every MEMBERS_TTL: nodes announce themselves as their containers
         start, so early reads see fewer members and read more from the store)."""
@@ -145,14 +195,14 @@ class DemandReads:
         with self._lock:
             if job in self._met:
                 return self._met[job]
-            known = self._members.get(job)
+            known = self._rosters.get(job)
         if known is None or fresh or now - known[0] >= MEMBERS_TTL:
-            known = (now, tuple(rendezvous.members(self.store, job)))
+            known = (now, tuple(rendezvous.roster(self.store, job)))
             with self._lock:
-                self._members[job] = known
-                self._members.move_to_end(job)
-                while len(self._members) > MAX_JOBS:
-                    self._members.popitem(last=False)
+                self._rosters[job] = known
+                self._rosters.move_to_end(job)
+                while len(self._rosters) > MAX_JOBS:
+                    self._rosters.popitem(last=False)
         return known[1]
 
     def _torrent(self, key: str) -> Torrent | None:
@@ -160,19 +210,45 @@ class DemandReads:
         match = PACK_KEY.fullmatch(key)
         if match is None:
             raise NotShared(f"{key!r} is not an image pack")
+        digest = "sha256:" + match[1]
+        return self._loaded(digest, lambda: (self.store.stat(key).size, True))
+
+    def _file_torrent(self, file: SharedFile) -> Torrent | None:
+        """The torrent the job's warms published for this version of ``file``, None if
+        there is none (yet: looked for again after MEMBERS_TTL, not on every stripe)."""
+        if file.size < MIN_SHARED_SIZE:
+            raise NotShared(f"{file.url} is too small to be shared")
+        identity, now = file.identity, time.monotonic()
         with self._lock:
-            if key in self._torrents:
-                self._torrents.move_to_end(key)
-                return self._torrents[key]
+            if now - self._unshared.get(identity, float("-inf")) < MEMBERS_TTL:
+                return None
+        torrent = self._loaded(identity, lambda: (file.size, False))
+        if torrent is None:
+            with self._lock:
+                self._torrents.pop(identity, None)
+                self._unshared[identity] = now
+                self._unshared.move_to_end(identity)
+                while len(self._unshared) > MAX_TORRENTS:
+                    self._unshared.popitem(last=False)
+        return torrent
+
+    def _loaded(self, digest: str, size: Callable[[], tuple[int, bool]]) -> Torrent | None:
+        """The checked torrent named ``digest`` (``size()``: the object's size, and
+        whether the name is its content's), loaded once; None if none is published."""
+        with self._lock:
+            if digest in self._torrents:
+                self._torrents.move_to_end(digest)
+                return self._torrents[digest]
         from . import torrents
 
         try:
-            size = self.store.stat(key).size
-            torrent: Torrent | None = torrents.load(self.store, "sha256:" + match[1], size)
+            length, addressed = size()
+            torrent: Torrent | None = torrents.load(self.store, digest, length,
+                                                    addressed=addressed)
         except FileNotFoundError:
             torrent = None
         with self._lock:
-            self._torrents[key] = torrent
+            self._torrents[digest] = torrent
             while len(self._torrents) > MAX_TORRENTS:
                 self._torrents.popitem(last=False)
         return torrent
@@ -180,6 +256,3 @@ class DemandReads:
     def _path(self, torrent: Torrent) -> Path:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         return self.directory / torrent.hex
-
-    def _reader(self, key: str):
-        return lambda offset, length: self.store.read_range(key, offset, length)

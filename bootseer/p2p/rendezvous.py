@@ -82,6 +82,17 @@ def wanting(roster: list[Member], url: str) -> list[Peer]:
     return [m.peer for m in roster if name in m.wants]
 
 
+def wanting_within(roster: list[Member], url: str) -> list[Peer]:
+    """The members that want ``url`` or a directory holding it (a warm names a checkpoint
+    directory; a demand read, one of its files), sorted."""
+    names, parent = set(), url.rstrip("/")
+    while "/" in parent and not parent.endswith(":/"):
+        names.add(interest(parent))
+        names.add(interest(parent + "/"))
+        parent = parent.rsplit("/", 1)[0]
+    return [m.peer for m in roster if names & m.wants]
+
+
 def _name(value: str, what: str, pattern: re.Pattern[str]) -> str:
     if not isinstance(value, str) or not pattern.fullmatch(value) or ".." in value:
         raise BootseerError(f"{what} {value!r} must match {pattern.pattern}")
