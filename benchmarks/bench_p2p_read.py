@@ -88,7 +88,7 @@ READS = textwrap.dedent("""
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench-results/p2p-read.json")
-    parser.add_argument("--reads", type=int, default=15, help="Timed reads per case.")
+    parser.add_argument("--reads", type=int, default=31, help="Timed reads per case.")
     parser.add_argument("--read-size", type=int, default=2 << 20,
                         help="Bytes per read (a run of 2 MiB blocks).")
     parser.add_argument("--node-link", default="25MB/s")
