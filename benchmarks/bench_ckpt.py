@@ -18,18 +18,29 @@ picks one replica, as on a production cluster.
 * ``fuse``: ``dd`` of the file through ``bootseer ckpt mount`` (``--direct-io``, the default)
   and ``fuse_page_cache`` with ``--page-cache``, the measurement behind that default;
 * ``torch_load_api_s`` vs ``torch_load_copy_then_load_s``: a real ``torch.save`` file of
-  the same size loaded through ``bootseer.checkpoint.load`` vs ``hdfs dfs -get`` + ``torch.load``.
+  the same size loaded through ``bootseer.checkpoint.load`` vs ``hdfs dfs -get`` + ``torch.load``;
+* ``sweep``: the API's read of the same file with each stripe size and fetch concurrency
+  of ``--sweep-stripes`` x ``--sweep-concurrency`` (the defaults are chosen from it);
+* ``safetensors``: a checkpoint of ``--safetensors-gib`` in ``--safetensors-shards``
+  shards, as a model hub publishes one (``model-0000k-of-0000n.safetensors`` and its
+  index), loaded shard by shard through ``bootseer.checkpoint.load_safetensors`` vs the
+  safetensors library's own ``load_file`` on the same files through ``bootseer ckpt
+  mount`` (``--page-cache``: the library mmaps the file).
 
-Medians of ``--runs`` runs, and ratios within the same run set. Writes
-``bench-results/ckpt.json``.
+Every case reports the bytes each DataNode served (its tc class's counter, per run) and
+the machine's CPU busy fraction. Medians of ``--runs`` runs, and ratios within the same
+run set. Writes ``bench-results/ckpt.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,13 +48,15 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from benchlib import busy_fraction, cpu_times, drop_page_cache
 
 import bootseer.checkpoint as ckpt
+from bootseer.stripedfs.config import StripeConfig
 from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
 
 log = logging.getLogger("bench-ckpt")
@@ -51,9 +64,31 @@ MB = 1e6
 MIB = 1 << 20
 
 
-def timed_runs(runs: int, fn: Callable[[], None]) -> tuple[list[float], list[float]]:
-    """Wall times of ``runs`` cold runs, and the machine's CPU busy fraction during each."""
+@dataclass
+class Measured:
+    """``runs`` cold runs of one case: wall times, CPU busy fractions, and the bytes each
+    DataNode served per run (averaged)."""
+
+    times: list[float]
+    busy: list[float]
+    datanode_bytes: list[int]
+
+    def summary(self, size: int) -> dict:
+        med = statistics.median(self.times)
+        served = sum(self.datanode_bytes)
+        return {"MBps": round(size / med / MB, 1), "median_s": round(med, 2),
+                "runs_s": [round(t, 2) for t in self.times],
+                "cpu_busy_fraction": round(statistics.median(self.busy), 2),
+                "datanode_bytes": self.datanode_bytes,
+                # The busiest DataNode's share over an even share: 1.0 is a perfect spread.
+                "datanode_imbalance": round(max(self.datanode_bytes) * len(self.datanode_bytes)
+                                            / served, 2) if served else None}
+
+
+def timed_runs(cluster: Cluster, runs: int, fn: Callable[[], None]) -> Measured:
+    """``runs`` cold runs of ``fn``."""
     times, busy = [], []
+    sent = cluster.datanode_sent_bytes()
     for i in range(runs):
         drop_page_cache()
         cpu0, start = cpu_times(), time.perf_counter()
@@ -62,15 +97,8 @@ def timed_runs(runs: int, fn: Callable[[], None]) -> tuple[list[float], list[flo
         cpu1 = cpu_times()
         busy.append(busy_fraction(cpu0, cpu1))
         log.info("  run %d: %.2f s, CPU %.0f%% busy", i + 1, times[-1], 100 * busy[-1])
-    return times, busy
-
-
-def summary(size: int, measured: tuple[list[float], list[float]]) -> dict:
-    times, busy = measured
-    med = statistics.median(times)
-    return {"MBps": round(size / med / MB, 1), "median_s": round(med, 2),
-            "runs_s": [round(t, 2) for t in times],
-            "cpu_busy_fraction": round(statistics.median(busy), 2)}
+    after = cluster.datanode_sent_bytes()
+    return Measured(times, busy, [(b - a) // runs for a, b in zip(sent, after, strict=True)])
 
 
 class Bench:
@@ -135,26 +163,99 @@ class Bench:
         for t in threads:
             t.join()
 
-    def api(self, name: str) -> None:
-        with ckpt.open(f"{self.url}/{name}") as f:
+    def api(self, name: str, config: StripeConfig | None = None) -> None:
+        with ckpt.open(f"{self.url}/{name}", config=config) as f:
             buffer = bytearray(16 * MIB)
             while f.readinto(buffer):
                 pass
 
-    def fuse(self, name: str, direct_io: bool) -> Callable[[], None]:
-        mountpoint = self.work / "mnt"
-        mountpoint.mkdir(exist_ok=True)
+    def sweep(self, size: int) -> list[dict]:
+        """The API's read of raw.bin at each stripe size and fetch concurrency."""
+        points = []
+        for stripe in self.args.sweep_stripes:
+            for concurrency in self.args.sweep_concurrency:
+                config = StripeConfig(stripe_size=stripe * MIB,
+                                      initial_read_window=max(8, 2 * stripe) * MIB,
+                                      max_concurrent_fetches=concurrency)
+                log.info("sweep: %d MiB stripes, %d fetches", stripe, concurrency)
+                measured = timed_runs(self.cluster, self.args.sweep_runs,
+                                      lambda config=config: self.api("raw.bin", config))
+                points.append({"stripe_mib": stripe, "concurrency": concurrency,
+                               **measured.summary(size)})
+        return points
+
+    def write_safetensors(self) -> tuple[int, list[str]]:
+        """The sharded safetensors checkpoint (random bf16 weights of 64 MiB each) and its
+        index into HDFS; remembers a digest of each shard's first and last tensor."""
+        from safetensors.torch import save_file
+
+        shards, tensor_bytes = self.args.safetensors_shards, 64 * MIB
+        per_shard = max(1, (self.args.safetensors_gib << 30) // shards // tensor_bytes)
+        local = self.work / "st"
+        local.mkdir()
+        names, weight_map = [], {}
+        self.safetensors_digests = {}
+        for k in range(shards):
+            name = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+            tensors = {f"layers.{k}.{t}.weight": torch.frombuffer(
+                bytearray(os.urandom(tensor_bytes)), dtype=torch.bfloat16).reshape(-1, 4096)
+                for t in range(per_shard)}
+            save_file(tensors, local / name, metadata={"format": "pt"})
+            self.safetensors_digests[name] = _ends_digest(tensors)
+            weight_map |= dict.fromkeys(tensors, name)
+            names.append(name)
+            del tensors
+        (local / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": shards * per_shard * tensor_bytes},
+             "weight_map": weight_map}))
+        self.cluster.set_link(None)
+        self.fsshell("-mkdir", "-p", "/bench/st")
+        self.fsshell("-put", "-f", *(str(p) for p in sorted(local.iterdir())), "/bench/st/")
+        self.cluster.set_link(parse_link(self.args.link))
+        size = sum((local / name).stat().st_size for name in names)
+        shutil.rmtree(local)
+        return size, names
+
+    def safetensors_api(self, names: list[str]) -> None:
+        for name in names:
+            tensors = ckpt.load_safetensors(f"{self.url}/st/{name}")
+            self._check_safetensors(name, tensors)
+            del tensors
+
+    def safetensors_library(self, names: list[str]) -> Callable[[], None]:
+        from safetensors.torch import load_file
 
         def run() -> None:
-            subprocess.run([sys.executable, "-m", "bootseer", "ckpt", "mount", self.url,
-                            str(mountpoint), "--direct-io" if direct_io else "--page-cache"],
-                           check=True, capture_output=True)
-            try:
+            with self.mounted(direct_io=False) as mountpoint:
+                for name in names:
+                    tensors = load_file(mountpoint / "st" / name)
+                    self._check_safetensors(name, tensors)
+                    del tensors
+        return run
+
+    def _check_safetensors(self, name: str, tensors: dict) -> None:
+        if _ends_digest(tensors) != self.safetensors_digests[name]:
+            raise AssertionError(f"{name}: loaded tensors differ from the saved ones")
+
+    @contextlib.contextmanager
+    def mounted(self, direct_io: bool) -> Iterator[Path]:
+        """``bootseer ckpt mount`` of the bench directory for the time of the block."""
+        mountpoint = self.work / "mnt"
+        mountpoint.mkdir(exist_ok=True)
+        subprocess.run([sys.executable, "-m", "bootseer", "ckpt", "mount", self.url,
+                        str(mountpoint), "--direct-io" if direct_io else "--page-cache"],
+                       check=True, capture_output=True)
+        try:
+            yield mountpoint
+        finally:
+            subprocess.run([sys.executable, "-m", "bootseer", "ckpt", "umount",
+                            str(mountpoint)], check=True)
+
+    def fuse(self, name: str, direct_io: bool) -> Callable[[], None]:
+        def run() -> None:
+            with self.mounted(direct_io) as mountpoint:
                 subprocess.run(["dd", f"if={mountpoint}/{name}", "of=/dev/null", "bs=4M"],
                                check=True, capture_output=True)
-            finally:
-                subprocess.run([sys.executable, "-m", "bootseer", "ckpt", "umount",
-                                str(mountpoint)], check=True)
         return run
 
     def torch_api(self) -> None:
@@ -191,11 +292,19 @@ class Bench:
         }
         for name, fn in cases.items():
             log.info("%s", name)
-            results[name] = summary(size, timed_runs(a.runs, fn))
+            results[name] = timed_runs(self.cluster, a.runs, fn).summary(size)
         log.info("torch.load through the API")
-        torch_api, _ = timed_runs(a.runs, self.torch_api)
+        torch_api = timed_runs(self.cluster, a.runs, self.torch_api).times
         log.info("hdfs dfs -get, then torch.load")
-        torch_copy, _ = timed_runs(a.runs, self.torch_copy_then_load)
+        torch_copy = timed_runs(self.cluster, a.runs, self.torch_copy_then_load).times
+        sweep = self.sweep(size) if a.sweep_runs else []
+        log.info("writing the safetensors checkpoint (%d GiB, %d shards)", a.safetensors_gib,
+                 a.safetensors_shards)
+        st_size, names = self.write_safetensors()
+        for name, fn in (("safetensors_api", lambda: self.safetensors_api(names)),
+                         ("safetensors_fuse_library", self.safetensors_library(names))):
+            log.info("%s", name)
+            results[name] = timed_runs(self.cluster, a.runs, fn).summary(st_size)
 
         mbps = {k: v["MBps"] for k, v in results.items()}
         # HDFS picks a replica at random per read, so on average a DataNode serves
@@ -228,10 +337,34 @@ class Bench:
             "fuse_vs_raw": round(mbps["fuse"] / mbps["raw_parallel"], 3),
             "torch_api_vs_copy_then_load": round(statistics.median(torch_copy)
                                                  / statistics.median(torch_api), 2),
+            "safetensors_bytes": st_size, "safetensors_shards": len(names),
+            "safetensors_api_s": results["safetensors_api"]["median_s"],
+            "safetensors_fuse_library_s": results["safetensors_fuse_library"]["median_s"],
+            "safetensors_api_vs_library": round(results["safetensors_fuse_library"]["median_s"]
+                                                / results["safetensors_api"]["median_s"], 2),
+            "safetensors_api_vs_raw": round(results["safetensors_api"]["MBps"]
+                                            / mbps["raw_parallel"], 3),
+            "stripe_defaults": {"stripe_mib": StripeConfig().stripe_size // MIB,
+                                "concurrency": StripeConfig().max_concurrent_fetches},
+            "sweep_best": max(sweep, key=lambda p: p["MBps"]) if sweep else None,
+            "sweep": sweep,
             "details": {**results,
                         "torch_load_api": {"runs_s": [round(t, 2) for t in torch_api]},
                         "torch_load_copy_then_load": {"runs_s": [round(t, 2) for t in torch_copy]}},
         }
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
+
+
+def _ends_digest(tensors: dict) -> str:
+    """sha256 of the first MiB of the first and the last tensor (by name): a check that
+    costs nothing next to the load."""
+    digest = hashlib.sha256()
+    for name in (min(tensors), max(tensors)):
+        digest.update(tensors[name].contiguous().view(torch.uint8)[:MIB].numpy().tobytes())
+    return digest.hexdigest()
 
 
 def main() -> None:
@@ -245,6 +378,12 @@ def main() -> None:
                         help="HDFS's default; readers then pick a replica per read")
     parser.add_argument("--link", default="40MB/s", help="per-DataNode egress cap")
     parser.add_argument("--base-port", type=int, default=22000)
+    parser.add_argument("--sweep-stripes", type=_ints, default=[2, 4, 8, 16],
+                        help="MiB, comma-separated")
+    parser.add_argument("--sweep-concurrency", type=_ints, default=[8, 16, 32])
+    parser.add_argument("--sweep-runs", type=int, default=2, help="0: no sweep")
+    parser.add_argument("--safetensors-gib", type=int, default=8)
+    parser.add_argument("--safetensors-shards", type=int, default=8)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-", dir="/var/tmp") as tmp:

@@ -133,6 +133,22 @@ class StoreContract:
             with pytest.raises(InvalidRangeError):
                 read(-1, 10)
 
+    def test_ranged_reads_into_a_buffer(self, store: Store) -> None:
+        """What the striped reader uses: the exact range, straight into its buffer."""
+        size = 3 * CHUNK_SIZE + 12345
+        store.put("into.bin", ramp(0, size))
+        buffer = bytearray(2 * CHUNK_SIZE + 10)
+        for offset, length in ((0, 100), (CHUNK_SIZE - 7, 14), (size - 100, 100),
+                               (CHUNK_SIZE // 2, 2 * CHUNK_SIZE + 3)):
+            view = memoryview(buffer)[5:5 + length]
+            store.read_range_into("into.bin", offset, view)
+            assert bytes(view) == ramp(offset, length)
+        assert buffer[:5] == bytes(5)  # nothing written before the view
+        with pytest.raises(InvalidRangeError):
+            store.read_range_into("into.bin", size - 1, memoryview(buffer)[:2])
+        with pytest.raises(FileNotFoundError):
+            store.read_range_into("no/such/key", 0, memoryview(buffer)[:2])
+
     def test_open_gives_a_seekable_file(self, blobs: BlobStore) -> None:
         size = 2 * CHUNK_SIZE + 5
         info = blobs.put(ramp(0, size))

@@ -300,8 +300,8 @@ class Swarm:
         The object is in the session as a partial transfer with its file at ``path``
         (sparse; created on the first read, removed when it expires like a seed): a
         piece a connected peer has is requested at once (a piece deadline); one this
-        node owns (``p % N``, as in :meth:`fetch`) is read from the store at once (once a
-        peer is connected, or ``wait`` passed: a new transfer's peers may have it); one
+        node owns (``p % N``, as in :meth:`fetch`) is read from the store at once (the
+        others wait for it); one
         whose owner is connected is waited for, ``wait`` seconds at most, then read from
         the store; one whose owner is not connected, until the owner has been missing for
         ``piece_grace`` (it may be starting), then at once. The bytes returned are
@@ -364,10 +364,8 @@ class Swarm:
                     asked[piece] = now
                     from_store = False
                 else:
-                    # This node's own: at once, unless no peer is connected yet (a
-                    # transfer just opened: its peers may have it whole).
-                    from_store = (owner == me and (bool(connected) or now - began >= wait)) \
-                        or (owner.address in connected and now - began >= wait) or \
+                    from_store = owner == me or \
+                        (owner.address in connected and now - began >= wait) or \
                         now - transfer.absent.get(owner.address, now) >= grace
                 if from_store:
                     with self._lock:

@@ -18,6 +18,7 @@ block size (for aligned striped reads) comes from ``hdfsGetPathInfo`` the same w
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import threading
@@ -105,16 +106,14 @@ class HdfsStore(HadoopStyleStore):
             return f.read_at(length, offset)
 
     def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
-        path = self._path(key)
-        with self.fs.open_input_file(path) as f:
-            f.seek(offset)
-            done = 0
-            while done < len(buffer):
-                n = f.readinto(buffer[done:])
-                if n == 0:
-                    raise InvalidRangeError(f"{key}: range {offset}+{len(buffer)} is past the "
-                                            f"end of the object ({f.size()} bytes)")
-                done += n
+        """A positional read straight into ``buffer`` (``hdfsPread``): the DataNode sends
+        exactly the range. A stateful read (``seek`` + ``read``) asks it for the rest of
+        the block, and what it pushed before the stream closed crossed its link for
+        nothing (bench-ckpt's per-DataNode bytes)."""
+        done = self._libhdfs.pread_into(self._path(key), offset, buffer)
+        if done < len(buffer):
+            raise InvalidRangeError(f"{key}: range {offset}+{len(buffer)} is past the end "
+                                    f"of the object ({offset + done} bytes)")
 
     def _fs_create(self, path: str) -> OutputFile:
         return self.fs.open_output_stream(path)
@@ -189,7 +188,7 @@ class _Libhdfs:
     def _load(cls) -> ctypes.CDLL:
         with cls._lock:
             if cls._lib is None:
-                lib = ctypes.CDLL(str(_libhdfs_path()))
+                lib = ctypes.CDLL(str(_libhdfs_path()), use_errno=True)
                 lib.hdfsConnectAsUser.restype = ctypes.c_void_p
                 lib.hdfsConnectAsUser.argtypes = [ctypes.c_char_p, ctypes.c_uint16,
                                                   ctypes.c_char_p]
@@ -202,6 +201,14 @@ class _Libhdfs:
                                                    ctypes.c_int16]
                 lib.hdfsFreeFileInfo.restype = None
                 lib.hdfsFreeFileInfo.argtypes = [ctypes.POINTER(_FileInfo), ctypes.c_int]
+                lib.hdfsOpenFile.restype = ctypes.c_void_p
+                lib.hdfsOpenFile.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int,
+                                             ctypes.c_int, ctypes.c_short, ctypes.c_int32]
+                lib.hdfsPread.restype = ctypes.c_int32
+                lib.hdfsPread.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                          ctypes.c_void_p, ctypes.c_int32]
+                lib.hdfsCloseFile.restype = ctypes.c_int
+                lib.hdfsCloseFile.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
                 cls._lib = lib
             return cls._lib
 
@@ -228,6 +235,35 @@ class _Libhdfs:
 
     def set_replication(self, path: str, replicas: int) -> bool:
         return self._lib_handle.hdfsSetReplication(self._fs, path.encode(), replicas) == 0
+
+    def pread_into(self, path: str, offset: int, buffer: memoryview) -> int:
+        """Bytes of ``path`` at ``offset`` into ``buffer`` (writable, contiguous) by
+        positional reads; returns how many (fewer only at the end of the file)."""
+        lib = self._lib_handle
+        f = lib.hdfsOpenFile(self._fs, path.encode(), os.O_RDONLY, 0, 0, 0)
+        if not f:
+            err = ctypes.get_errno()
+            if err in (0, errno.ENOENT):
+                raise FileNotFoundError(f"{path}: not found")
+            raise OSError(err, f"hdfsOpenFile {path}: {os.strerror(err)}")
+        try:
+            target = (ctypes.c_char * len(buffer)).from_buffer(buffer)
+            base, done = ctypes.addressof(target), 0
+            while done < len(buffer):
+                # tSize is 32-bit: at most 1 GiB per call.
+                n = lib.hdfsPread(self._fs, f, offset + done, base + done,
+                                  min(len(buffer) - done, 1 << 30))
+                if n < 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"hdfsPread {path} at {offset + done}: "
+                                       f"{os.strerror(err)}")
+                if n == 0:
+                    break
+                done += n
+            del target
+            return done
+        finally:
+            lib.hdfsCloseFile(self._fs, f)
 
     def perm(self, path: str) -> Perm | None:
         info = self._lib_handle.hdfsGetPathInfo(self._fs, path.encode())

@@ -104,7 +104,9 @@ class WebHdfsStore(HadoopStyleStore):
             with self.client.read(path, offset=offset, length=length) as reader:
                 return reader.read()
         except HdfsError as exc:
-            if "FileNotFoundException" in str(exc) or "does not exist" in str(exc):
+            if getattr(exc, "exception", None) == "FileNotFoundException" or \
+                    any(s in str(exc) for s in ("FileNotFoundException", "does not exist",
+                                                " not found")):
                 raise FileNotFoundError(f"{path}: not found on {self.url}") from exc
             if "Offset" in str(exc) and "greater than" in str(exc):
                 return b""  # offset past the end: a short read, like pread

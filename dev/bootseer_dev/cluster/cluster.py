@@ -470,6 +470,12 @@ class Cluster:
             self.spec.link = cap
             (self.state_dir / "spec.json").write_text(self.spec.to_json())
 
+    def datanode_sent_bytes(self) -> list[int]:
+        """Bytes each DataNode has served through its capped link so far (its tc class's
+        counter; empty without a cap). Differences between two calls say which DataNodes
+        a read used."""
+        return linkcap.sent_bytes(self._tc_path)
+
     # ----------------------------------------------------------------- fault injection
     def stop_datanode(self, i: int, sig: int = signal.SIGTERM) -> bool:
         """Stop DataNode i (SIGTERM, or sig=signal.SIGKILL to emulate a crash); keeps its

@@ -213,6 +213,21 @@ def remove_link_cap(record_path: Path) -> bool:
     return True
 
 
+def sent_bytes(record_path: Path) -> list[int]:
+    """Bytes each DataNode's class has sent so far, in DataNode order (``tc -s``)."""
+    record = TcRecord.load(record_path)
+    if record is None:
+        return []
+    out = _tc("-s", "class", "show", "dev", record.dev, check=False).stdout
+    sent: dict[str, int] = {}
+    for block in re.split(r"\n(?=class )", out):
+        head = re.match(r"class htb (\S+) ", block.strip())
+        count = re.search(r"Sent (\d+) bytes", block)
+        if head and count:
+            sent[head[1]] = int(count[1])
+    return [sent.get(classid, 0) for classid in record.classes]
+
+
 def describe(record_path: Path) -> str:
     """`tc -s class show` lines for this cluster's classes (bytes sent per DataNode)."""
     record = TcRecord.load(record_path)
