@@ -231,7 +231,10 @@ class StripedReader:
                 raise ValueError(f"{self.name}: read from a closed reader")
             ahead = self.window.advance(offset, end - offset)
             self.stats.seeks = self.window.seeks
-            self._drop_outside(offset, end + ahead)
+            # Reads a little behind this one still count as sequential (FUSE serves a
+            # file's requests on several threads, out of order): their stripes stay.
+            behind = self.config.max_backward_seek_distance
+            self._drop_outside(offset - behind, end + ahead)
             missing = sum(1 for stripe in demand if self._present(stripe) is None)
         pending = self._claim(demand, missing)
         with self._lock:
@@ -258,7 +261,7 @@ class StripedReader:
             self._unuse(pending)
             self.stats.reads += 1
             self.stats.bytes_read += end - offset
-            self._drop_before(end if end < self.size else offset)
+            self._drop_before((end if end < self.size else offset) - behind)
         self._first_byte()
         return end - offset
 

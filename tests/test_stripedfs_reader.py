@@ -122,6 +122,19 @@ def test_a_read_that_keeps_failing_names_file_and_offset(tmp_path: Path) -> None
         assert reader.read(70 * KIB, 10) == ramp(70 * KIB, 10)
 
 
+def test_reads_slightly_out_of_order_fetch_each_stripe_once(store: Store) -> None:
+    """FUSE answers a file's requests on several threads: a read can come just behind the
+    one before it. Its stripe is still there, not fetched again (a page-cache mount read
+    the file 3 times over from the DataNodes before)."""
+    chunk = 16 * KIB
+    with StripedReader(store, "ckpt.bin", config=SMALL) as reader:
+        for base in range(0, SIZE, 4 * chunk):
+            for k in (1, 0, 3, 2):  # each pair swapped: 16 KiB behind the read before
+                offset = base + k * chunk
+                assert reader.read(offset, chunk) == ramp(offset, min(chunk, SIZE - offset))
+        assert reader.stats.bytes_fetched <= SIZE + 2 * SMALL.stripe_size, reader.stats
+
+
 def test_stripes_are_asked_of_peers_first_and_read_from_the_store_when_they_fail(
         tmp_path: Path) -> None:
     """A peer answer fills its stripe; no answer, a failure or a short answer costs a

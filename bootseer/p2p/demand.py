@@ -139,7 +139,8 @@ class DemandReads:
                 raise NotShared(f"no node of job {job} has shared {file.url} as it is now")
             roster = self._roster(job)
             staging = rendezvous.wanting_within(list(roster), file.url)
-            if self.swarm.address in staging or not staging:  # a member of its group
+            me = self.swarm.address.address
+            if not staging or any(p.address == me for p in staging):  # one of its group
                 peers, share = staging or [m.peer for m in roster], True
             else:  # not: those who staged it have it, this node takes no share
                 peers, share = staging, False
