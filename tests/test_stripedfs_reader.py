@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_contract import ramp
@@ -185,7 +186,8 @@ def test_a_hundred_readers_share_one_memory_cap(store: Store) -> None:
     assert memory.shed_buffers > 0  # reads took memory back from read-ahead
     for reader in readers:
         reader.close()
-    assert len(memory._free) == memory.allocated  # every buffer came back
+    # Every buffer comes back, a read-ahead still in flight at close as soon as it ends.
+    wait_until(lambda: len(memory._free) == memory.allocated, seconds=10)
 
 
 def test_readers_on_threads_stay_under_the_cap_and_read_right(store: Store) -> None:
