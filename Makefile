@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint system-deps venv clean bench-ckpt bench-hdfs bench-blocksize bench-image \
-	bench-env bench-restart bench-p2p-read
+	bench-image-cuda bench-env bench-env-cuda bench-restart bench-p2p-read
 
 $(STAMP): pyproject.toml dev/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,10 +46,18 @@ bench-blocksize: system-deps venv
 bench-image: system-deps venv
 	$(BIN)/python benchmarks/bench_image.py --out bench-results/image.json
 
+# The same on a training image's size: torch 2.14.1's CUDA build (~6 GB of files, built once).
+bench-image-cuda: system-deps venv
+	$(BIN)/python benchmarks/bench_image.py --image cuda --out bench-results/image-cuda.json
+
 # pip vs uv vs `bootseer env run` restore of a torch/scipy/pandas venv; uv goes into the
 # benchmark's own tool venv (~/.cache/bootseer/bench-env), not the project's dependencies.
 bench-env: system-deps venv
 	$(BIN)/python benchmarks/bench_env.py --out bench-results/env.json
+
+# The same with torch 2.14.1's CUDA build and its nvidia-* libraries (~5.5 GB in the venv).
+bench-env-cuda: system-deps venv
+	$(BIN)/python benchmarks/bench_env.py --requirements cuda --out bench-results/env-cuda.json
 
 # Demand reads served by a peer vs the same reads from an idle store (two lab nodes).
 bench-p2p-read: system-deps venv

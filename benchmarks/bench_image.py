@@ -2,6 +2,9 @@
 
 The image is real: Debian bookworm minbase + python3 + torch 2.13.0 (CPU) and numpy
 (``bootseer_dev.image.build_image(with_torch=True)``, three layers, ~1.1 GB of files).
+``make bench-image-cuda`` (``--image cuda``) runs the same on a training image's size: the
+CUDA build of torch 2.14.1 with its ``nvidia-*`` libraries and numpy (``with_torch_cuda``,
+~6 GB of files, writes ``bench-results/image-cuda.json``).
 The start is real too: ``python3 -c "import torch; ..."``, ready when it exits (its output
 is checked). Two stores sit behind the same link cap, ``--link-mbps`` MB/s, each in a tc
 htb class of its own on ``lo`` (the kernel has no ``sch_netem``, so no latency is added;
@@ -35,10 +38,14 @@ last one:
   floor.
 
 For each case the machine's CPU busy fraction during the run is recorded (2 cores: near 1.0
-means CPU, not the link, bounds the run). Medians of ``--runs`` runs. Goals:
-``lazy_prefetch_s <= 0.25 x docker_pull_run_s`` and
-``lazy_prefetch_s <= 1.3 x (local_s + hot_bytes / link rate)``. Writes
-``bench-results/image.json``.
+means CPU, not the link, bounds the run). Each lazy start's mount also reports what
+loading the manifest cost (bytes, decode seconds), the FUSE requests its server answered,
+and how long the mount took to be ready (``mount_ready_s``: from the runtime shim's request
+to the agent until the server serves, manifest fetched and decoded). Medians of ``--runs``
+runs. Goals: ``lazy_prefetch_s <= 0.25 x docker_pull_run_s`` (CPU image) or
+``<= 0.15 x full_pull_s`` (CUDA image), ``lazy_prefetch_s <= 1.3 x (local_s + hot_bytes /
+link rate)``, and for the CUDA image ``mount_ready_s <= 0.5``. Writes
+``bench-results/image.json`` (``image-cuda.json``).
 """
 
 from __future__ import annotations
@@ -83,9 +90,27 @@ HERE = Path(__file__).resolve().parent
 FULL_PULL = HERE / "full_pull.py"
 RUNTIME = Path(sys.executable).parent / "bootseer-runtime"
 MB, MIB = 1e6, 1 << 20
-IMAGE = "torch"
-STUB = "bootseer/torch:1"
-REGISTRY_REF = "bench/torch:1"
+
+
+@dataclass(frozen=True)
+class BenchImage:
+    """Which image is started: how it is built, and the names it goes by."""
+
+    name: str  # in the store (``images/<name>``) and the hot list's image
+    build: dict[str, bool]  # build_image's keyword arguments
+    out: str  # the results file's default name
+
+    @property
+    def stub(self) -> str:
+        return f"bootseer/{self.name}:1"
+
+    @property
+    def registry_ref(self) -> str:
+        return f"bench/{self.name}:1"
+
+
+IMAGES = {"cpu": BenchImage("torch", {"with_torch": True}, "image.json"),
+          "cuda": BenchImage("torch-cuda", {"with_torch_cuda": True}, "image-cuda.json")}
 WORKLOAD = ["python3", "-c",
             "import torch; x = torch.ones(256, 256); print(float((x @ x).sum()))"]
 EXPECTED = "16777216.0"  # 256 * 256 * 256
@@ -128,6 +153,7 @@ class Run:
 class Bench:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args, self.work = args, work
+        self.image = IMAGES[args.image]
         self.cap = parse_link(f"{args.link_mbps:g}MB/s")
         spec = ClusterSpec.with_base_port(args.base_port, datanodes=1, replication=1,
                                           block_size=args.block_size * MIB,
@@ -212,7 +238,7 @@ class Bench:
         assert self.registry is not None
         engine = Dockerd.start(run_dir / "docker")
         try:
-            name = f"{self.registry.address}/{REGISTRY_REF}"
+            name = f"{self.registry.address}/{self.image.registry_ref}"
             docker = ["docker", "-H", engine.host]
             run = [*docker, "run", "--rm", "--network", "none", name, *WORKLOAD]
             pulled = self.cold(what, [[*docker, "pull", "--quiet", name], run])
@@ -229,11 +255,11 @@ class Bench:
             env = self.env | {"BOOTSEER_STORE": self.url,
                               "BOOTSEER_CACHE_DIR": str(run_dir / "cache"),
                               "BOOTSEER_IMAGE_PREFETCH": "true" if prefetch else "false",
-                              "BOOTSEER_IMAGE_RECORD_IMAGES": IMAGE}
+                              "BOOTSEER_IMAGE_RECORD_IMAGES": self.image.name}
             agent = start_agent(self.agent_sock, env, timeout=120)
             try:
                 if warm:  # through the agent, as on a node: untimed
-                    subprocess.run(self.bootseer("warm", "--image", IMAGE, "--workload",
+                    subprocess.run(self.bootseer("warm", "--image", self.image.name, "--workload",
                                                  self.args.workload),
                                    env=env | {"BOOTSEER_AGENT_SOCKET": str(self.agent_sock)},
                                    check=True, capture_output=True, timeout=self.args.timeout)
@@ -241,7 +267,7 @@ class Bench:
                 run = self.cold(what, [[
                     "docker", "-H", self.dockerd.host, "run", "--rm", "--runtime", "bootseer",
                     "--network", "none", "-e", f"BOOTSEER_WORKLOAD={self.args.workload}",
-                    "-e", f"BOOTSEER_RECORD={record}", STUB, *WORKLOAD]])
+                    "-e", f"BOOTSEER_RECORD={record}", self.image.stub, *WORKLOAD]])
                 with AgentClient(self.agent_sock) as client:
                     start = self.finished_start(client)
                     left = client.mounts()
@@ -276,7 +302,7 @@ class Bench:
 
     def setup(self) -> dict:
         started = time.perf_counter()
-        self.layout = build_image(with_torch=True)
+        self.layout = build_image(**self.image.build)
         self.info = read_build_info(self.layout)
         log.info("image %s: %.0f MB of files, %.0f MB of gzip layers (%.0f s)", self.layout,
                  self.info.rootfs_bytes / MB, self.info.compressed_bytes / MB,
@@ -294,29 +320,33 @@ class Bench:
         setup: dict[str, Any] = {}
         if LAZY_CASES & set(self.cases):
             t = time.perf_counter()
-            subprocess.run(self.bootseer("image", "convert", str(self.layout), "--name", IMAGE),
+            subprocess.run(self.bootseer("image", "convert", str(self.layout), "--name",
+                                         self.image.name),
                            env=self.env, check=True, stdout=subprocess.DEVNULL)
             setup["convert_s"] = round(time.perf_counter() - t, 2)
             log.info("converted into the store in %.1f s (uncapped)", setup["convert_s"])
+            setup["lazy_image"] = self.lazy_image_sizes()
             self.dockerd = Dockerd.start(self.work / "docker-lazy",
                                          config=deployed_daemon_config(RUNTIME),
                                          env={"BOOTSEER_AGENT_SOCKET": str(self.agent_sock)})
-            subprocess.run(self.bootseer("image", "docker-stub", IMAGE, "--tag", STUB,
+            subprocess.run(self.bootseer("image", "docker-stub", self.image.name, "--tag",
+                                         self.image.stub,
                                          "--docker-host", self.dockerd.host),
                            env=self.env | {"BOOTSEER_CACHE_DIR": str(self.work / "stub-cache")},
                            check=True, stdout=subprocess.DEVNULL)
-            log.info("stub %s loaded into dockerd (runtime bootseer: %s)", STUB, RUNTIME)
+            log.info("stub %s loaded into dockerd (runtime bootseer: %s)", self.image.stub,
+                     RUNTIME)
         if "full_pull" in self.cases:
             t = time.perf_counter()
             subprocess.run([sys.executable, str(FULL_PULL), "push", "--store", self.url,
-                            "--layout", str(self.layout), "--name", IMAGE],
+                            "--layout", str(self.layout), "--name", self.image.name],
                            env=self.env, check=True, stdout=subprocess.DEVNULL)
             setup["push_s"] = round(time.perf_counter() - t, 2)
             log.info("pushed the layer blobs in %.1f s (uncapped)", setup["push_s"])
         if "docker_pull_run" in self.cases:
             t = time.perf_counter()
             self.registry = Registry.start(self.work / "registry")
-            self.registry.push(self.layout, REGISTRY_REF)
+            self.registry.push(self.layout, self.image.registry_ref)
             setup["registry_push_s"] = round(time.perf_counter() - t, 2)
             log.info("pushed to docker-registry at %s in %.1f s (uncapped)",
                      self.registry.address, setup["registry_push_s"])
@@ -325,6 +355,28 @@ class Bench:
         log.info("link capped at %s (DataNode%s)", self.cap,
                  " and registry" if self.registry else "")
         return setup
+
+    def lazy_image_sizes(self) -> dict[str, int]:
+        """The converted image as the store holds it: files, blocks and their compressed
+        bytes (the denominator of the hot fraction), read from its manifest."""
+        code = ("import json, sys\n"
+                "from bootseer.store import BlobStore, open_store\n"
+                "from bootseer.prefetch.lazyimage import resolve_image\n"
+                "from bootseer.prefetch.blockformat import Manifest\n"
+                "blobs = BlobStore(open_store(sys.argv[1]))\n"
+                "data = blobs.get(resolve_image(blobs, sys.argv[2]), 1 << 30)\n"
+                "m = Manifest.decode(data)\n"
+                "print(json.dumps({'entries': len(m.entries), 'blocks': len(m.blocks),\n"
+                "                  'stored_bytes': sum(b.length for b in m.blocks),\n"
+                "                  'content_bytes': m.content_bytes,\n"
+                "                  'manifest_bytes': len(data)}))\n")
+        out = subprocess.run([sys.executable, "-c", code, self.url, self.image.name],
+                             env=self.env, check=True, capture_output=True, text=True).stdout
+        sizes = json.loads(out)
+        log.info("lazy image: %d entries, %d blocks, %.0f MB stored, manifest %.1f MB",
+                 sizes["entries"], sizes["blocks"], sizes["stored_bytes"] / MB,
+                 sizes["manifest_bytes"] / MB)
+        return sizes
 
     def stop(self) -> None:
         if self.dockerd is not None:
@@ -350,7 +402,7 @@ class Bench:
         if "full_pull" in self.cases:
             log.info("full_pull: fetch every layer from HDFS, unpack, run in runc")
             measured |= self.case("full_pull", self.full_pull_run(
-                lambda d: ["pull", "--store", self.url, "--name", IMAGE, "--dest",
+                lambda d: ["pull", "--store", self.url, "--name", self.image.name, "--dest",
                            str(d / "rootfs")]))
         if "docker_pull_run" in self.cases:
             log.info("docker_pull_run: fresh dockerd, docker pull from the registry, docker run")
@@ -404,6 +456,21 @@ class Bench:
             return {name: median_of([round(m[b] - m[a], 3) if a in m and b in m else None
                                      for m in marks]) for name, (a, b) in spans.items()}
 
+        def per_start(case: str, group: str) -> dict[str, float | None] | None:
+            """Medians over a case's runs of each figure in the mount report's ``group``
+            (``manifest``, ``fuse_requests``)."""
+            rows = [r for r in image_stat(case, group) if r]
+            if not rows:
+                return None
+            keys = sorted({k for r in rows for k in r})
+            return {k: median_of([r.get(k) for r in rows]) for k in keys}
+
+        def mount_ready(case: str) -> list[float]:
+            return [r.extra["start"]["phases_s"]["image_ready"]
+                    - r.extra["start"]["phases_s"]["created"]
+                    for r in measured.get(case, [])
+                    if {"created", "image_ready"} <= set(r.extra["start"]["phases_s"])]
+
         hot_bytes = median_of(image_stat("lazy_prefetch", "prefetch", "hot_bytes"))
         floor = (med["local"] + hot_bytes / rate
                  if "local" in med and hot_bytes is not None else None)
@@ -413,6 +480,9 @@ class Bench:
         def ratio(a: float | None, b: float | None) -> float | None:
             return round(a / b, 3) if a is not None and b else None
 
+        stored = setup.get("lazy_image", {}).get("stored_bytes")
+        ready = mount_ready("lazy_prefetch")
+        cuda = self.args.image == "cuda"
         pre, docker = med.get("lazy_prefetch"), med.get("docker_pull_run")
         full, lazy = med.get("full_pull"), med.get("lazy")
         demand = image_stat("lazy_prefetch", "bytes_fetched")
@@ -420,7 +490,7 @@ class Bench:
         total = [d + (p or 0) if d is not None else None for d, p in zip(demand, prefetched)]
         record = measured.get("record")
         return {
-            "benchmark": "image",
+            "benchmark": "image-cuda" if cuda else "image",
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
             "path": PATH,
@@ -459,6 +529,21 @@ class Bench:
             "compressed_layer_bytes": self.info.compressed_bytes,
             "hot_bytes": hot_bytes,
             "hot_bytes_note": "compressed bytes of the hot list (what the prefetch reads)",
+            "hot_fraction": round(hot_bytes / stored, 4) if hot_bytes and stored else None,
+            "hot_fraction_note": "hot_bytes / the lazy image's compressed bytes in the store",
+            "mount_ready_s": figure(ready) if ready else None,
+            "mount_ready_note": "lazy_prefetch runs: from the runtime shim's mount request to "
+                                "the agent until the server serves (manifest fetched and "
+                                "decoded; agent started before the run, its spare servers "
+                                "warm)",
+            "manifest": per_start("lazy_prefetch", "manifest"),
+            "manifest_note": "medians over lazy_prefetch runs: compressed bytes, entries, "
+                             "fetch and decode seconds in the mount server",
+            "fuse_requests": {case: per_start(case, "fuse_requests")
+                              for case in ("lazy", "lazy_prefetch", "lazy_warmed")
+                              if case in measured},
+            "fuse_requests_note": "requests the mount's FUSE server answered per start, by "
+                                  "kind, medians (page-cache hits never reach it)",
             "bytes_fetched_lazy": median_of(image_stat("lazy", "bytes_fetched")),
             "bytes_fetched_lazy_prefetch": median_of(total),
             "bytes_fetched_lazy_prefetch_note": "demand fetches + the prefetcher's fetches",
@@ -488,8 +573,12 @@ class Bench:
             "lazy_vs_docker": ratio(lazy, docker),
             "docker_local_vs_local": ratio(med.get("docker_local"), med.get("local")),
             "goals": {
-                "prefetch_le_0.25_docker": (pre <= 0.25 * docker) if pre and docker else None,
                 "prefetch_le_1.3_floor": (pre <= 1.3 * floor) if pre and floor else None,
+                **({"prefetch_le_0.15_full": (pre <= 0.15 * full) if pre and full else None,
+                    "mount_ready_le_0.5_s": (statistics.median(ready) <= 0.5) if ready
+                    else None} if cuda else
+                   {"prefetch_le_0.25_docker": (pre <= 0.25 * docker) if pre and docker
+                    else None}),
             },
             "details": self.details,
         }
@@ -520,6 +609,8 @@ def table(result: dict) -> str:
               f"lazy+prefetch {mb(result['bytes_fetched_lazy_prefetch'])}; "
               f"floor {result['floor_s']} s, with docker's own start {result['docker_floor_s']} s",
               f"lazy_prefetch breakdown: {result['breakdown_s']['lazy_prefetch']}",
+              f"mount ready {result['mount_ready_s']}; manifest {result['manifest']}; "
+              f"FUSE requests {result['fuse_requests'].get('lazy_prefetch')}",
               f"prefetch/docker {result['prefetch_vs_docker']}, prefetch/full "
               f"{result['prefetch_vs_full']}, prefetch/floor {result['prefetch_vs_floor']}; "
               f"goals {result['goals']}"]
@@ -528,7 +619,11 @@ def table(result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("bench-results/image.json"))
+    parser.add_argument("--image", choices=sorted(IMAGES), default="cpu",
+                        help="cpu: torch 2.13.0 CPU (~1.1 GB of files); cuda: torch 2.14.1 "
+                             "CUDA build (~6 GB, a training image's size)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: bench-results/image.json (image-cuda.json for cuda)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--link-mbps", type=float, default=100.0,
                         help="egress cap of the DataNode and of the registry, MB/s (decimal)")
@@ -544,6 +639,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=64, help="HDFS block size, MiB")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per command")
     args = parser.parse_args()
+    args.out = args.out or Path("bench-results") / IMAGES[args.image].out
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per agent request
     work = Path(tempfile.mkdtemp(prefix="bench-image-", dir="/var/tmp"))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -68,18 +69,42 @@ def resolve_image(blobs: BlobStore, image: str) -> str:
     return image if is_digest(image) else blobs.get_ref(IMAGE_REF_PREFIX + image).digest
 
 
+@dataclass(frozen=True)
+class ManifestLoad:
+    """What loading an image's manifest cost a mount: a cost that grows with the image's
+    file count, paid before the mount serves anything."""
+
+    bytes: int  # compressed, as stored
+    entries: int
+    cached: bool  # found in the node's cache (no store read)
+    fetch_s: float
+    decode_s: float
+
+
 def load_manifest(blobs: BlobStore, image_id: str, cache: NodeCache) -> Manifest:
     """The image's manifest, from the node's cache when it is there (it is content-addressed
     like a block, so the cache verifies it the same way), else from the store."""
+    return load_manifest_timed(blobs, image_id, cache)[0]
+
+
+def load_manifest_timed(blobs: BlobStore, image_id: str,
+                        cache: NodeCache) -> tuple[Manifest, ManifestLoad]:
+    """:func:`load_manifest`, and what it cost."""
+    started = time.perf_counter()
     digest = image_id.removeprefix("sha256:")
     data = cache.get(digest)
+    cached = data is not None
     if data is None:
         data = blobs.get(image_id, MAX_MANIFEST_BYTES)  # verified against its digest
         try:
             cache.put(digest, data)
         except (OSError, NotCached) as exc:
             log.warning("could not cache the manifest of %s: %s", image_id, exc)
-    return Manifest.decode(data)
+    fetched = time.perf_counter()
+    manifest = Manifest.decode(data)
+    decoded = time.perf_counter()
+    return manifest, ManifestLoad(len(data), len(manifest.entries), cached,
+                                  round(fetched - started, 4), round(decoded - fetched, 4))
 
 
 class LazyImage:
@@ -92,7 +117,7 @@ class LazyImage:
         #: so they come in the same ranged read instead of one round trip each.
         self.readahead_blocks = readahead_blocks
         self.image_id = resolve_image(blobs, image)
-        self.manifest = load_manifest(blobs, self.image_id, cache)
+        self.manifest, self.manifest_load = load_manifest_timed(blobs, self.image_id, cache)
         self.source = BlockSource(blobs.store, self.manifest, self.image_id)
         self.memory = MemoryTier(recent_blocks, prefetch_memory)
         self.inflight = InFlight(self._is_local)

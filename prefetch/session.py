@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bootseer.errors import BootseerError
+from bootseer.fuse.server import RequestCounts, serve_at
 from bootseer.fuse.server import serve as serve_connection
-from bootseer.fuse.server import serve_at
 from bootseer.jsonfile import write_json
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.blocksource import PeerRead
 from bootseer.prefetch.hotlist import DEFAULT_WORKLOAD, HotList
 from bootseer.prefetch.imagetree import ImageTree
-from bootseer.prefetch.lazyimage import LazyImage, LazyStats
+from bootseer.prefetch.lazyimage import LazyImage, LazyStats, ManifestLoad
 from bootseer.prefetch.prefetcher import Prefetcher, PrefetchStats
 from bootseer.prefetch.recording import ReadyWhen, Recording
 from bootseer.store import BlobStore
@@ -142,10 +142,13 @@ class MountStats:
     recording: RecordingSummary | None = None
     image_id: str | None = None  # in the final report
     image_content_bytes: int | None = None
+    manifest: ManifestLoad | None = None  # what loading the manifest cost, before serving
+    fuse_requests: dict[str, int] | None = None  # answered by this server, by kind
 
     @classmethod
     def of(cls, image: LazyImage, prefetcher: Prefetcher | None = None,
-           recording: Recording | None = None, *, final: bool = False) -> MountStats:
+           recording: Recording | None = None, *, final: bool = False,
+           requests: RequestCounts | None = None) -> MountStats:
         summary = None
         if recording is not None:
             result = recording.result
@@ -156,7 +159,8 @@ class MountStats:
         return cls(dataclasses.replace(image.stats),
                    dataclasses.replace(prefetcher.stats) if prefetcher else None, summary,
                    image.image_id if final else None,
-                   image.manifest.content_bytes if final else None)
+                   image.manifest.content_bytes if final else None, image.manifest_load,
+                   requests.snapshot() if requests is not None else None)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = dataclasses.asdict(self.reads)
@@ -166,15 +170,22 @@ class MountStats:
         if self.image_id is not None:
             body["image_id"] = self.image_id
             body["image_content_bytes"] = self.image_content_bytes
+        if self.manifest is not None:
+            body["manifest"] = dataclasses.asdict(self.manifest)
+        if self.fuse_requests is not None:
+            body["fuse_requests"] = self.fuse_requests
         return body
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> MountStats:
         prefetch, recording = body.get("prefetch"), body.get("recording")
+        manifest, requests = body.get("manifest"), body.get("fuse_requests")
         return cls(_fields(LazyStats, body),
                    _fields(PrefetchStats, prefetch) if prefetch else None,
                    _fields(RecordingSummary, recording) if recording else None,
-                   body.get("image_id"), body.get("image_content_bytes"))
+                   body.get("image_id"), body.get("image_content_bytes"),
+                   _fields(ManifestLoad, manifest) if manifest else None,
+                   {str(k): int(v) for k, v in requests.items()} if requests else None)
 
     def save(self, path: Path) -> None:
         write_json(path, self.to_json())
@@ -212,22 +223,24 @@ def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
         MountInfo(image.image_id, image.manifest.config, image.manifest.content_bytes,
                   record).save(options.info)
     stop_stats = threading.Event()
+    requests = RequestCounts()
     if options.stats is not None:
         stats_path = options.stats
 
         def refresh() -> None:
             while not stop_stats.wait(STATS_INTERVAL):
-                MountStats.of(image, prefetcher, recording).save(stats_path)
+                MountStats.of(image, prefetcher, recording, requests=requests).save(stats_path)
 
         stats_path.parent.mkdir(parents=True, exist_ok=True)
-        MountStats.of(image, prefetcher, recording).save(stats_path)
+        MountStats.of(image, prefetcher, recording, requests=requests).save(stats_path)
         threading.Thread(target=refresh, name="stats", daemon=True).start()
     tree = ImageTree(image)
     try:
         if options.fuse_fd is not None:
-            serve_connection(tree, options.fuse_fd, takeover_state=options.takeover_state)
+            serve_connection(tree, options.fuse_fd, takeover_state=options.takeover_state,
+                             requests=requests)
         else:
-            serve_at(tree, mountpoint, "bootseer-image")
+            serve_at(tree, mountpoint, "bootseer-image", requests=requests)
     finally:
         stop_stats.set()
         if options.stats is not None:
@@ -237,7 +250,8 @@ def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
         if recording is not None:
             recording.finish("exit")
         if options.report is not None:
-            MountStats.of(image, prefetcher, recording, final=True).save(options.report)
+            MountStats.of(image, prefetcher, recording, final=True,
+                          requests=requests).save(options.report)
 
 
 def stats_path(cache_dir: Path, mountpoint: Path) -> Path:

@@ -78,15 +78,25 @@ def test_a_container_runs_on_its_mount_and_release_completes_its_start(node) -> 
         assert not Path(mount.rootfs).parent.exists()
         assert list(start.phases) == ["created", "image_ready", "ready", "exited"]
         assert (start.job, start.runtime, start.detail["exit_code"]) == ("train", "test", 0)
-        assert start.detail["image"]["blocks_fetched"] > 0
-        assert start.detail["image"]["recording"]["hot_blocks"] > 0
+        report = start.detail["image"]
+        assert report["blocks_fetched"] > 0
+        assert report["recording"]["hot_blocks"] > 0
+        # What the start cost the server: the manifest it loaded (from the store, the
+        # node's cache being empty), and the requests python3's start sent it.
+        assert report["manifest"]["entries"] > 1000 and not report["manifest"]["cached"]
+        assert report["manifest"]["bytes"] > 0 and report["manifest"]["decode_s"] > 0
+        requests = report["fuse_requests"]
+        assert requests["read"] > 0 and requests["lookup"] > 0 and requests["init"] == 1
+        assert requests["total"] == sum(n for k, n in requests.items() if k != "total")
         with pytest.raises(AgentError, match="no container c1"):
             client.release("c1")
         # The second start of the image prefetches what the first one recorded (this
         # node has every block already: the prefetch finds them local).
         second = client.mount(MountRequest("c2", "py"))
         assert _run(second, 'python3 -c "print(1)"').returncode == 0
-        prefetch = client.release("c2").detail["image"]["prefetch"]
+        report = client.release("c2").detail["image"]
+        assert report["manifest"]["cached"]  # the first start left it in the node's cache
+        prefetch = report["prefetch"]
         assert prefetch["hot_blocks"] > 0 and prefetch["done"]
         assert prefetch["already_local"] == prefetch["hot_blocks"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bootseer.errors import BootseerError
-from bootseer.prefetch.lazyimage import LazyStats
+from bootseer.prefetch.lazyimage import LazyStats, ManifestLoad
 from bootseer.prefetch.prefetcher import PrefetchStats
 from bootseer.prefetch.session import MountInfo, MountStats, RecordingSummary, SessionOptions
 
@@ -17,13 +17,15 @@ from bootseer.prefetch.session import MountInfo, MountStats, RecordingSummary, S
 def test_statistics_round_trip_and_keep_their_flat_shape(tmp_path: Path) -> None:
     stats = MountStats(LazyStats(blocks_fetched=3, bytes_fetched=7, cache_hits=2),
                        PrefetchStats(hot_blocks=5, done=True),
-                       RecordingSummary("train", "ready", 5, 2, 1 << 20), "sha256:ab", 99)
+                       RecordingSummary("train", "ready", 5, 2, 1 << 20), "sha256:ab", 99,
+                       ManifestLoad(1000, 12, False, 0.01, 0.002), {"read": 4, "total": 4})
     stats.save(tmp_path / "s.json")
     body = json.loads((tmp_path / "s.json").read_text())
     assert body["blocks_fetched"] == 3 and body["prefetch"]["done"] is True
+    assert body["manifest"]["entries"] == 12 and body["fuse_requests"]["read"] == 4
     assert body["recording"]["ended"] == "ready" and body["image_content_bytes"] == 99
     assert MountStats.load(tmp_path / "s.json") == stats
-    assert "recording" not in MountStats(LazyStats()).to_json()
+    assert not {"recording", "manifest", "fuse_requests"} & set(MountStats(LazyStats()).to_json())
 
 
 def test_info_round_trips_and_a_config_that_is_no_object_is_refused(tmp_path: Path) -> None:

@@ -78,6 +78,45 @@ TREE_ERRORS = frozenset((errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EINVAL
 
 Handler = Callable[[int, int, memoryview], None]
 
+#: How :class:`RequestCounts` names the requests a read-only tree is sent.
+REQUEST_NAMES = {p.LOOKUP: "lookup", p.GETATTR: "getattr", p.READLINK: "readlink",
+                 p.OPEN: "open", p.READ: "read", p.RELEASE: "release", p.OPENDIR: "opendir",
+                 p.READDIR: "readdir", p.RELEASEDIR: "releasedir", p.GETXATTR: "getxattr",
+                 p.LISTXATTR: "listxattr", p.STATFS: "statfs", p.ACCESS: "access",
+                 p.FORGET: "forget", p.BATCH_FORGET: "forget", p.INTERRUPT: "interrupt",
+                 p.INIT: "init", p.FLUSH: "flush"}
+
+
+class RequestCounts:
+    """The requests a server answered, by kind: what a start costs in trips through this
+    process (a read that the kernel's page cache answers never comes here).
+
+    Each reader thread counts in a dict of its own, so the hot path takes no lock; a
+    :meth:`snapshot` sums them (copying a dict is atomic under the GIL)."""
+
+    def __init__(self) -> None:
+        self._threads: list[dict[int, int]] = []
+        self._lock = threading.Lock()
+
+    def for_thread(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        with self._lock:
+            self._threads.append(counts)
+        return counts
+
+    def snapshot(self) -> dict[str, int]:
+        """Requests by kind (``read``, ``lookup``, ...; unknown opcodes as ``op<N>``), and
+        ``total``."""
+        with self._lock:
+            threads = [dict(counts) for counts in self._threads]
+        out: dict[str, int] = {}
+        for counts in threads:
+            for opcode, n in counts.items():
+                name = REQUEST_NAMES.get(opcode, f"op{opcode}")
+                out[name] = out.get(name, 0) + n
+        out["total"] = sum(out.values())
+        return dict(sorted(out.items()))
+
 
 @dataclass(frozen=True)
 class Negotiated:
@@ -106,7 +145,8 @@ class Negotiated:
 
 
 def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
-          threads: int = DEFAULT_THREADS) -> Negotiated | None:
+          threads: int = DEFAULT_THREADS,
+          requests: RequestCounts | None = None) -> Negotiated | None:
     """Serve ``tree`` on the FUSE connection of ``fd`` until it is unmounted (or aborted).
 
     ``fd`` is a mounted connection's file (:mod:`bootseer.fuse.connection`); it is cloned,
@@ -114,7 +154,8 @@ def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
     :class:`Negotiated` parameters live, for connections that outlive their server:
     written when this server answers FUSE_INIT, read when it takes over a connection
     already initialised. A state file left from an earlier mount is harmless: a fresh
-    connection always sends INIT first, and answering it rewrites the file.
+    connection always sends INIT first, and answering it rewrites the file. ``requests``
+    counts what is answered (a fresh one if not given).
 
     Returns what is in force for the connection (None if it ended before INIT).
     """
@@ -123,7 +164,8 @@ def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
         log.info("taking over FUSE connection (protocol 7.%d, flags %#x)", negotiated.minor,
                  negotiated.flags)
     clone = clone_fd(fd)
-    server = _Server(tree, clone, takeover_state, negotiated)
+    server = _Server(tree, clone, takeover_state, negotiated,
+                     requests if requests is not None else RequestCounts())
     workers = [threading.Thread(target=server.run, name=f"fuse-{i}", daemon=True)
                for i in range(threads)]
     for worker in workers:
@@ -140,7 +182,7 @@ def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
 
 
 def serve_at(tree: Tree, mountpoint: Path, source: str, *,
-             threads: int = DEFAULT_THREADS) -> None:
+             threads: int = DEFAULT_THREADS, requests: RequestCounts | None = None) -> None:
     """Mount a connection at ``mountpoint`` for this process (root: mount(2); anyone else:
     fusermount3) and serve ``tree`` on it until it is unmounted; SIGTERM and SIGINT
     unmount it, so the caller's cleanup after this returns still runs. The connection
@@ -153,7 +195,7 @@ def serve_at(tree: Tree, mountpoint: Path, source: str, *,
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        serve(tree, fd, threads=threads)
+        serve(tree, fd, threads=threads, requests=requests)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -164,8 +206,9 @@ class _Server:
     """The request handlers, shared by the reader threads; no state but caches."""
 
     def __init__(self, tree: Tree, fd: int, state_path: Path | None,
-                 negotiated: Negotiated | None) -> None:
+                 negotiated: Negotiated | None, requests: RequestCounts) -> None:
         self.tree, self.fd, self.state_path = tree, fd, state_path
+        self.requests = requests
         self.no_open = self.no_opendir = False
         self.negotiated: Negotiated | None = None
         if negotiated is not None:
@@ -211,6 +254,7 @@ class _Server:
         view = memoryview(buffer)
         unpack, handlers, enosys = p.IN_HEADER.unpack_from, self.handlers, self.enosys
         readv, fd, header = os.readv, self.fd, p.IN_HEADER.size
+        counts = self.requests.for_thread()
         while True:
             try:
                 n = readv(fd, (buffer,))
@@ -222,6 +266,7 @@ class _Server:
                 self.failure = exc
                 return
             _, opcode, unique, nodeid, _, _, _, _, _ = unpack(buffer)
+            counts[opcode] = counts.get(opcode, 0) + 1
             try:
                 handlers.get(opcode, enosys)(unique, nodeid, view[header:n])
             except OSError as exc:

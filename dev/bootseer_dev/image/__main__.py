@@ -3,6 +3,7 @@
     python -m bootseer_dev.image build --python            # prints the cached layout's path
     python -m bootseer_dev.image build --python --out img  # and a copy of it in ./img
     python -m bootseer_dev.image build --torch             # + torch and numpy (>= 1 GiB)
+    python -m bootseer_dev.image build --torch-cuda        # + torch's CUDA build (~6 GB)
     python -m bootseer_dev.image unpack img rootfs
     python -m bootseer_dev.image run rootfs -- python3 -c 'print(6*7)'
 """
@@ -36,18 +37,22 @@ def main(verbose: bool) -> None:
               help="Add python3 from the archive as a second layer.")
 @click.option("--torch", "with_torch", is_flag=True,
               help="Also pip-install torch (CPU) and numpy as a third layer (implies --python).")
+@click.option("--torch-cuda", "with_torch_cuda", is_flag=True,
+              help="Also pip-install the CUDA build of torch 2.14.1 and numpy (~6 GB of "
+                   "files; implies --python).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Also place a copy of the image here (replaces an OCI layout there).")
 @click.option("--suite", default="bookworm", show_default=True)
 @click.option("--mirror", default=None,
               help="Debian archive URL. Default: the one the machine's apt uses.")
 @click.option("--rebuild", is_flag=True, help="Build again even if the image is cached.")
-def build(with_python: bool, with_torch: bool, out: Path | None, suite: str,
-          mirror: str | None, rebuild: bool) -> None:
+def build(with_python: bool, with_torch: bool, with_torch_cuda: bool, out: Path | None,
+          suite: str, mirror: str | None, rebuild: bool) -> None:
     """Build the image (or find it in the cache) and print where it is."""
     started = time.monotonic()
     try:
-        path = build_image(out, with_python=with_python, with_torch=with_torch, suite=suite,
+        path = build_image(out, with_python=with_python, with_torch=with_torch,
+                           with_torch_cuda=with_torch_cuda, suite=suite,
                            mirror=mirror, rebuild=rebuild)
     except BootseerError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -4,6 +4,7 @@
     layout = build_image(with_python=True)       # ~1 min the first time, instant after
     layout = build_image(tmp / "img", with_python=True)   # a private copy of it
     layout = build_image(with_torch=True)        # + torch and numpy: a >= 1 GiB image
+    layout = build_image(with_torch_cuda=True)   # + the CUDA build of torch: ~6 GB of files
 
 Layer 1 is ``debootstrap --variant=minbase SUITE`` from the machine's own Debian archive;
 with packages (``with_python`` asks for ``python3``), layer 2 is what installing them in a
@@ -11,12 +12,14 @@ chroot changed, like a Dockerfile ``RUN apt-get install`` step (see
 :mod:`bootseer_dev.image.layers` for how the diff is taken).
 
 With pip requirements (``with_torch`` asks for the CPU build of torch 2.13.0 from
-``/opt/wheels`` and numpy), the image is built ``FROM`` the cached image without them:
-its layer blobs are reused as they are (same digests, so a store holding both keeps them
-once) and its rootfs is unpacked, then the host's pip installs the requirements into the
-image's ``/usr/local/lib/python3.X/dist-packages`` (:mod:`bootseer_dev.image.pip`) and what
-that changed becomes layer 3, like ``RUN pip install``. A check command (``import torch``)
-then runs in the image with runc before the image is published.
+``/opt/wheels`` and numpy; ``with_torch_cuda`` for the CUDA build of torch 2.14.1, its
+``nvidia-*`` libraries and numpy, a training image's size), the image is built ``FROM``
+the cached image without them: its layer blobs are reused as they are (same digests, so a
+store holding both keeps them once) and its rootfs is unpacked, then the host's pip
+installs the requirements into the image's ``/usr/local/lib/python3.X/dist-packages``
+(:mod:`bootseer_dev.image.pip`) and what that changed becomes layer 3, like ``RUN pip
+install``. A check command (``import torch``) then runs in the image with runc before the
+image is published.
 
 The cache is ``<user cache dir>/bootseer/images/<name>-<key>``, where the key hashes every
 input (suite, variant, mirror, packages, the builder's format version): change one and you
@@ -57,6 +60,7 @@ FORMAT_VERSION = 1  # bump when the builder's output changes: old cache entries 
 BUILD_INFO = "bootseer-build.json"
 WHEELS_DIR = "/opt/wheels"  # where the machine keeps wheels no index has (CPU torch)
 TORCH_REQUIREMENTS = ("torch==2.13.0+cpu", "numpy")
+TORCH_CUDA_REQUIREMENTS = ("torch==2.14.1", "numpy")  # the registry's build: CUDA, ~5.5 GB
 TORCH_CHECK = ("python3", "-c", "import numpy, torch; print(torch.__version__, "
                "numpy.__version__, float(torch.ones(8, 8).sum()))")
 
@@ -126,7 +130,8 @@ def images_dir() -> Path:
 
 
 def build_image(out_dir: str | Path | None = None, *, with_python: bool = False,
-                with_torch: bool = False, suite: str = "bookworm", mirror: str | None = None,
+                with_torch: bool = False, with_torch_cuda: bool = False,
+                suite: str = "bookworm", mirror: str | None = None,
                 cache_dir: str | Path | None = None, rebuild: bool = False) -> Path:
     """The Debian ``suite`` minbase image (plus a python3 layer, plus a torch layer), as an
     OCI layout directory.
@@ -134,16 +139,23 @@ def build_image(out_dir: str | Path | None = None, *, with_python: bool = False,
     Built into the cache on first use (needs root, ``debootstrap`` and the network to the
     Debian archive; ``with_torch`` also the torch wheel in :data:`WHEELS_DIR` and the
     package index for its dependencies); later calls with the same inputs return it at
-    once. ``with_torch`` implies ``with_python``. With ``out_dir``, a copy is placed there
-    (replacing an OCI layout already there) and its path returned; otherwise the cached
-    layout's path. ``mirror`` defaults to the machine's apt source. ``rebuild`` rebuilds
-    the requested image only, not the one it is built from.
+    once. ``with_torch`` and ``with_torch_cuda`` (``import torch`` works without a GPU, so
+    a start of it is a real one on any machine) imply ``with_python``. With ``out_dir``, a
+    copy is placed there (replacing an OCI layout already there) and its path returned;
+    otherwise the cached layout's path. ``mirror`` defaults to the machine's apt source.
+    ``rebuild`` rebuilds the requested image only, not the one it is built from.
     """
     recipe = ImageRecipe(suite=suite, mirror=mirror or debian.find_mirror(suite),
-                         packages=("python3",) if with_python or with_torch else ())
+                         packages=("python3",) if with_python or with_torch or with_torch_cuda
+                         else ())
     check = None
+    if with_torch and with_torch_cuda:
+        raise BuildError("with_torch (CPU) and with_torch_cuda exclude each other")
     if with_torch:
         recipe = replace(recipe, pip=TORCH_REQUIREMENTS, find_links=(WHEELS_DIR,))
+        check = TORCH_CHECK
+    if with_torch_cuda:
+        recipe = replace(recipe, pip=TORCH_CUDA_REQUIREMENTS)
         check = TORCH_CHECK
     cached = build_recipe(recipe, cache_dir=cache_dir, rebuild=rebuild, check=check)
     return cached if out_dir is None else place(cached, Path(out_dir))
