@@ -29,57 +29,71 @@ class ImageTree(Tree):
 
     def __init__(self, image: LazyImage) -> None:
         self.image = image
-        entries = image.manifest.entries
         self.by_path = image.manifest.by_path
-        #: node number → entry: a hard link group is its first path (kind FILE).
-        self.entries: dict[int, FileEntry] = {
-            e.ino: e for e in entries if e.kind is not Kind.HARDLINK}
-        root = self.entries.get(ROOT)
+        #: node number → index of its entry: a hard link group's is its first path (kind
+        #: FILE). Entries and nodes are built as the kernel asks for them.
+        self.indexes = image.manifest.node_indexes()
+        self.nodes: dict[int, Node] = {}
+        root = self.entry(ROOT)
         if root is None or root.path != "/":
             raise ValueError(f"image {image.image_id}: the root's inode number is not "
                              f"{ROOT}; cannot use inode numbers as node numbers")
-        self.nodes = {ino: _node(e) for ino, e in self.entries.items()}
-        self.has_xattrs = any(e.xattrs for e in entries)
+        self.has_xattrs = image.manifest.has_xattrs
+
+    def entry(self, ino: int) -> FileEntry | None:
+        i = self.indexes.get(ino)
+        return None if i is None else self.image.manifest.entries[i]
 
     def node(self, ino: int) -> Node | None:
-        return self.nodes.get(ino)
+        node = self.nodes.get(ino)
+        if node is None:
+            entry = self.entry(ino)
+            if entry is None:
+                return None
+            node = self.nodes[ino] = _node(entry)  # a dict store is atomic under the GIL
+        return node
+
+    def _node_of(self, entry: FileEntry) -> Node:
+        node = self.node(entry.ino)
+        assert node is not None  # every entry's inode has an entry
+        return node
 
     def lookup(self, parent: int, name: str) -> Node | None:
-        directory = self.entries.get(parent)
+        directory = self.entry(parent)
         if directory is None:
             return None
         entry = self.by_path.get(f"/{name}" if directory.path == "/"
                                  else f"{directory.path}/{name}")
-        return None if entry is None else self.nodes[entry.ino]
+        return None if entry is None else self._node_of(entry)
 
     def readdir(self, ino: int) -> list[tuple[str, Node]]:
-        directory = self.entries.get(ino)
+        directory = self.entry(ino)
         if directory is None or directory.kind is not Kind.DIR:
             raise OSError(errno.ENOTDIR, "not a directory")
         path = directory.path
         parent = self.by_path[path.rpartition("/")[0] or "/"]
         prefix = "" if path == "/" else path
-        listing = [(".", self.nodes[ino]), ("..", self.nodes[parent.ino])]
-        listing += [(name, self.nodes[self.by_path[f"{prefix}/{name}"].ino])
+        listing = [(".", self._node_of(directory)), ("..", self._node_of(parent))]
+        listing += [(name, self._node_of(self.by_path[f"{prefix}/{name}"]))
                     for name in self.image.listdir(path)]
         return listing
 
     def readlink(self, ino: int) -> bytes:
-        entry = self.entries.get(ino)
+        entry = self.entry(ino)
         if entry is None or entry.kind is not Kind.SYMLINK or entry.link_target is None:
             raise OSError(errno.EINVAL, "not a symbolic link")
         return os.fsencode(entry.link_target)
 
     def getxattr(self, ino: int, name: str) -> bytes | None:
-        entry = self.entries.get(ino)
+        entry = self.entry(ino)
         return None if entry is None else entry.xattrs.get(name)
 
     def listxattr(self, ino: int) -> list[str]:
-        entry = self.entries.get(ino)
+        entry = self.entry(ino)
         return [] if entry is None else list(entry.xattrs)
 
     def read(self, ino: int, handle: int, offset: int, size: int) -> bytes:
-        entry = self.entries.get(ino)
+        entry = self.entry(ino)
         if entry is None:
             raise OSError(errno.ENOENT, "no such node")
         return self.image.read(entry, offset, size)

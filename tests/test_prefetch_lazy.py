@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import zstandard
 from test_prefetch_image_source import OCI_LAYER_GZIP, write_image, write_layout
 from test_prefetch_rootfs import (
     describe_disk,
@@ -27,7 +28,7 @@ from test_prefetch_rootfs import (
 
 from bootseer.mounts import is_mounted
 from bootseer.nodecache import NodeCache
-from bootseer.prefetch.blockformat import Manifest
+from bootseer.prefetch.blockformat import Manifest, encode_v1
 from bootseer.prefetch.blocksource import BlockIntegrityError
 from bootseer.prefetch.convert import convert
 from bootseer.prefetch.image_source import open_image
@@ -72,8 +73,10 @@ def mounted(dirs):
         subprocess.run(["umount", "-l", str(dirs["mnt"])], check=False)
 
 
-def test_lazy_mount_equals_tar_extraction(mounted) -> None:
-    """The multi-layer image (whiteouts, opaque dirs, hard links, xattrs, devices, ...)."""
+@pytest.mark.parametrize("manifest_format", ["current", "format 1"])
+def test_lazy_mount_equals_tar_extraction(mounted, manifest_format: str) -> None:
+    """The multi-layer image (whiteouts, opaque dirs, hard links, xattrs, devices, ...); an
+    image converted before manifest format 2 (its manifest JSON) mounts the same."""
     d = mounted
     layers = multi_layer_image()
     layout = write_layout(d["image"], [write_image(d["image"], layers, [OCI_LAYER_GZIP] * 3)])
@@ -81,6 +84,11 @@ def test_lazy_mount_equals_tar_extraction(mounted) -> None:
                    cache=d["cache"])
     assert out.stdout.strip().startswith("sha256:")
     assert "dedup ratio" in out.stderr
+    if manifest_format == "format 1":
+        blobs = BlobStore(open_store(str(d["store"])))
+        old = encode_v1(Manifest.decode(blobs.get(out.stdout.strip())))
+        assert zstandard.ZstdDecompressor().decompress(old).startswith(b'{"block_size"')
+        blobs.set_ref("images/multi", blobs.put(old).digest)
     extract_like_a_runtime(layers, d["ref"], d["image"])
     bootseer("image", "mount", "multi", str(d["mnt"]), store=d["store"], cache=d["cache"])
     on_mount, mount_groups = describe_disk(d["mnt"])
