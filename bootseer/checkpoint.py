@@ -9,6 +9,7 @@ size and mtime; :mod:`bootseer.stripedfs.checkpoint_cache`)::
     import bootseer.checkpoint as ckpt
     state = ckpt.load("hdfs://namenode:8020/ckpt/step100/model.pt", map_location="cpu")
     tensors = ckpt.load_safetensors("hdfs://namenode:8020/ckpt/step100/model.safetensors")
+    tensors = ckpt.load_safetensors("hdfs://namenode:8020/llm/model.safetensors.index.json")
     dcp.load(state_dict, storage_reader=ckpt.StorageReader("hdfs://namenode:8020/ckpt/step100"))
 
 URLs are store URLs (``file://``, ``hdfs://``, ``webhdfs://``, or a plain path). Stores are
@@ -23,6 +24,7 @@ bootseer[torch]``).
 from __future__ import annotations
 
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from bootseer.config import load_config
@@ -56,13 +58,39 @@ def load(url: str, map_location: Any = None, *, config: StripeConfig | None = No
         return torch.load(f, map_location=map_location, **torch_load_kwargs)
 
 
+#: Shards of a sharded safetensors checkpoint loaded at once (each reads all its stripes
+#: in parallel already; two keep the links busy across a shard's end).
+SHARDS_AT_ONCE = 2
+
+
 def load_safetensors(url: str, device: str = "cpu", *,
                      config: StripeConfig | None = None) -> dict[str, Any]:
-    """Every tensor of a safetensors file: header first, then all tensor bytes in parallel."""
+    """Every tensor of a safetensors file: header first, then all tensor bytes in parallel.
+
+    ``url`` may also be a sharded checkpoint's index (``*.safetensors.index.json``, as a
+    model hub publishes it): its shards are loaded :data:`SHARDS_AT_ONCE` at a time, so
+    the last stripes of one overlap the first of the next instead of leaving links idle.
+    """
     from bootseer.stripedfs import safetensors
 
-    with source().open_url(url, config=config) as reader:
-        return safetensors.load(reader, device=device)
+    def load_file(url: str) -> dict[str, Any]:
+        with source().open_url(url, config=config) as reader:
+            return safetensors.load(reader, device=device)
+
+    if not url.endswith(".index.json"):
+        return load_file(url)
+    with open(url, config=config) as f:
+        shards = safetensors.shard_names(f.read(safetensors.MAX_INDEX_BYTES + 1), url)
+    base = url.rpartition("/")[0]
+    with ThreadPoolExecutor(SHARDS_AT_ONCE, thread_name_prefix="safetensors") as pool:
+        loaded = list(pool.map(lambda name: load_file(f"{base}/{name}"), shards))
+    tensors: dict[str, Any] = {}
+    for name, part in zip(shards, loaded):
+        for key in part.keys() & tensors.keys():
+            raise safetensors.SafetensorsFormatError(f"{url}: tensor {key} is in {name} and "
+                                                     "in another shard")
+        tensors.update(part)
+    return tensors
 
 
 def StorageReader(url: str, **kwargs: Any) -> StripedStorageReader:  # noqa: N802

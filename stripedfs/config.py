@@ -32,9 +32,12 @@ class StripeConfig:
     #: A forward jump up to this far still counts as sequential (the bytes are probably in
     #: the window already); anything else is a seek that resets the window.
     max_forward_seek_distance: int = 16 * MIB
-    #: A small step back still counts as sequential too: FUSE serves a file's 128 KiB
-    #: requests on several threads, so they can arrive slightly out of order.
-    max_backward_seek_distance: int = 1 * MIB
+    #: A step back this far still counts as sequential too, and the stripes it spans are
+    #: kept: a FUSE mount answers a file's requests (up to 1 MiB each) on 8 threads while
+    #: the kernel's read-ahead keeps several in flight, so they arrive up to ~8 MiB out of
+    #: order. At 1 MiB, a page-cache mount read a 2 GiB file 2.5 times over (each late
+    #: request reset the window and dropped the stripes read ahead).
+    max_backward_seek_distance: int = 8 * MIB
     #: Memory cap for stripes, fetched or in flight, across every reader of the process:
     #: a FUSE server's open files share it, so a hundred open handles cost what one does.
     #: Read-ahead stops where it would exceed it; a read waits for memory, taking it back

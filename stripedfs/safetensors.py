@@ -17,6 +17,8 @@ from bootseer.errors import BootseerError
 from bootseer.stripedfs.reader import StripedReader
 
 _MAX_HEADER = 100 << 20
+#: A sharded checkpoint's index names each tensor's shard: megabytes for the largest models.
+MAX_INDEX_BYTES = 64 << 20
 
 
 class SafetensorsFormatError(BootseerError):
@@ -33,6 +35,26 @@ def _dtypes() -> dict[str, Any]:
         if hasattr(torch, attr):
             table[name] = getattr(torch, attr)
     return table
+
+
+def shard_names(index: bytes, where: str) -> list[str]:
+    """The shards a ``model.safetensors.index.json`` names, in order of first mention:
+    plain file names beside the index (a name with a path in it could read anything the
+    caller can)."""
+    if len(index) > MAX_INDEX_BYTES:
+        raise SafetensorsFormatError(f"{where}: index larger than {MAX_INDEX_BYTES} bytes")
+    try:
+        weight_map = json.loads(index)["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError("weight_map is not an object")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SafetensorsFormatError(f"{where}: not a safetensors index: {exc}") from exc
+    names = list(dict.fromkeys(weight_map.values()))
+    for name in names:
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+            raise SafetensorsFormatError(f"{where}: shard {name!r} is not a file name "
+                                         "beside the index")
+    return names
 
 
 def load(reader: StripedReader, device: str = "cpu") -> dict[str, Any]:

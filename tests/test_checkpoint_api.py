@@ -4,6 +4,7 @@ stores opened with the configured ``hdfs.*`` options."""
 
 from __future__ import annotations
 
+import json
 import signal
 import uuid
 from pathlib import Path
@@ -20,6 +21,7 @@ from test_ckpt_cli import audited_users
 import bootseer.checkpoint as ckpt
 from bootseer.store import open_store
 from bootseer.stripedfs.reader import StripedReader
+from bootseer.stripedfs.safetensors import SafetensorsFormatError
 
 SIZE = 9 * MIB + 777  # nine 1 MiB HDFS blocks and a bit
 
@@ -83,6 +85,38 @@ def test_safetensors_round_trip(base_url: str, tmp_path: Path) -> None:
     save_file(state, tmp_path / "model.safetensors", metadata={"step": "1234"})
     open_store(base_url).put("model.safetensors", (tmp_path / "model.safetensors").read_bytes())
     _assert_same(ckpt.load_safetensors(f"{base_url}/model.safetensors"), state)
+
+
+def test_sharded_safetensors_load_through_their_index(base_url: str, tmp_path: Path) -> None:
+    """A checkpoint as a model hub publishes it: shards and the index naming each
+    tensor's shard. A shard named with a path, or a tensor in two shards, is refused."""
+    state = {k: v for k, v in _state().items() if v.numel()}
+    names = sorted(state)
+    shards = {f"model-0000{i + 1}-of-00003.safetensors": names[i::3] for i in range(3)}
+    store = open_store(base_url)
+    for shard, keys in shards.items():
+        save_file({k: state[k] for k in keys}, tmp_path / shard)
+        store.put(shard, (tmp_path / shard).read_bytes())
+
+    def put_index(weight_map: dict[str, str]) -> str:
+        store.put("model.safetensors.index.json",
+                  json.dumps({"metadata": {}, "weight_map": weight_map}).encode())
+        return f"{base_url}/model.safetensors.index.json"
+
+    index = put_index({k: shard for shard, keys in shards.items() for k in keys})
+    _assert_same(ckpt.load_safetensors(index), state)
+    with pytest.raises(SafetensorsFormatError):  # an index naming itself: read as a shard
+        ckpt.load_safetensors(put_index({names[0]: "model.safetensors.index.json"}))
+    with pytest.raises(SafetensorsFormatError, match="not a file name beside the index"):
+        ckpt.load_safetensors(put_index({names[0]: "../model-00001-of-00003.safetensors"}))
+    save_file({names[0]: state[names[0]]}, tmp_path / "dup.safetensors")
+    store.put("dup.safetensors", (tmp_path / "dup.safetensors").read_bytes())
+    first = next(iter(shards))
+    with pytest.raises(SafetensorsFormatError, match=f"tensor {names[0]} is in"):
+        ckpt.load_safetensors(put_index({names[0]: first, "x": "dup.safetensors"}))
+    with pytest.raises(SafetensorsFormatError, match="not a safetensors index"):
+        store.put("bad.index.json", b"[1, 2]")
+        ckpt.load_safetensors(f"{base_url}/bad.index.json")
 
 
 def test_dcp_round_trip(base_url: str, tmp_path: Path) -> None:
