@@ -149,6 +149,19 @@ class StoreContract:
         with pytest.raises(FileNotFoundError):
             store.read_range_into("no/such/key", 0, memoryview(buffer)[:2])
 
+    def test_blob_ranges_read_into_a_buffer(self, blobs: BlobStore) -> None:
+        """Whole chunks go straight into the buffer; any other range is copied in."""
+        size = 3 * CHUNK_SIZE + 5
+        info = blobs.put(ramp(0, size))
+        for offset, length in ((0, 2 * CHUNK_SIZE), (CHUNK_SIZE, size - CHUNK_SIZE),
+                               (7, CHUNK_SIZE), (size - 3, 3)):
+            buffer = bytearray(length)
+            blobs.read_range_into(info.digest, offset, memoryview(buffer))
+            assert buffer == ramp(offset, length)
+        past_end = memoryview(bytearray(2 * CHUNK_SIZE))
+        with pytest.raises(InvalidRangeError):
+            blobs.read_range_into(info.digest, 2 * CHUNK_SIZE, past_end)
+
     def test_open_gives_a_seekable_file(self, blobs: BlobStore) -> None:
         size = 2 * CHUNK_SIZE + 5
         info = blobs.put(ramp(0, size))
@@ -237,6 +250,11 @@ class StoreContract:
         assert fresh.read_range(info.digest, 0, 100) == data[:100]  # other chunks still serve
         with pytest.raises(IntegrityError):
             fresh.verify(info.digest)
+        # Whole chunks read straight into a buffer are checked there; so is a stream.
+        with pytest.raises(IntegrityError, match="chunk 1"):
+            fresh.read_range_into(info.digest, 0, memoryview(bytearray(2 * CHUNK_SIZE)))
+        with pytest.raises(IntegrityError, match="chunk 1"), fresh.open(info.digest) as f:
+            f.read()
 
     def test_truncated_blob_is_detected(self, blobs: BlobStore, store: Store) -> None:
         info = blobs.put(ramp(0, 2 * CHUNK_SIZE))
