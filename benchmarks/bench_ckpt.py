@@ -186,14 +186,19 @@ class Bench:
         points = []
         for stripe in self.args.sweep_stripes:
             for concurrency in self.args.sweep_concurrency:
+                # The window holds twice what is in flight (within the memory cap), so
+                # that it is the fetches, not the window, that each point measures.
+                window = min(StripeConfig.max_memory,
+                             max(StripeConfig.max_read_window, 2 * concurrency * stripe * MIB))
                 config = StripeConfig(stripe_size=stripe * MIB,
                                       initial_read_window=max(8, 2 * stripe) * MIB,
+                                      max_read_window=window,
                                       max_concurrent_fetches=concurrency)
                 log.info("sweep: %d MiB stripes, %d fetches", stripe, concurrency)
                 measured = timed_runs(self.cluster, self.args.sweep_runs,
                                       lambda config=config: self.api("raw.bin", config))
                 points.append({"stripe_mib": stripe, "concurrency": concurrency,
-                               **measured.summary(size)})
+                               "read_window_mib": window // MIB, **measured.summary(size)})
         return points
 
     def write_safetensors(self) -> tuple[int, list[str]]:

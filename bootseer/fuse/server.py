@@ -84,7 +84,7 @@ REQUEST_NAMES = {p.LOOKUP: "lookup", p.GETATTR: "getattr", p.READLINK: "readlink
                  p.READDIR: "readdir", p.RELEASEDIR: "releasedir", p.GETXATTR: "getxattr",
                  p.LISTXATTR: "listxattr", p.STATFS: "statfs", p.ACCESS: "access",
                  p.FORGET: "forget", p.BATCH_FORGET: "forget", p.INTERRUPT: "interrupt",
-                 p.INIT: "init", p.FLUSH: "flush"}
+                 p.INIT: "init", p.FLUSH: "flush", p.IOCTL: "ioctl"}
 
 
 class RequestCounts:
