@@ -18,17 +18,18 @@ class StripeConfig:
     stripe_size: int = 4 * MIB
     #: Ranged reads in flight at once, per process. Several per DataNode keeps every link
     #: busy while a request is being set up (each is a NameNode lookup and a DataNode
-    #: connection). Chosen by bench-ckpt's sweep (4 DataNodes at 40 MB/s, 2 GiB): 8, 16
-    #: and 32 in flight read in 22.1, 18.8 and 17.6 s with 4 MiB stripes; stripes of 2-16
-    #: MiB were within 6% of one another at 32.
-    max_concurrent_fetches: int = 32
+    #: connection). Chosen by bench-ckpt's sweep (4 DataNodes at 40 MB/s, 2 GiB, 4 MiB
+    #: stripes): 8, 16, 32 and 64 in flight read in 22.1, 18.8, 17.6 and 15.7 s; stripes of
+    #: 2-16 MiB were within 6% of one another.
+    max_concurrent_fetches: int = 64
     #: Read-ahead after the first read, and after every seek: two stripes, so a reader that
     #: turns out to be sequential already has its next stripe on the way.
     initial_read_window: int = 8 * MIB
     #: While reads stay sequential the window grows by this factor per read...
     sequential_window_multiplier: int = 2
-    #: ...up to this size: enough stripes in flight to keep max_concurrent_fetches busy.
-    max_read_window: int = 256 * MIB
+    #: ...up to this size: twice what max_concurrent_fetches keeps in flight, so that a
+    #: slow stripe at the front does not stop the fetches behind it.
+    max_read_window: int = 512 * MIB
     #: A forward jump up to this far still counts as sequential (the bytes are probably in
     #: the window already); anything else is a seek that resets the window.
     max_forward_seek_distance: int = 16 * MIB
