@@ -63,7 +63,11 @@ class HostSnapshot:
                  for line in _lines("ip", "-o", "link", "show")}
         return cls(netns={line.split()[0] for line in _lines("ip", "netns", "list")},
                    links=links, qdiscs=_lines("tc", "qdisc", "show"),
-                   mounts=set(Path("/proc/mounts").read_text().splitlines()))
+                   mounts={line for line in Path("/proc/mounts").read_text().splitlines()
+                           # iproute2's own: the first `ip netns add` on a machine bind-
+                           # mounts /run/netns onto itself, for every later user, and no
+                           # `ip netns` command ever removes it
+                           if line.split()[1] != str(netns.NETNS_DIR)})
 
 
 def _processes_of(state_dir: Path, inodes: set[int]) -> list[str]:
