@@ -34,13 +34,15 @@ import sys
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import zstandard
 
 from bootseer.errors import BootseerError
 from bootseer.limits import decompress
 from bootseer.prefetch.rootfs import Kind
+
+T = TypeVar("T")
 
 FORMAT = "bootseer-image/2"
 FORMAT_V1 = "bootseer-image/1"
@@ -346,37 +348,51 @@ def _decode_tables(raw: memoryview) -> Manifest:
                     index)
 
 
-class EntryTable(Sequence[FileEntry]):
+class _LazyTable(Sequence[T]):
+    """A sequence of ``size`` items, each built by :meth:`_build` on first use and kept."""
+
+    def __init__(self, size: int) -> None:
+        self._built: list[T | None] = [None] * size
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[T]: ...
+
+    def __getitem__(self, i: int | slice) -> T | list[T]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self._built))[i]  # a negative index, as a list takes it
+        item = self._built[i]
+        if item is None:
+            item = self._built[i] = self._build(i)
+        return item
+
+    def _build(self, i: int) -> T:
+        raise NotImplementedError
+
+
+class EntryTable(_LazyTable[FileEntry]):
     """A decoded manifest's entries: columns, each :class:`FileEntry` built on first use."""
 
     def __init__(self, paths: list[str], columns: dict[str, array], links: list[str],
                  xattrs: list[dict[str, bytes]], n_refs: int) -> None:
+        super().__init__(len(paths))
         self._paths, self._c, self._links, self._xattrs = paths, columns, links, xattrs
         self._ends = [*columns["first_ref"][1:], n_refs]
-        self._built: list[FileEntry | None] = [None] * len(paths)
 
-    def __len__(self) -> int:
-        return len(self._paths)
-
-    @overload
-    def __getitem__(self, i: int) -> FileEntry: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[FileEntry]: ...
-
-    def __getitem__(self, i: int | slice) -> FileEntry | list[FileEntry]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        entry = self._built[i]
-        if entry is None:
-            c = self._c
-            link, xattrs = c["link"][i], c["xattrs"][i]
-            entry = self._built[i] = FileEntry(
-                self._paths[i], _KINDS[c["kind"][i]], c["mode"][i], c["uid"][i], c["gid"][i],
-                c["size"][i], c["mtime"][i], self._links[link] if link >= 0 else None,
-                self._xattrs[xattrs] if xattrs >= 0 else _NO_XATTRS, c["devmajor"][i],
-                c["devminor"][i], c["ino"][i], c["nlink"][i],
-                tuple(c["refs"][c["first_ref"][i] : self._ends[i]]))
-        return entry
+    def _build(self, i: int) -> FileEntry:
+        c = self._c
+        link, xattrs = c["link"][i], c["xattrs"][i]
+        return FileEntry(
+            self._paths[i], _KINDS[c["kind"][i]], c["mode"][i], c["uid"][i], c["gid"][i],
+            c["size"][i], c["mtime"][i], self._links[link] if link >= 0 else None,
+            self._xattrs[xattrs] if xattrs >= 0 else _NO_XATTRS, c["devmajor"][i],
+            c["devminor"][i], c["ino"][i], c["nlink"][i],
+            tuple(c["refs"][c["first_ref"][i] : self._ends[i]]))
 
     def node_indexes(self) -> dict[int, int]:
         kinds = self._c["kind"]
@@ -391,32 +407,17 @@ class EntryTable(Sequence[FileEntry]):
         return sum(size for size, kind in zip(self._c["size"], kinds) if kind == _FILE)
 
 
-class BlockTable(Sequence[BlockLocation]):
+class BlockTable(_LazyTable[BlockLocation]):
     """A decoded manifest's block table: columns, each location built on first use."""
 
     def __init__(self, digests: bytes, columns: dict[str, array]) -> None:
+        super().__init__(len(digests) // 32)
         self._digests, self._c = digests, columns
-        self._built: list[BlockLocation | None] = [None] * (len(digests) // 32)
 
-    def __len__(self) -> int:
-        return len(self._built)
-
-    @overload
-    def __getitem__(self, i: int) -> BlockLocation: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[BlockLocation]: ...
-
-    def __getitem__(self, i: int | slice) -> BlockLocation | list[BlockLocation]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        block = self._built[i]
-        if block is None:
-            c = self._c
-            i = range(len(self._built))[i]  # a negative index, as a list takes it
-            block = self._built[i] = BlockLocation(
-                self._digests[32 * i : 32 * i + 32].hex(), c["pack"][i], c["offset"][i],
-                c["length"][i], c["size"][i])
-        return block
+    def _build(self, i: int) -> BlockLocation:
+        c = self._c
+        return BlockLocation(self._digests[32 * i : 32 * i + 32].hex(), c["pack"][i],
+                             c["offset"][i], c["length"][i], c["size"][i])
 
 
 _NO_XATTRS: dict[str, bytes] = {}  # shared: entries are never modified
