@@ -96,67 +96,43 @@ class _Pending:
 
 
 class PendingRange:
-    """A range whose stripes are being fetched; ``result()`` waits and assembles them.
+    """A range being fetched straight into the buffer ``result()`` returns.
 
-    Stripes start in order, each with a buffer from the process's pool: as many as the
-    pool spares when the range is submitted, then one more each time ``result()`` has
-    copied a stripe and hands its buffer on. A consumer that finds its next stripe not
-    started takes a buffer for it, waiting if it must, while holding none: so ranges
-    larger than the cap stream through it, and ranges never wait on one another's memory.
-    Call ``result()`` or ``cancel()``: either returns every buffer to the pool.
+    Each stripe of the range, cut to the range, is one task on the reader's fetch pool
+    that reads into its own slice of that buffer: no pooled buffer, no copy. The buffer
+    is the caller's answer anyway (a safetensors shard's tensors are views of it), and
+    what is in flight is bounded by the pool's ``max_concurrent_fetches``. Ranges queue on
+    the pool in the order they were submitted, so a caller loading two files at once gets
+    the first's stripes first and the second's as the first's run out, never a share of
+    one range's memory (callers bound what they submit: DCP's ``max_bytes_in_flight``).
+    Call ``result()`` or ``cancel()``.
     """
 
     def __init__(self, reader: StripedReader, offset: int, end: int) -> None:
         self.offset, self.length = offset, max(0, end - offset)
         self._reader = reader
-        self._stripes = list(reader.layout.stripes(offset, end))
-        #: Started stripes: their fetch and buffer; None once the buffer is handed on.
-        self._started: list[tuple[Future, bytearray] | None] = []
-        while len(self._started) < len(self._stripes):
-            buffer = reader.memory.try_take()
-            if buffer is None:
-                break
-            self._start(buffer)
-
-    def _start(self, buffer: bytearray) -> None:
-        stripe = self._stripes[len(self._started)]
-        self._started.append((self._reader._pool.submit(self._reader._fetch, stripe, buffer),
-                              buffer))
+        self._out = bytearray(self.length)
+        view = memoryview(self._out)
+        self._futures: list[Future] = []
+        for stripe in reader.layout.stripes(offset, end):
+            lo, hi = max(offset, stripe.start), min(end, stripe.end)
+            self._futures.append(reader._pool.submit(
+                reader._fetch_into, Stripe(lo, hi - lo), view[lo - offset : hi - offset]))
 
     def result(self) -> bytearray:
-        memory = self._reader.memory
-        out = bytearray(self.length)
         try:
-            for i, stripe in enumerate(self._stripes):
-                if i == len(self._started):
-                    self._start(memory.take(1)[0])
-                future, data = self._started[i]  # type: ignore[misc]
+            for future in self._futures:
                 future.result()
-                lo = max(self.offset, stripe.start)
-                hi = min(self.offset + self.length, stripe.end)
-                out[lo - self.offset : hi - self.offset] = \
-                    memoryview(data)[lo - stripe.start : hi - stripe.start]
-                self._started[i] = None
-                if len(self._started) < len(self._stripes):
-                    self._start(data)  # the next stripe reuses this one's buffer
-                else:
-                    memory.give(data)
         finally:
             self.cancel()
         self._reader._first_byte()
-        return out
+        return self._out
 
     def cancel(self) -> None:
-        """Stop what has not started; each buffer comes back once its fetch is over."""
-        memory = self._reader.memory
-        for i, part in enumerate(self._started):
-            if part is None:
-                continue
-            future, buffer = part
-            self._started[i] = None
+        """Stop the stripes that have not started (those under way finish into the
+        buffer, which nobody reads)."""
+        for future in self._futures:
             future.cancel()
-            future.add_done_callback(lambda _f, buffer=buffer: memory.give(buffer))
-        self._stripes = self._stripes[: len(self._started)]  # nothing more starts
 
 
 class StripedReader:
@@ -296,8 +272,8 @@ class StripedReader:
         """Start fetching exactly ``[offset, offset+length)``, every stripe in parallel.
 
         For callers that know their ranges up front (safetensors tensors, DCP items): no
-        read-ahead, no window, nothing kept after the bytes are handed over; a range
-        larger than the memory cap streams through it (see :class:`PendingRange`).
+        read-ahead, no window, no pooled memory: the stripes land in the buffer returned
+        (see :class:`PendingRange`).
         """
         return PendingRange(self, offset, min(self.size, offset + length))
 
