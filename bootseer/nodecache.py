@@ -154,7 +154,27 @@ class NodeCache:
 
     def put(self, digest: str, data: bytes) -> None:
         """Add an entry whose digest the caller has verified."""
-        self.put_stream(digest, [data], verified=True)
+        self.put_many([(digest, data)])
+
+    def put_many(self, entries: Iterable[tuple[str, bytes]]) -> None:
+        """Add entries whose digests the caller has verified, under one lock and one
+        update of the count. A prefetch adds hundreds of blocks a second; alone, each add
+        costs a lock, a read and a write of the count and two renames, about 1 ms on these
+        machines and most of a prefetch's CPU (bench-image-cuda: 1,577 hot blocks).
+        Entries are added in order while they fit; :class:`CacheFull` if some did not."""
+        written: list[tuple[Path, str]] = []
+        try:
+            for digest, data in entries:
+                final = self.path(digest)
+                if final.is_file():
+                    _touch(final)
+                    continue
+                written.append((self._write_temporary(digest, [data], None), digest))
+            if written:
+                self._add_files(written)
+        finally:
+            for tmp, _ in written:
+                tmp.unlink(missing_ok=True)
 
     def put_stream(self, digest: str, chunks: Iterable[bytes], *,
                    verified: bool = False) -> None:
@@ -165,22 +185,31 @@ class NodeCache:
         if final.is_file():
             _touch(final)
             return
-        tmp = self.new_temporary(digest)
-        sha = hashlib.sha256()
+        sha = None if verified else hashlib.sha256()
+        tmp = self._write_temporary(digest, chunks, sha)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
-                         os.O_CLOEXEC, self.mode)
-            with open(fd, "wb") as f:
-                for chunk in chunks:
-                    if not verified:
-                        sha.update(chunk)
-                    f.write(chunk)
-            if not verified and sha.hexdigest() != digest:
+            if sha is not None and sha.hexdigest() != digest:
                 raise IntegrityError(f"{digest}: the bytes do not match the digest; not "
                                      f"cached")
             self.add_file(tmp, digest)
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _write_temporary(self, digest: str, chunks: Iterable[bytes], sha) -> Path:
+        """A new temporary holding ``chunks`` (hashed into ``sha`` unless None)."""
+        tmp = self.new_temporary(digest)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                         os.O_CLOEXEC, self.mode)
+            with open(fd, "wb") as f:
+                for chunk in chunks:
+                    if sha is not None:
+                        sha.update(chunk)
+                    f.write(chunk)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
 
     def new_temporary(self, label: str) -> Path:
         """A fresh path for an entry being written by this process: named by its pid, so
@@ -199,28 +228,45 @@ class NodeCache:
         eviction. An entry that is there already is only marked used; ``tmp`` stays the
         caller's to remove.
         """
-        final = self.path(digest)
-        size = tmp.stat().st_size
-        if size > self.max_bytes:
-            raise CacheFull(f"{size} bytes do not fit in a cache of {self.max_bytes}")
+        self._add_files([(tmp, digest)], keep)
+
+    def _add_files(self, items: list[tuple[Path, str]], keep: Iterable[str] = ()) -> None:
+        """:meth:`add_file` for several temporaries at once: room is made for all of them,
+        then they go in, in order, while they fit."""
+        sized = [(tmp, digest, tmp.stat().st_size) for tmp, digest in items]
+        too_large = [n for _, _, n in sized if n > self.max_bytes]
+        if too_large:
+            raise CacheFull(f"{too_large[0]} bytes do not fit in a cache of {self.max_bytes}")
         with self.locked():
-            if final.is_file():  # another process added it meanwhile
-                _touch(final)
+            new = []
+            for tmp, digest, size in sized:
+                final = self.path(digest)
+                if final.is_file():  # another process added it meanwhile
+                    _touch(final)
+                else:
+                    new.append((tmp, final, size))
+            if not new:
                 return
-            self._mkdir(final.parent)
             usage = self._read_usage()
             if usage is None:  # never counted, or lost: count what is there
                 usage = sum(n for _, n, _ in self._scan())
-            if usage + size > self.max_bytes:
+            wanted = sum(size for _, _, size in new)
+            if usage + wanted > self.max_bytes:
                 keep_paths = {self.path(d) for d in keep}
-                usage = self._evict_locked(int(self.max_bytes * self.low_water) - size,
+                usage = self._evict_locked(int(self.max_bytes * self.low_water) - wanted,
                                            keep_paths)
-                if usage + size > self.max_bytes:
-                    self._write_usage(usage)
-                    raise CacheFull(f"{size} bytes do not fit in {self.directory}: the "
-                                    f"entries to keep hold {usage} of {self.max_bytes}")
-            self._write_usage(usage + size)  # first: a crash leaves the count high, never low
-            os.replace(tmp, final)
+            fits, total = [], usage
+            for tmp, final, size in new:
+                if total + size <= self.max_bytes:
+                    fits.append((tmp, final))
+                    total += size
+            self._write_usage(total)  # first: a crash leaves the count high, never low
+            for tmp, final in fits:
+                self._mkdir(final.parent)
+                os.replace(tmp, final)
+            if len(fits) < len(new):
+                raise CacheFull(f"{wanted} bytes do not fit in {self.directory}: the "
+                                f"entries to keep hold {usage} of {self.max_bytes}")
 
     def drop(self, digest: str) -> None:
         """Remove an entry (damaged, or stale) and its bytes from the count."""

@@ -250,7 +250,8 @@ class LazyImage:
         return data
 
     def _fetch(self, runs: list[Run], stats: FetchCounts, *, prefetch: bool) -> None:
-        """Fetch claimed blocks run by run; keep each and settle its claim as it comes.
+        """Fetch claimed blocks run by run; keep each in memory and settle its claim as it
+        comes, then add the run's blocks to the disk cache in one go.
 
         Whatever goes wrong, every claim is settled: nobody may be left waiting on a block.
         """
@@ -258,30 +259,37 @@ class LazyImage:
         unsettled = {piece.index for run in runs for piece in run.pieces}
         try:
             for run in runs:
+                fetched: list[tuple[str, bytes]] = []
                 for index, result in self.source.fetch(run, stats):
                     digest = table[index].digest
                     if isinstance(result, Exception):
                         self.inflight.fail(digest, result)
                     else:
-                        self._keep(digest, result, prefetch)
+                        self._remember(digest, result, prefetch)
                         self.inflight.complete(digest, result)
+                        fetched.append((digest, result))
                     unsettled.discard(index)
+                self._cache(fetched)
         finally:
             for index in unsettled:
                 digest = table[index].digest
                 self.inflight.fail(digest, BootseerError(f"fetching block {digest} failed"))
 
-    def _keep(self, digest: str, data: bytes, prefetch: bool) -> None:
-        try:
-            self.cache.put(digest, data)
-        except (OSError, NotCached) as exc:  # a full disk: serve the block, uncached
-            log.warning("could not cache block %s: %s", digest, exc)
+    def _remember(self, digest: str, data: bytes, prefetch: bool) -> None:
+        """Keep a block in memory: until its first read if prefetched, else as just read
+        (it is local from here on, before the disk cache has it)."""
         if prefetch:
             self.memory.put_prefetched(digest, data)
             with self._stats_lock:
                 self._prefetched.add(digest)
         else:
             self.memory.put_read(digest, data)
+
+    def _cache(self, blocks: list[tuple[str, bytes]]) -> None:
+        try:
+            self.cache.put_many(blocks)
+        except (OSError, NotCached) as exc:  # a full disk: serve the blocks, uncached
+            log.warning("could not cache %d blocks: %s", len(blocks), exc)
 
     def _count_hit(self, digest: str) -> None:
         with self._stats_lock:

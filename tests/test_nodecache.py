@@ -159,6 +159,31 @@ def test_a_stalled_lock_holder_costs_caching_never_reads(tmp_path: Path, monkeyp
         holder.wait()
 
 
+def test_a_batch_goes_in_under_one_lock_in_order_while_it_fits(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """put_many: one lock and one count update for the batch; an entry already there is
+    only touched; what does not fit is refused (CacheFull) after the rest went in, and no
+    temporary is left."""
+    from bootseer.nodecache import CacheFull
+
+    cache = NodeCache(tmp_path, 4 * 64 * KIB)
+    blobs = [os.urandom(64 * KIB) for _ in range(6)]
+    digests = [hashlib.sha256(b).hexdigest() for b in blobs]
+    cache.put(digests[0], blobs[0])
+    locks = []
+    real = NodeCache.locked
+    monkeypatch.setattr(NodeCache, "locked", lambda self: locks.append(1) or real(self))
+    cache.put_many(list(zip(digests[:3], blobs[:3])))
+    assert len(locks) == 1 and all(d in cache for d in digests[:3])
+    assert cache.usage() == _on_disk(tmp_path) == 3 * 64 * KIB
+    more = [os.urandom(64 * KIB) for _ in range(5)]
+    with pytest.raises(CacheFull):  # 5 into a cache of 4: all old ones go, 4 fit
+        cache.put_many([(hashlib.sha256(b).hexdigest(), b) for b in more])
+    assert [hashlib.sha256(b).hexdigest() in cache for b in more] == [True] * 4 + [False]
+    assert cache.usage() == _on_disk(tmp_path) == 4 * 64 * KIB
+    assert not list((tmp_path / "tmp").iterdir())
+
+
 def test_an_add_makes_room_first_and_never_evicts_what_it_keeps(tmp_path: Path) -> None:
     """Room is made before an entry appears (the limit holds at every instant); entries
     the adder keeps are not evicted, and an add that fits only by evicting them is refused
