@@ -11,7 +11,8 @@ policy does not allow a 403 naming the setting (:mod:`bootseer.agents.policy`), 
 anything behind. Requests marked *root* are refused (403) to any other peer
 (``SO_PEERCRED``): the socket's group may warm and read, not mount or record.
 
-* ``GET /v1/health`` -> ``{"version", "pid", "store", "cache_dir"}``
+* ``GET /v1/health`` -> ``{"version", "pid", "store", "cache_dir", "busy",
+  "spares": {"ready", "size"}}`` (spare servers warm, and wanted)
 * ``POST /v1/starts`` (root) a start record (:class:`bootseer.agents.timeline.StartRecord` JSON:
   ``id`` and any of ``job``, ``image``, ``workload``, ``runtime``, ``phases``,
   ``detail``) -> the record as now known (merged: first values win);
@@ -337,7 +338,9 @@ class Agent:
                                   "store": self.config.store,
                                   "cache_dir": str(self.config.cache_dir),
                                   "busy": {p.name.lower(): n
-                                           for p, n in self.gate.busy().items()}})
+                                           for p, n in self.gate.busy().items()},
+                                  "spares": {"ready": self.mounts.spares.ready(),
+                                             "size": self.mounts.spares.size}})
 
     async def warm(self, request: web.Request) -> web.StreamResponse:
         warm_request = await _parse(request, WarmRequest.from_json, "warm request")

@@ -51,6 +51,13 @@ class Spare:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def ready(self) -> bool:
+        """Whether it is warm: its :data:`READY` waits, unread, on the socket."""
+        try:
+            return self.control.recv(len(READY), socket.MSG_PEEK | socket.MSG_DONTWAIT) == READY
+        except OSError:  # nothing yet (BlockingIOError), or gone
+            return False
+
     def hand_over(self, argv: list[str], fuse_fd: int, log_fd: int,
                   timeout: float) -> int | None:
         """Give the spare ``argv`` (a ``bootseer`` command line without the interpreter
@@ -102,6 +109,11 @@ class SparePool:
                 dead.discard()
             while len(self._spares) < self.size:
                 self._spares.append(self._start())
+
+    def ready(self) -> int:
+        """How many spares are warm (ready to serve at once)."""
+        with self._lock:
+            return sum(1 for s in self._spares if s.alive() and s.ready())
 
     def take(self) -> Spare | None:
         """A live spare (ready or still getting ready: either is ahead of a fresh start),

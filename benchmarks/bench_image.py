@@ -256,7 +256,7 @@ class Bench:
                               "BOOTSEER_CACHE_DIR": str(run_dir / "cache"),
                               "BOOTSEER_IMAGE_PREFETCH": "true" if prefetch else "false",
                               "BOOTSEER_IMAGE_RECORD_IMAGES": self.image.name}
-            agent = start_agent(self.agent_sock, env, timeout=120)
+            agent = start_agent(self.agent_sock, env, timeout=120, spares_warm=True)
             try:
                 if warm:  # through the agent, as on a node: untimed
                     subprocess.run(self.bootseer("warm", "--image", self.image.name, "--workload",

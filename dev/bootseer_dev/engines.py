@@ -191,10 +191,13 @@ class Dockerd:
         _stop(self.proc, 60)
 
 
-def start_agent(sock: Path, env: dict[str, str], *, timeout: float = 30) -> subprocess.Popen:
+def start_agent(sock: Path, env: dict[str, str], *, timeout: float = 30,
+                spares_warm: bool = False) -> subprocess.Popen:
     """``bootseer agent`` on ``sock`` with ``env`` added, once it answers there (a socket
-    a killed agent left behind does not count). Its log is ``proc.log``, next to the
-    socket."""
+    a killed agent left behind does not count); with ``spares_warm``, once its spare
+    servers are warm too, as on a node whose agent has been up a while (benchmarks: a
+    spare still starting its JVM would compete with the start being timed). Its log is
+    ``proc.log``, next to the socket."""
     from bootseer.agents.client import AgentClient, AgentUnavailable
 
     sock.parent.mkdir(parents=True, exist_ok=True)
@@ -207,9 +210,12 @@ def start_agent(sock: Path, env: dict[str, str], *, timeout: float = 30) -> subp
             return False
         try:
             with AgentClient(sock) as client:
-                return client.health()["pid"] == proc.pid
+                health = client.health()
         except AgentUnavailable:
             return False
+        spares = health["spares"]
+        return health["pid"] == proc.pid and (
+            not spares_warm or spares["ready"] >= spares["size"])
 
     _wait_up(up, "bootseer agent", proc, log, timeout)
     return proc
