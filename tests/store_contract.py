@@ -256,6 +256,28 @@ class StoreContract:
         with pytest.raises(IntegrityError, match="chunk 1"), fresh.open(info.digest) as f:
             f.read()
 
+    def test_a_stream_reads_ahead_and_raises_a_bad_chunk_only_where_it_is_read(
+            self, blobs: BlobStore, store: Store) -> None:
+        """A stream fetches its next 8 chunks while the reader works through these: the
+        bytes are the blob's, and a corrupt chunk fetched ahead fails the read that
+        reaches it, not the reads before (they are served and verified)."""
+        data = ramp(0, 20 * CHUNK_SIZE + 7)
+        info = blobs.put(data)
+        with blobs.open(info.digest) as f:
+            got = b"".join(iter(lambda: f.read(CHUNK_SIZE // 3), b""))
+        assert got == data
+        bad = bytearray(data)
+        bad[17 * CHUNK_SIZE + 5] ^= 0xFF
+        store.put(BlobStore.blob_key(info.digest), bytes(bad))
+        fresh = BlobStore(store)
+        with fresh.open(info.digest) as f:
+            for n in range(16):
+                assert f.read(CHUNK_SIZE) == data[n * CHUNK_SIZE : (n + 1) * CHUNK_SIZE]
+            with pytest.raises(IntegrityError, match="chunk 17"):
+                f.read(CHUNK_SIZE)
+            f.seek(3)  # a seek drops what was read ahead: reads start over from there
+            assert f.read(10) == data[3:13]
+
     def test_truncated_blob_is_detected(self, blobs: BlobStore, store: Store) -> None:
         info = blobs.put(ramp(0, 2 * CHUNK_SIZE))
         store.put(BlobStore.blob_key(info.digest), ramp(0, CHUNK_SIZE))

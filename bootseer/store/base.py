@@ -23,8 +23,10 @@ import functools
 import io
 import logging
 import posixpath
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -332,10 +334,40 @@ Fill = Callable[[int, memoryview], object]
 
 
 def open_ranged(fill: Fill, size: int, name: str, *, buffer_size: int = 1 << 20,
-                on_close: Callable[[], None] | None = None) -> BinaryIO:
-    """A buffered, seekable, read-only file whose bytes come from positional reads."""
-    raw = RangedFile(fill, size, name, on_close)
+                on_close: Callable[[], None] | None = None,
+                read_ahead: bool = False) -> BinaryIO:
+    """A buffered, seekable, read-only file whose bytes come from positional reads; with
+    ``read_ahead``, the next buffer's bytes are fetched while the caller works through
+    this one's (for sequential readers that do work between reads)."""
+    raw = RangedFile(fill, size, name, on_close, read_ahead=read_ahead)
     return io.BufferedReader(raw, buffer_size=buffer_size)  # type: ignore[return-value]
+
+
+#: Streams whose next buffer is fetched at once, per process (a restore reads 4 shards).
+READ_AHEAD_THREADS = 8
+
+
+_read_ahead_pool: ThreadPoolExecutor | None = None
+_read_ahead_lock = threading.Lock()
+
+
+def _read_ahead_executor() -> ThreadPoolExecutor:
+    """The process's read-ahead threads, made on first use (after any fork)."""
+    global _read_ahead_pool
+    with _read_ahead_lock:
+        if _read_ahead_pool is None:
+            _read_ahead_pool = ThreadPoolExecutor(READ_AHEAD_THREADS,
+                                                  thread_name_prefix="read-ahead")
+        return _read_ahead_pool
+
+
+@dataclass
+class _Ahead:
+    """The next range of a stream, being fetched into ``data``."""
+
+    offset: int
+    data: bytearray
+    future: Future
 
 
 class RangedFile(io.RawIOBase):
@@ -343,12 +375,21 @@ class RangedFile(io.RawIOBase):
 
     Every read is clamped to the object, so ``fill`` only ever sees ranges inside it; a
     whole-file ``read()`` is one call, which parallel readers turn into parallel fetches.
+
+    With ``read_ahead``, each read starts fetching the same number of bytes after it, and
+    a next read of exactly those takes them (copied: the buffer is the caller's). A stream
+    consumed by a thread that also decompresses, hashes and writes (a restore) then keeps
+    its link busy while it works, instead of alternating between the two. An error of a
+    read ahead is raised by the read that needs its bytes, never before.
     """
 
     def __init__(self, fill: Fill, size: int, name: str,
-                 on_close: Callable[[], None] | None = None) -> None:
+                 on_close: Callable[[], None] | None = None, *,
+                 read_ahead: bool = False) -> None:
         self._fill, self._size, self._pos, self._on_close = fill, size, 0, on_close
         self.name = name
+        self._read_ahead = read_ahead
+        self._ahead: _Ahead | None = None
 
     def readable(self) -> bool:
         return True
@@ -369,9 +410,25 @@ class RangedFile(io.RawIOBase):
     def readinto(self, buffer) -> int:  # type: ignore[override]
         n = max(0, min(len(buffer), self._size - self._pos))
         if n:
-            self._fill(self._pos, memoryview(buffer).cast("B")[:n])
+            view = memoryview(buffer).cast("B")[:n]
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None and ahead.offset == self._pos and len(ahead.data) == n:
+                ahead.future.result()
+                view[:] = ahead.data
+            else:
+                self._fill(self._pos, view)
             self._pos += n
+            if self._read_ahead:
+                self._start_ahead(n, ahead.data if ahead is not None else None)
         return n
+
+    def _start_ahead(self, n: int, spare: bytearray | None) -> None:
+        length = min(n, self._size - self._pos)
+        if length <= 0:
+            return
+        data = spare if spare is not None and len(spare) == length else bytearray(length)
+        future = _read_ahead_executor().submit(self._fill, self._pos, memoryview(data))
+        self._ahead = _Ahead(self._pos, data, future)
 
     def readall(self) -> bytes:
         out = bytearray(max(0, self._size - self._pos))
@@ -379,6 +436,9 @@ class RangedFile(io.RawIOBase):
         return bytes(out)
 
     def close(self) -> None:
+        if self._ahead is not None:  # one under way finishes into its own buffer
+            self._ahead.future.cancel()
+            self._ahead = None
         if not self.closed and self._on_close is not None:
             self._on_close()
         super().close()

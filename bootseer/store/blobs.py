@@ -295,14 +295,14 @@ class BlobStore:
         """A seekable binary file over verified ranged reads of the blob: a sequential
         reader's reads are :data:`_READ_CHUNKS` whole chunks each, straight into the
         file's buffer (a backend call and a copy per chunk cost a restore more CPU than
-        its decompression)."""
+        its decompression), and the next ones are fetched while it works through them."""
         table = self.chunk_table(digest)
 
         def fill(offset: int, view: memoryview) -> None:
             self.read_range_into(digest, offset, view)
 
         return open_ranged(fill, table.size, digest,
-                           buffer_size=_READ_CHUNKS * table.chunk_size)
+                           buffer_size=_READ_CHUNKS * table.chunk_size, read_ahead=True)
 
     def verify(self, digest: str) -> None:
         """Re-read the whole blob and check it; raises :class:`IntegrityError` if corrupt."""
