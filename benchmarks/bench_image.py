@@ -33,7 +33,7 @@ last one:
   ``lazy_s`` (no prefetch, no recording), ``record_s`` (once: records the hot list and
   writes the hot pack), ``lazy_prefetch_s`` (prefetch of the recorded hot list),
   ``lazy_warmed_s`` (``bootseer warm`` through the agent first, untimed: every hot block
-  local);
+  local; the warm's own time, the prefetch with no start competing, is ``warm_s``);
 * ``local_s``: ``full_pull.py run`` on the image unpacked beforehand on local disk: the
   floor.
 
@@ -258,11 +258,14 @@ class Bench:
                               "BOOTSEER_IMAGE_RECORD_IMAGES": self.image.name}
             agent = start_agent(self.agent_sock, env, timeout=120, spares_warm=True)
             try:
+                warmed = None
                 if warm:  # through the agent, as on a node: untimed
-                    subprocess.run(self.bootseer("warm", "--image", self.image.name, "--workload",
-                                                 self.args.workload),
-                                   env=env | {"BOOTSEER_AGENT_SOCKET": str(self.agent_sock)},
-                                   check=True, capture_output=True, timeout=self.args.timeout)
+                    proc = subprocess.run(
+                        self.bootseer("warm", "--json", "--image", self.image.name,
+                                      "--workload", self.args.workload),
+                        env=env | {"BOOTSEER_AGENT_SOCKET": str(self.agent_sock)},
+                        check=True, capture_output=True, text=True, timeout=self.args.timeout)
+                    warmed = json.loads(proc.stdout)["image"]
                 assert self.dockerd is not None
                 run = self.cold(what, [[
                     "docker", "-H", self.dockerd.host, "run", "--rm", "--runtime", "bootseer",
@@ -277,6 +280,9 @@ class Bench:
                 agent.send_signal(signal.SIGTERM)
                 agent.wait(60)
             run.extra["start"] = self.start_detail(start, run.started)
+            if warmed is not None:
+                run.extra["warm"] = {k: warmed[k] for k in ("seconds", "fetched_bytes",
+                                                            "fetch_requests")}
             return run
         return measure
 
@@ -550,6 +556,14 @@ class Bench:
             "demand_bytes_lazy_prefetch": median_of(demand),
             "prefetched_bytes": median_of(prefetched),
             "prefetch_finished_s": median_of(image_stat("lazy_prefetch", "prefetch", "seconds")),
+            "warm_s": median_of([r.extra["warm"]["seconds"]
+                                 for r in measured.get("lazy_warmed", [])]),
+            "warm_MBps": median_of([round(r.extra["warm"]["fetched_bytes"] / MB
+                                          / r.extra["warm"]["seconds"], 1)
+                                    for r in measured.get("lazy_warmed", [])
+                                    if r.extra["warm"]["seconds"]]),
+            "warm_note": "lazy_warmed's untimed bootseer warm through the agent: the hot list's "
+                         "prefetch alone, with no start competing (the agent's own report)",
             "breakdown_s": {case: breakdown(case) for case in ("lazy", "record", "lazy_prefetch",
                                                                 "lazy_warmed")},
             "breakdown_note": "medians, seconds, from the agent's start record: spawning docker "
