@@ -412,14 +412,16 @@ class RangedFile(io.RawIOBase):
         if n:
             view = memoryview(buffer).cast("B")[:n]
             ahead, self._ahead = self._ahead, None
+            spare = None  # a buffer no fill is writing into any more
             if ahead is not None and ahead.offset == self._pos and len(ahead.data) == n:
                 ahead.future.result()
-                view[:] = ahead.data
-            else:
+                spare = ahead.data
+                view[:] = spare
+            else:  # a range read ahead and not wanted may still be filling its buffer
                 self._fill(self._pos, view)
             self._pos += n
             if self._read_ahead:
-                self._start_ahead(n, ahead.data if ahead is not None else None)
+                self._start_ahead(n, spare)
         return n
 
     def _start_ahead(self, n: int, spare: bytearray | None) -> None:
