@@ -334,12 +334,14 @@ class Agent:
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def health(self, request: web.Request) -> web.Response:
+        # The spare pool's lock is held while it spawns a spare: not on the event loop.
+        spares_ready = await self._run("query", self.mounts.spares.ready)
         return web.json_response({"version": __version__, "pid": os.getpid(),
                                   "store": self.config.store,
                                   "cache_dir": str(self.config.cache_dir),
                                   "busy": {p.name.lower(): n
                                            for p, n in self.gate.busy().items()},
-                                  "spares": {"ready": self.mounts.spares.ready(),
+                                  "spares": {"ready": spares_ready,
                                              "size": self.mounts.spares.size}})
 
     async def warm(self, request: web.Request) -> web.StreamResponse:

@@ -23,7 +23,6 @@ import functools
 import io
 import logging
 import posixpath
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -347,18 +346,10 @@ def open_ranged(fill: Fill, size: int, name: str, *, buffer_size: int = 1 << 20,
 READ_AHEAD_THREADS = 8
 
 
-_read_ahead_pool: ThreadPoolExecutor | None = None
-_read_ahead_lock = threading.Lock()
-
-
+@functools.cache
 def _read_ahead_executor() -> ThreadPoolExecutor:
     """The process's read-ahead threads, made on first use (after any fork)."""
-    global _read_ahead_pool
-    with _read_ahead_lock:
-        if _read_ahead_pool is None:
-            _read_ahead_pool = ThreadPoolExecutor(READ_AHEAD_THREADS,
-                                                  thread_name_prefix="read-ahead")
-        return _read_ahead_pool
+    return ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="read-ahead")
 
 
 @dataclass
