@@ -464,7 +464,7 @@ class Bench:
 
         def per_start(case: str, group: str) -> dict[str, float | None] | None:
             """Medians over a case's runs of each figure in the mount report's ``group``
-            (``manifest``, ``fuse_requests``)."""
+            (``manifest``, ``fuse_requests``, ``pages_pushed``)."""
             rows = [r for r in image_stat(case, group) if r]
             if not rows:
                 return None
@@ -550,6 +550,11 @@ class Bench:
                               if case in measured},
             "fuse_requests_note": "requests the mount's FUSE server answered per start, by "
                                   "kind, medians (page-cache hits never reach it)",
+            "pages_pushed": {case: per_start(case, "pages_pushed")
+                             for case in ("lazy_prefetch", "lazy_warmed") if case in measured},
+            "pages_pushed_note": "hot blocks the mount's server put in the page cache once "
+                                 "their file was looked up (FUSE_NOTIFY_STORE), per start, "
+                                 "medians: reads of them never reach the server",
             "bytes_fetched_lazy": median_of(image_stat("lazy", "bytes_fetched")),
             "bytes_fetched_lazy_prefetch": median_of(total),
             "bytes_fetched_lazy_prefetch_note": "demand fetches + the prefetcher's fetches",

@@ -4,17 +4,20 @@ Node numbers are the manifest's inode numbers: the root's is 1, hard links share
 and every server of the same image names every node alike, so a new server can take a
 connection over. Everything but file content comes from the manifest, which never changes
 while mounted: the tree is immutable (the kernel keeps names, attributes, listings and
-pages for a day) and its opens need no state.
+pages for a day) and its opens need no state. Given the image's hot blocks, the tree puts
+them in the page cache of each file the kernel looks up (:mod:`bootseer.prefetch.pagewarm`).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterable
 
-from bootseer.fuse.tree import ROOT, Node, Tree
+from bootseer.fuse.tree import ROOT, Node, PushPages, Tree
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.prefetch.pagewarm import PageWarmer
 from bootseer.prefetch.rootfs import FILE_TYPE, Kind
 
 #: Seconds the kernel may trust a name or attribute: the image is immutable, so only
@@ -27,8 +30,11 @@ class ImageTree(Tree):
     immutable = True
     stateless_open = True
 
-    def __init__(self, image: LazyImage) -> None:
+    def __init__(self, image: LazyImage, hot: Iterable[str] = ()) -> None:
+        """``hot``: digests of the blocks this start is expected to read (its hot list)."""
         self.image = image
+        self.hot = frozenset(hot)
+        self.warmer: PageWarmer | None = None
         self.by_path = image.manifest.by_path
         #: node number → index of its entry: a hard link group's is its first path (kind
         #: FILE). Entries and nodes are built as the kernel asks for them.
@@ -91,6 +97,14 @@ class ImageTree(Tree):
     def listxattr(self, ino: int) -> list[str]:
         entry = self.entry(ino)
         return [] if entry is None else list(entry.xattrs)
+
+    def use_pusher(self, push: PushPages) -> None:
+        if self.hot and PageWarmer.applies(self.image):
+            self.warmer = PageWarmer(self.image, self.hot, push)
+
+    def looked_up(self, ino: int) -> None:
+        if self.warmer is not None and (entry := self.entry(ino)) is not None:
+            self.warmer.looked_up(entry)
 
     def read(self, ino: int, handle: int, offset: int, size: int) -> bytes:
         entry = self.entry(ino)

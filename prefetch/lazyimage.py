@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -124,6 +124,8 @@ class LazyImage:
         self.stats = LazyStats()
         #: While set, the first access of every block is noted (see bootseer.prefetch.hotlist).
         self.recorder: Recorder | None = None
+        #: While set, called with every block fetched, as it verifies (digest, bytes).
+        self.on_fetched: Callable[[str, bytes], None] | None = None
         #: Reads fetching from the store right now; the prefetcher yields to them.
         self.demand_fetches = 0
         self.demand_changed = threading.Condition()
@@ -237,6 +239,12 @@ class LazyImage:
 
     # -- the parts together -------------------------------------------------------------------
 
+    def peek(self, digest: str) -> bytes | None:
+        """The block if it is on the node (memory, else the disk cache: verified), else
+        None; unlike a read, it fetches nothing and leaves the memory tier as it was."""
+        data = self.memory.peek(digest)
+        return data if data is not None else self.cache.get(digest)
+
     def _is_local(self, digest: str) -> bool:
         return digest in self.memory or digest in self.cache
 
@@ -268,6 +276,8 @@ class LazyImage:
                         self._remember(digest, result, prefetch)
                         self.inflight.complete(digest, result)
                         fetched.append((digest, result))
+                        if self.on_fetched is not None:
+                            self.on_fetched(digest, result)
                     unsettled.discard(index)
                 self._cache(fetched)
         finally:

@@ -39,6 +39,12 @@ class MemoryTier:
                 self._keep_recent(digest, data)
             return data
 
+    def peek(self, digest: str) -> bytes | None:
+        """The block, if either part has it, moving nothing: a look that is not a read."""
+        with self._lock:
+            data = self._recent.get(digest)
+            return data if data is not None else self._prefetched.get(digest)
+
     def put_read(self, digest: str, data: bytes) -> None:
         """A block being read (fetched, or found in the disk cache)."""
         with self._lock:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bootseer.errors import BootseerError
-from bootseer.fuse.server import RequestCounts, serve_at
+from bootseer.fuse.server import PushCounts, RequestCounts, serve_at
 from bootseer.fuse.server import serve as serve_connection
 from bootseer.jsonfile import write_json
 from bootseer.nodecache import NodeCache
@@ -144,11 +144,13 @@ class MountStats:
     image_content_bytes: int | None = None
     manifest: ManifestLoad | None = None  # what loading the manifest cost, before serving
     fuse_requests: dict[str, int] | None = None  # answered by this server, by kind
+    pages_pushed: PushCounts | None = None  # hot blocks put in the page cache ahead of reads
 
     @classmethod
     def of(cls, image: LazyImage, prefetcher: Prefetcher | None = None,
            recording: Recording | None = None, *, final: bool = False,
-           requests: RequestCounts | None = None) -> MountStats:
+           requests: RequestCounts | None = None,
+           pushes: PushCounts | None = None) -> MountStats:
         summary = None
         if recording is not None:
             result = recording.result
@@ -160,7 +162,8 @@ class MountStats:
                    dataclasses.replace(prefetcher.stats) if prefetcher else None, summary,
                    image.image_id if final else None,
                    image.manifest.content_bytes if final else None, image.manifest_load,
-                   requests.snapshot() if requests is not None else None)
+                   requests.snapshot() if requests is not None else None,
+                   dataclasses.replace(pushes) if pushes is not None else None)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = dataclasses.asdict(self.reads)
@@ -174,18 +177,22 @@ class MountStats:
             body["manifest"] = dataclasses.asdict(self.manifest)
         if self.fuse_requests is not None:
             body["fuse_requests"] = self.fuse_requests
+        if self.pages_pushed is not None:
+            body["pages_pushed"] = dataclasses.asdict(self.pages_pushed)
         return body
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> MountStats:
         prefetch, recording = body.get("prefetch"), body.get("recording")
         manifest, requests = body.get("manifest"), body.get("fuse_requests")
+        pushed = body.get("pages_pushed")
         return cls(_fields(LazyStats, body),
                    _fields(PrefetchStats, prefetch) if prefetch else None,
                    _fields(RecordingSummary, recording) if recording else None,
                    body.get("image_id"), body.get("image_content_bytes"),
                    _fields(ManifestLoad, manifest) if manifest else None,
-                   {str(k): int(v) for k, v in requests.items()} if requests else None)
+                   {str(k): int(v) for k, v in requests.items()} if requests else None,
+                   _fields(PushCounts, pushed) if pushed else None)
 
     def save(self, path: Path) -> None:
         write_json(path, self.to_json())
@@ -223,24 +230,27 @@ def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
         MountInfo(image.image_id, image.manifest.config, image.manifest.content_bytes,
                   record).save(options.info)
     stop_stats = threading.Event()
-    requests = RequestCounts()
+    requests, pushes = RequestCounts(), PushCounts()
     if options.stats is not None:
         stats_path = options.stats
 
         def refresh() -> None:
             while not stop_stats.wait(STATS_INTERVAL):
-                MountStats.of(image, prefetcher, recording, requests=requests).save(stats_path)
+                MountStats.of(image, prefetcher, recording, requests=requests,
+                              pushes=pushes).save(stats_path)
 
         stats_path.parent.mkdir(parents=True, exist_ok=True)
-        MountStats.of(image, prefetcher, recording, requests=requests).save(stats_path)
+        MountStats.of(image, prefetcher, recording, requests=requests,
+                      pushes=pushes).save(stats_path)
         threading.Thread(target=refresh, name="stats", daemon=True).start()
-    tree = ImageTree(image)
+    tree = ImageTree(image, hot=[b.digest for b in hot.blocks] if hot and options.prefetch
+                     else ())
     try:
         if options.fuse_fd is not None:
             serve_connection(tree, options.fuse_fd, takeover_state=options.takeover_state,
-                             requests=requests)
+                             requests=requests, pushes=pushes)
         else:
-            serve_at(tree, mountpoint, "bootseer-image", requests=requests)
+            serve_at(tree, mountpoint, "bootseer-image", requests=requests, pushes=pushes)
     finally:
         stop_stats.set()
         if options.stats is not None:
@@ -251,7 +261,7 @@ def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
             recording.finish("exit")
         if options.report is not None:
             MountStats.of(image, prefetcher, recording, final=True,
-                          requests=requests).save(options.report)
+                          requests=requests, pushes=pushes).save(options.report)
 
 
 def stats_path(cache_dir: Path, mountpoint: Path) -> Path:

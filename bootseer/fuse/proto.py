@@ -64,6 +64,9 @@ TMPFILE = 51
 #: them in the VFS already; these are what could still arrive).
 WRITE_OPCODES = (SETATTR, SYMLINK, MKNOD, MKDIR, UNLINK, RMDIR, RENAME, LINK, WRITE,
                  SETXATTR, REMOVEXATTR, CREATE, FALLOCATE, RENAME2, COPY_FILE_RANGE, TMPFILE)
+#: Notifications: written like an answer with ``unique`` 0 and the code as ``error``.
+NOTIFY_STORE = 4  # put data in a file's page cache
+
 #: Requests the kernel expects no reply to.
 NO_REPLY_OPCODES = (FORGET, BATCH_FORGET, INTERRUPT)
 
@@ -112,5 +115,7 @@ XATTR_SIZE = struct.Struct("=II")
 KSTATFS = struct.Struct("=QQQQQIIII24x")
 #: fuse_dirent without its name: ino, off, namelen, type
 DIRENT = struct.Struct("=QQII")
+#: fuse_notify_store_out: nodeid, offset, size, padding (then the data)
+NOTIFY_STORE_OUT = struct.Struct("=QQII")
 #: fuse_release_in (the start of it): fh
 RELEASE_IN = struct.Struct("=Q")

@@ -22,7 +22,8 @@ without xattrs, are ``ENOSYS`` so the kernel stops asking. For an immutable tree
 about metadata are packed once and reused, opens cost no round trip where the kernel
 allows it (see :meth:`_Server.agree`; else they answer ``FOPEN_KEEP_CACHE``), directory
 listings and symlink targets are cached by the kernel. Reads may be up to
-:data:`MAX_PAGES` pages.
+:data:`MAX_PAGES` pages. Such a tree may also put pages into the kernel's page cache before
+anyone reads them (:class:`PagePusher`, ``FUSE_NOTIFY_STORE``).
 
 Speed matters, since every request costs a trip through this Python process: the structs
 are compiled once and a request is read into a per-thread buffer rather than a new one.
@@ -35,6 +36,7 @@ import json
 import logging
 import math
 import os
+import queue
 import signal
 import stat
 import threading
@@ -78,6 +80,10 @@ TREE_ERRORS = frozenset((errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EINVAL
 
 Handler = Callable[[int, int, memoryview], None]
 
+#: Bytes of pages waiting to go into the kernel's page cache: past this, a push is dropped
+#: (it only saves reads, which still work without it).
+PUSH_QUEUE_BYTES = 64 << 20
+
 #: How :class:`RequestCounts` names the requests a read-only tree is sent.
 REQUEST_NAMES = {p.LOOKUP: "lookup", p.GETATTR: "getattr", p.READLINK: "readlink",
                  p.OPEN: "open", p.READ: "read", p.RELEASE: "release", p.OPENDIR: "opendir",
@@ -118,6 +124,66 @@ class RequestCounts:
         return dict(sorted(out.items()))
 
 
+@dataclass
+class PushCounts:
+    """Pages put into the kernel's page cache ahead of reads (:class:`PagePusher`)."""
+
+    pushes: int = 0
+    bytes: int = 0
+    dropped: int = 0  # the queue was full
+    unknown: int = 0  # the kernel no longer knew the node (ENOENT): nothing was stored
+
+
+class PagePusher:
+    """Puts a file's pages into the kernel's page cache (``FUSE_NOTIFY_STORE``), so that
+    reads of them, mmap faults included, never reach this process.
+
+    A tree calls :meth:`push` for nodes the kernel knows (looked up); it never blocks: the
+    writes happen on a thread of their own, and past :data:`PUSH_QUEUE_BYTES` waiting a
+    push is dropped. The data must be the file's bytes at ``offset``, and must not reach
+    past the file's end: the kernel would take the file to be longer.
+    """
+
+    def __init__(self, fd: int, counts: PushCounts) -> None:
+        self.fd, self.counts = fd, counts
+        self._queue: queue.SimpleQueue[tuple[int, int, bytes] | None] = queue.SimpleQueue()
+        self._queued = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="fuse-push", daemon=True)
+        self._thread.start()
+
+    def push(self, ino: int, offset: int, data: bytes) -> None:
+        with self._lock:
+            if self._queued + len(data) > PUSH_QUEUE_BYTES:
+                self.counts.dropped += 1
+                return
+            self._queued += len(data)
+        self._queue.put((ino, offset, data))
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            ino, offset, data = item
+            body = p.NOTIFY_STORE_OUT.pack(ino, offset, len(data), 0)
+            try:
+                os.writev(self.fd, (p.OUT_HEADER.pack(_OK_HEADER + len(body) + len(data),
+                                                      p.NOTIFY_STORE, 0), body, data))
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    self.counts.unknown += 1
+                elif exc.errno != errno.ENODEV:  # ENODEV: unmounted meanwhile
+                    log.warning("putting pages of node %d in the page cache failed: %s",
+                                ino, exc)
+            else:
+                self.counts.pushes += 1
+                self.counts.bytes += len(data)
+            with self._lock:
+                self._queued -= len(data)
+
+
 @dataclass(frozen=True)
 class Negotiated:
     """What FUSE_INIT settled for a connection: the first server saves it, a taking-over
@@ -145,8 +211,8 @@ class Negotiated:
 
 
 def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
-          threads: int = DEFAULT_THREADS,
-          requests: RequestCounts | None = None) -> Negotiated | None:
+          threads: int = DEFAULT_THREADS, requests: RequestCounts | None = None,
+          pushes: PushCounts | None = None) -> Negotiated | None:
     """Serve ``tree`` on the FUSE connection of ``fd`` until it is unmounted (or aborted).
 
     ``fd`` is a mounted connection's file (:mod:`bootseer.fuse.connection`); it is cloned,
@@ -155,7 +221,8 @@ def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
     written when this server answers FUSE_INIT, read when it takes over a connection
     already initialised. A state file left from an earlier mount is harmless: a fresh
     connection always sends INIT first, and answering it rewrites the file. ``requests``
-    counts what is answered (a fresh one if not given).
+    counts what is answered (a fresh one if not given); ``pushes`` what an immutable tree
+    put into the page cache ahead of reads (:meth:`Tree.use_pusher`).
 
     Returns what is in force for the connection (None if it ended before INIT).
     """
@@ -166,6 +233,10 @@ def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
     clone = clone_fd(fd)
     server = _Server(tree, clone, takeover_state, negotiated,
                      requests if requests is not None else RequestCounts())
+    pusher = None
+    if tree.immutable and not tree.direct_io:
+        pusher = PagePusher(clone, pushes if pushes is not None else PushCounts())
+        tree.use_pusher(pusher.push)
     workers = [threading.Thread(target=server.run, name=f"fuse-{i}", daemon=True)
                for i in range(threads)]
     for worker in workers:
@@ -175,6 +246,8 @@ def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
     # process exit closes it, ending what was in flight as a kill would.
     for worker in workers:
         worker.join()
+    if pusher is not None:
+        pusher.stop()
     os.close(clone)
     if server.failure is not None:
         raise FuseError(f"serving FUSE failed: {server.failure}") from server.failure
@@ -182,7 +255,8 @@ def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
 
 
 def serve_at(tree: Tree, mountpoint: Path, source: str, *,
-             threads: int = DEFAULT_THREADS, requests: RequestCounts | None = None) -> None:
+             threads: int = DEFAULT_THREADS, requests: RequestCounts | None = None,
+             pushes: PushCounts | None = None) -> None:
     """Mount a connection at ``mountpoint`` for this process (root: mount(2); anyone else:
     fusermount3) and serve ``tree`` on it until it is unmounted; SIGTERM and SIGINT
     unmount it, so the caller's cleanup after this returns still runs. The connection
@@ -195,7 +269,7 @@ def serve_at(tree: Tree, mountpoint: Path, source: str, *,
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        serve(tree, fd, threads=threads, requests=requests)
+        serve(tree, fd, threads=threads, requests=requests, pushes=pushes)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -349,6 +423,7 @@ class _Server:
             if self.cache:
                 self.entry_outs[node.ino] = out
         self.reply(unique, out)
+        self.tree.looked_up(node.ino)
 
     def getattr(self, unique: int, nodeid: int, body: memoryview) -> None:
         out = self.attr_outs.get(nodeid)

@@ -22,10 +22,14 @@ from __future__ import annotations
 import errno
 import stat
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 #: The root's node number (FUSE_ROOT_ID: the kernel asks for the root by it, no lookup).
 ROOT = 1
+
+#: ``push(ino, offset, data)``: put a file's bytes at ``offset`` into the kernel's page cache.
+PushPages = Callable[[int, int, bytes], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +101,13 @@ class Tree(ABC):
 
     def release(self, ino: int, handle: int) -> None:  # noqa: B027 (most trees keep nothing)
         """The kernel closed ``handle``: drop what :meth:`open` kept for it."""
+
+    def use_pusher(self, push: PushPages) -> None:  # noqa: B027 (most trees push nothing)
+        """The server can put pages into the kernel's page cache (an immutable tree served
+        through the cache only). A tree that knows which pages a start will read pushes
+        them once the kernel knows their node (:meth:`looked_up`), so those reads never
+        reach the server. ``push`` never blocks; it may drop what it cannot take. The
+        bytes must be the file's own and end at its end at most."""
+
+    def looked_up(self, ino: int) -> None:  # noqa: B027
+        """The kernel was just told about node ``ino`` (a lookup answered)."""
