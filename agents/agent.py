@@ -12,7 +12,8 @@ anything behind. Requests marked *root* are refused (403) to any other peer
 (``SO_PEERCRED``): the socket's group may warm and read, not mount or record.
 
 * ``GET /v1/health`` -> ``{"version", "pid", "store", "cache_dir", "busy",
-  "spares": {"ready", "size"}}`` (spare servers warm, and wanted)
+  "spares": {"ready", "size"}, "store_connected"}`` (spare servers warm, and wanted; the
+  agent's own store connection made, which it starts at once)
 * ``POST /v1/starts`` (root) a start record (:class:`bootseer.agents.timeline.StartRecord` JSON:
   ``id`` and any of ``job``, ``image``, ``workload``, ``runtime``, ``phases``,
   ``detail``) -> the record as now known (merged: first values win);
@@ -163,6 +164,21 @@ class Agent:
                        ("p2p", P2P_THREADS),
                        ("warm", WARM_THREADS), ("query", QUERY_THREADS), ("watch", 1))}
         self._warms = 0  # admitted warm requests
+        self.store_connected = threading.Event()
+
+    def connect_store(self) -> None:
+        """Connect to the store ahead of the first request (for ``hdfs://``, start the JVM):
+        else the first container start on a freshly started agent pays for it before its
+        mount even begins. In the background; a failure is the first request's to report."""
+        def connect() -> None:
+            try:
+                self.blobs.store.exists("refs")
+            except Exception as exc:
+                log.warning("cannot reach the store %s yet: %s", self.config.store, exc)
+            else:
+                self.store_connected.set()
+
+        threading.Thread(target=connect, name="store-connect", daemon=True).start()
 
     @contextmanager
     def image(self, name: str) -> Iterator[LazyImage]:
@@ -342,7 +358,8 @@ class Agent:
                                   "busy": {p.name.lower(): n
                                            for p, n in self.gate.busy().items()},
                                   "spares": {"ready": spares_ready,
-                                             "size": self.mounts.spares.size}})
+                                             "size": self.mounts.spares.size},
+                                  "store_connected": self.store_connected.is_set()})
 
     async def warm(self, request: web.Request) -> web.StreamResponse:
         warm_request = await _parse(request, WarmRequest.from_json, "warm request")
@@ -566,6 +583,7 @@ async def _serve(agent: Agent, socket_path: Path) -> None:
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(agent.mounts.watch(stop, agent.pools["watch"]))
     agent.mounts.start_spares()
+    agent.connect_store()
     try:
         await stop.wait()
         await watcher

@@ -315,8 +315,9 @@ def test_servers_are_spares_started_ahead_and_a_restarted_agent_takes_them_over(
     spares = _wait_for_spares(procs[0].pid, 2)
     deadline = time.monotonic() + 60
     with AgentClient(sock) as client:  # warm: each told the agent it is ready
-        while (health := client.health())["spares"] != {"ready": 2, "size": 2}:
-            assert time.monotonic() < deadline, f"spares never warm: {health['spares']}"
+        while (health := client.health())["spares"] != {"ready": 2, "size": 2} or \
+                not health["store_connected"]:  # and the agent's own store connection made
+            assert time.monotonic() < deadline, f"spares never warm: {health}"
             time.sleep(0.1)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "w.bin").write_bytes(b"w" * 5000)

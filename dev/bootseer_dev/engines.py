@@ -195,8 +195,9 @@ def start_agent(sock: Path, env: dict[str, str], *, timeout: float = 30,
                 spares_warm: bool = False) -> subprocess.Popen:
     """``bootseer agent`` on ``sock`` with ``env`` added, once it answers there (a socket
     a killed agent left behind does not count); with ``spares_warm``, once its spare
-    servers are warm too, as on a node whose agent has been up a while (benchmarks: a
-    spare still starting its JVM would compete with the start being timed). Its log is
+    servers are warm and its own store connection is made, as on a node whose agent has
+    been up a while (benchmarks: a JVM still starting would compete with, or delay, the
+    start being timed). Its log is
     ``proc.log``, next to the socket."""
     from bootseer.agents.client import AgentClient, AgentUnavailable
 
@@ -215,7 +216,8 @@ def start_agent(sock: Path, env: dict[str, str], *, timeout: float = 30,
             return False
         spares = health["spares"]
         return health["pid"] == proc.pid and (
-            not spares_warm or spares["ready"] >= spares["size"])
+            not spares_warm or (spares["ready"] >= spares["size"]
+                                and health["store_connected"]))
 
     _wait_up(up, "bootseer agent", proc, log, timeout)
     return proc
