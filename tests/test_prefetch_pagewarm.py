@@ -4,6 +4,7 @@ real FUSE mount whose reads of hot blocks then never reach its server."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -13,6 +14,8 @@ import pytest
 from test_prefetch_lazy import BIG, MIB, bootseer
 from test_prefetch_warm import recorded_big_image
 
+from bootseer.fuse import proto, server
+from bootseer.fuse.server import PagePusher, PushCounts
 from bootseer.mounts import is_mounted
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch.imagetree import ImageTree
@@ -46,6 +49,40 @@ class Pushes:
         with self.changed:
             assert self.changed.wait_for(lambda: len(self.seen) >= n, timeout=10), self.seen
             return list(self.seen)
+
+
+def test_the_pusher_never_blocks_its_caller_and_holds_a_bounded_queue(monkeypatch) -> None:
+    """A connection that takes nothing (a pipe nobody reads, once full): pushes past the
+    queue's bytes are dropped, at once; what was queued goes out in order, as one
+    FUSE_NOTIFY_STORE message each, once the connection takes it."""
+    monkeypatch.setattr(server, "PUSH_QUEUE_BYTES", 3 * MIB)
+    read_end, write_end = os.pipe()
+    counts = PushCounts()
+    pusher = PagePusher(write_end, counts)
+    started = time.monotonic()
+    for n in range(8):
+        pusher.push(7, n * MIB, bytes([n]) * MIB)
+    # Three fit (the first counts until it is written), five are dropped, none waited.
+    assert time.monotonic() - started < 1 and counts.dropped == 5
+    messages = []
+    with os.fdopen(read_end, "rb", buffering=0) as pipe:
+        def message() -> tuple[int, int, bytes]:
+            header = pipe.read(proto.OUT_HEADER.size + proto.NOTIFY_STORE_OUT.size)
+            length, code, unique = proto.OUT_HEADER.unpack_from(header)
+            ino, offset, size, _ = proto.NOTIFY_STORE_OUT.unpack_from(header,
+                                                                      proto.OUT_HEADER.size)
+            assert (code, unique, length) == (proto.NOTIFY_STORE, 0, len(header) + size)
+            data = b""
+            while len(data) < size:
+                data += pipe.read(size - len(data))
+            return ino, offset, data
+
+        while len(messages) < 3:
+            messages.append(message())
+        pusher.stop()
+        os.close(write_end)
+    assert messages == [(7, n * MIB, bytes([n]) * MIB) for n in range(3)]
+    assert (counts.pushes, counts.bytes, counts.unknown) == (3, 3 * MIB, 0)
 
 
 def test_a_looked_up_files_hot_blocks_are_pushed_when_local_and_once_fetched(dirs) -> None:
