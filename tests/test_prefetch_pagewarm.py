@@ -3,6 +3,7 @@ real FUSE mount whose reads of hot blocks then never reach its server."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -83,6 +84,37 @@ def test_the_pusher_never_blocks_its_caller_and_holds_a_bounded_queue(monkeypatc
         os.close(write_end)
     assert messages == [(7, n * MIB, bytes([n]) * MIB) for n in range(3)]
     assert (counts.pushes, counts.bytes, counts.unknown) == (3, 3 * MIB, 0)
+
+
+def test_a_push_the_kernel_has_no_inode_for_yet_is_tried_again_a_little_later(
+        monkeypatch) -> None:
+    """A push can reach the kernel just before the lookup's inode exists (ENOENT): node 5
+    is refused twice and then taken, node 6 always refused; node 7 goes meanwhile."""
+    refusals = {5: 2, 6: 99}
+    written: list[tuple[int, float]] = []
+
+    def write(self, ino: int, offset: int, data: bytes) -> int | None:
+        if refusals.get(ino, 0) > 0:
+            refusals[ino] -= 1
+            return errno.ENOENT
+        written.append((ino, time.monotonic()))
+        return None
+
+    monkeypatch.setattr(PagePusher, "_write", write)
+    counts = PushCounts()
+    pusher = PagePusher(-1, counts)
+    started = time.monotonic()
+    for ino in (5, 6, 7):
+        pusher.push(ino, 0, b"x" * 10)
+    deadline = time.monotonic() + 5
+    while counts.pushes + counts.unknown < 3:
+        assert time.monotonic() < deadline, counts
+        time.sleep(0.01)
+    pusher.stop()
+    assert [ino for ino, _ in written] == [7, 5]
+    assert written[1][1] - started >= server.PUSH_RETRY_S * 3  # after 5 ms, then 10 ms more
+    assert (counts.pushes, counts.unknown, counts.bytes) == (2, 1, 20)
+    assert refusals[6] == 99 - 1 - server.PUSH_RETRIES
 
 
 def test_a_looked_up_files_hot_blocks_are_pushed_when_local_and_once_fetched(dirs) -> None:

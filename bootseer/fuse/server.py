@@ -32,6 +32,8 @@ are compiled once and a request is read into a per-thread buffer rather than a n
 from __future__ import annotations
 
 import errno
+import heapq
+import itertools
 import json
 import logging
 import math
@@ -40,6 +42,7 @@ import queue
 import signal
 import stat
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from itertools import islice
@@ -83,6 +86,11 @@ Handler = Callable[[int, int, memoryview], None]
 #: Bytes of pages waiting to go into the kernel's page cache: past this, a push is dropped
 #: (it only saves reads, which still work without it).
 PUSH_QUEUE_BYTES = 64 << 20
+#: A push made as soon as a lookup is answered can reach the kernel before the task that
+#: looked the file up has made its inode (ENOENT): it is tried again this much later,
+#: doubling, this many times.
+PUSH_RETRY_S = 0.005
+PUSH_RETRIES = 3
 
 #: How :class:`RequestCounts` names the requests a read-only tree is sent.
 REQUEST_NAMES = {p.LOOKUP: "lookup", p.GETATTR: "getattr", p.READLINK: "readlink",
@@ -131,7 +139,7 @@ class PushCounts:
     pushes: int = 0
     bytes: int = 0
     dropped: int = 0  # the queue was full
-    unknown: int = 0  # the kernel no longer knew the node (ENOENT): nothing was stored
+    unknown: int = 0  # the kernel did not know the node (ENOENT, retried): nothing stored
 
 
 class PagePusher:
@@ -165,23 +173,46 @@ class PagePusher:
         self._thread.join()
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            ino, offset, data = item
-            body = p.NOTIFY_STORE_OUT.pack(ino, offset, len(data), 0)
-            try:
-                os.writev(self.fd, (p.OUT_HEADER.pack(_OK_HEADER + len(body) + len(data),
-                                                      p.NOTIFY_STORE, 0), body, data))
-            except OSError as exc:
-                if exc.errno == errno.ENOENT:
-                    self.counts.unknown += 1
-                elif exc.errno != errno.ENODEV:  # ENODEV: unmounted meanwhile
-                    log.warning("putting pages of node %d in the page cache failed: %s",
-                                ino, exc)
+        later: list[tuple[float, int, int, tuple[int, int, bytes]]] = []  # a heap, by due
+        tries = itertools.count()  # breaks ties in the heap
+        while True:
+            if later and later[0][0] <= time.monotonic():
+                _, _, attempt, item = heapq.heappop(later)
             else:
+                timeout = max(0.0, later[0][0] - time.monotonic()) if later else None
+                try:
+                    next_item = self._queue.get(timeout=timeout)
+                except queue.Empty:
+                    continue
+                if next_item is None:
+                    return
+                attempt, item = 0, next_item
+            ino, offset, data = item
+            error = self._write(ino, offset, data)
+            if error == errno.ENOENT and attempt < PUSH_RETRIES:
+                due = time.monotonic() + PUSH_RETRY_S * 2 ** attempt
+                heapq.heappush(later, (due, next(tries), attempt + 1, item))
+                continue
+            if error is None:
                 self.counts.pushes += 1
                 self.counts.bytes += len(data)
+            elif error == errno.ENOENT:
+                self.counts.unknown += 1
             with self._lock:
                 self._queued -= len(data)
+
+    def _write(self, ino: int, offset: int, data: bytes) -> int | None:
+        """One FUSE_NOTIFY_STORE; the errno if the kernel refused it."""
+        body = p.NOTIFY_STORE_OUT.pack(ino, offset, len(data), 0)
+        try:
+            os.writev(self.fd, (p.OUT_HEADER.pack(_OK_HEADER + len(body) + len(data),
+                                                  p.NOTIFY_STORE, 0), body, data))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):  # ENODEV: unmounted meanwhile
+                log.warning("putting pages of node %d in the page cache failed: %s", ino,
+                            exc)
+            return exc.errno
+        return None
 
 
 @dataclass(frozen=True)
