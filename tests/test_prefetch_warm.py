@@ -121,7 +121,11 @@ def test_record_then_prefetch_a_real_python_start_in_runc(dirs, tmp_path: Path) 
     pre = stats["prefetch"]
     assert pre["hot_blocks"] == len(hot.blocks) and pre["hot_pack"] and pre["done"]
     assert pre["fetch_requests"] <= 3  # a few large reads of the hot pack
-    assert stats["prefetch_hits"] + stats["prefetch_waits"] >= len(hot.blocks) // 2
+    # The prefetched blocks reached the start: put in the page cache once their file was
+    # looked up (those reads never reach the server), or found or waited for by reads.
+    from_prefetch = stats["pages_pushed"]["pushes"] + stats["prefetch_hits"] + \
+        stats["prefetch_waits"]
+    assert from_prefetch >= len(hot.blocks) // 2, stats
     assert stats["blocks_fetched"] <= 2, stats  # reads hardly ever went to the store
     assert "recording" not in stats
 
