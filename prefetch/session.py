@@ -243,8 +243,7 @@ def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
         MountStats.of(image, prefetcher, recording, requests=requests,
                       pushes=pushes).save(stats_path)
         threading.Thread(target=refresh, name="stats", daemon=True).start()
-    tree = ImageTree(image, hot=[b.digest for b in hot.blocks] if hot and options.prefetch
-                     else ())
+    tree = ImageTree(image, hot=prefetcher.digests if prefetcher is not None else ())
     try:
         if options.fuse_fd is not None:
             serve_connection(tree, options.fuse_fd, takeover_state=options.takeover_state,
