@@ -49,6 +49,7 @@ from typing import BinaryIO
 
 from bootseer.errors import BootseerError, IntegrityError
 from bootseer.filelock import file_lock
+from bootseer.store.base import DigestCheckedStream
 from bootseer.store.local import pid_alive
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,13 @@ class NodeCache:
         except FileNotFoundError:
             return None
         _touch(path)
-        return io.BufferedReader(_Verified(raw, digest, lambda: self._drop_quietly(digest)))
+        def dropped() -> None:
+            log.warning("cached entry %s is damaged; dropping it", digest)
+            self._drop_quietly(digest)
+
+        return io.BufferedReader(DigestCheckedStream(raw, digest,
+                                                     f"cached entry {digest} is damaged",
+                                                     dropped))
 
     def open_unverified(self, digest: str) -> int:
         """A read-only file descriptor of the entry, for random reads that are *not*
@@ -375,32 +382,3 @@ def _touch(path: Path) -> None:
     own it, and it may have just been evicted."""
     with contextlib.suppress(OSError):
         os.utime(path)
-
-
-class _Verified(io.RawIOBase):
-    """A cache file read through: hashed as it goes, checked against its name at the end."""
-
-    def __init__(self, raw: io.FileIO, digest: str, on_mismatch) -> None:
-        self._raw, self._digest, self._on_mismatch = raw, digest, on_mismatch
-        self._sha = hashlib.sha256()
-        self._checked = False
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:  # type: ignore[override]
-        n = self._raw.readinto(buffer)
-        if n:
-            self._sha.update(memoryview(buffer)[:n])
-        elif not self._checked:
-            self._checked = True
-            if self._sha.hexdigest() != self._digest:
-                log.warning("cached entry %s is damaged; dropping it", self._digest)
-                self._on_mismatch()
-                raise IntegrityError(f"cached entry {self._digest} is damaged (it does not "
-                                     f"match its digest)")
-        return n
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()

@@ -20,6 +20,7 @@ cover all of them.
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import logging
 import posixpath
@@ -29,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from bootseer.errors import InvalidRangeError
+from bootseer.errors import IntegrityError, InvalidRangeError
 from bootseer.limits import check_size
 
 log = logging.getLogger(__name__)
@@ -340,6 +341,43 @@ def open_ranged(fill: Fill, size: int, name: str, *, buffer_size: int = 1 << 20,
     this one's (for sequential readers that do work between reads)."""
     raw = RangedFile(fill, size, name, on_close, read_ahead=read_ahead)
     return io.BufferedReader(raw, buffer_size=buffer_size)  # type: ignore[return-value]
+
+
+class DigestCheckedStream(io.RawIOBase):
+    """A sequential stream hashed as it is read and checked against ``digest`` (sha256,
+    hex) at its end, for objects too large to hash before their first byte is used.
+
+    The read that reaches the end raises :class:`IntegrityError` (``mismatch`` says what
+    is wrong), after calling ``on_mismatch``, if the bytes do not hash to ``digest``. A
+    reader must therefore not act on the bytes for good before that read returns: a
+    restore stages them and switches them in only after every stream's end.
+    """
+
+    def __init__(self, raw: io.RawIOBase, digest: str, mismatch: str,
+                 on_mismatch: Callable[[], None] | None = None) -> None:
+        self._raw, self._digest, self._mismatch = raw, digest, mismatch
+        self._on_mismatch = on_mismatch
+        self._sha = hashlib.sha256()
+        self._checked = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        n = self._raw.readinto(buffer)
+        if n:
+            self._sha.update(memoryview(buffer)[:n])
+        elif not self._checked:
+            self._checked = True
+            if self._sha.hexdigest() != self._digest:
+                if self._on_mismatch is not None:
+                    self._on_mismatch()
+                raise IntegrityError(f"{self._mismatch} (it does not match its digest)")
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 #: Streams whose next buffer is fetched at once, per process (a restore reads 4 shards).

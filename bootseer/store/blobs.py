@@ -5,7 +5,8 @@ uses), so identical content is stored once and any copy can be checked by anyone
 ``sha256sum``. Every read is verified, ranged reads included: at put time the blob's
 content is also hashed in fixed chunks (1 MiB) into a *chunk table*, stored beside it, so
 a read of a few bytes fetches and checks only the chunks it touches, and a mismatch names
-the blob and the chunk instead of returning wrong bytes.
+the blob and the chunk instead of returning wrong bytes. A table is only checked for
+damage, so whole reads (``get``, ``iter_chunks``, ``open``) check the whole digest too.
 
 Store layout::
 
@@ -19,7 +20,9 @@ publishes and the other finds the object in place; both succeed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import io
 import json
 import logging
 import re
@@ -33,7 +36,7 @@ from typing import Any, BinaryIO
 
 from bootseer.errors import IntegrityError, InvalidRangeError
 from bootseer.limits import check_size
-from bootseer.store.base import Store, check_key, chunks_of, open_ranged
+from bootseer.store.base import DigestCheckedStream, RangedFile, Store, check_key, chunks_of
 from bootseer.zeros import is_zero
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,9 @@ log = logging.getLogger(__name__)
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 CHUNK_SIZE = 1 << 20
 _READ_CHUNKS = 8  # chunks fetched per backend call when streaming a whole blob
+#: Bytes per backend call of :meth:`BlobStore.open`'s stream: a backend call and a copy per
+#: 1 MiB chunk cost a restore more CPU than its decompression.
+STREAM_READ = 8 << 20
 _TABLE_MAGIC = b"BSCT"
 _TABLE_VERSION = 1
 _TABLE_HEADER = struct.Struct(">4sBIQ32s")  # magic, version, chunk size, blob size, digest
@@ -292,17 +298,21 @@ class BlobStore:
         self._verify_chunks(table, offset // cs, buffer)
 
     def open(self, digest: str) -> BinaryIO:
-        """A seekable binary file over verified ranged reads of the blob: a sequential
-        reader's reads are :data:`_READ_CHUNKS` whole chunks each, straight into the
-        file's buffer (a backend call and a copy per chunk cost a restore more CPU than
-        its decompression), and the next ones are fetched while it works through them."""
-        table = self.chunk_table(digest)
-
-        def fill(offset: int, view: memoryview) -> None:
-            self.read_range_into(digest, offset, view)
-
-        return open_ranged(fill, table.size, digest,
-                           buffer_size=_READ_CHUNKS * table.chunk_size, read_ahead=True)
+        """The blob as a sequential stream, for blobs too large to hold (snapshot shards),
+        checked against its digest as a whole at its end (:class:`DigestCheckedStream`: a
+        reader must not act on the bytes for good before the end). Reads are
+        :data:`STREAM_READ` bytes each, straight into the stream's buffer, and the next is
+        fetched while the reader works through this one. The chunk table is not used: it
+        would hash every byte a second time and cost a read per blob, and only the whole
+        digest proves the bytes are the blob's (a table is checked for damage, not
+        against the blob)."""
+        key = self.blob_key(digest)
+        raw = RangedFile(functools.partial(self.store.read_range_into, key),
+                         self.stat(digest).size, digest, read_ahead=True)
+        checked = DigestCheckedStream(raw, digest.removeprefix("sha256:"),
+                                      f"blob {digest} is corrupt or was replaced in the "
+                                      f"store {self.store.url}")
+        return io.BufferedReader(checked, buffer_size=STREAM_READ)  # type: ignore[return-value]
 
     def verify(self, digest: str) -> None:
         """Re-read the whole blob and check it; raises :class:`IntegrityError` if corrupt."""
