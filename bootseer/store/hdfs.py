@@ -17,8 +17,10 @@ block size (for aligned striped reads) comes from ``hdfsGetPathInfo`` the same w
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import errno
+import functools
 import logging
 import os
 import threading
@@ -26,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bootseer.errors import BackendUnavailableError, InvalidRangeError
+from bootseer.store import jvmshare
 from bootseer.store.base import Perm
 from bootseer.store.hadoop import HadoopStyleStore, OutputFile, PathInfo
 
@@ -287,12 +290,22 @@ class _Libhdfs:
 JVM_OPTIONS = {"-Xrs": "-Xrs", "-XX:TieredStopAtLevel": "-XX:TieredStopAtLevel=1"}
 
 
+@functools.cache
 def _jvm_options() -> None:
-    """Add :data:`JVM_OPTIONS` to ``LIBHDFS_OPTS``. Only the first HDFS connection of a
-    process starts the JVM, so this only matters before it."""
+    """Add :data:`JVM_OPTIONS` to ``LIBHDFS_OPTS``, and the class-data-sharing archive's
+    (:mod:`bootseer.store.jvmshare`) unless ``LIBHDFS_OPTS`` chooses about sharing itself
+    (``-Xshare:off``, ``-XX:SharedArchiveFile``). Once per process: only its first HDFS
+    connection starts the JVM."""
     opts = os.environ.get("LIBHDFS_OPTS", "").split()
     given = {o.split("=", 1)[0] for o in opts}
     opts += [value for name, value in JVM_OPTIONS.items() if name not in given]
+    if not any(o.startswith(("-Xshare", "-XX:SharedArchiveFile")) for o in opts):
+        setup = jvmshare.prepare(os.environ.get("CLASSPATH", ""), os.environ.get("JAVA_HOME"))
+        opts += setup.options
+        if setup.classpath:
+            os.environ["CLASSPATH"] = setup.classpath
+        if setup.at_exit is not None:
+            atexit.register(setup.at_exit)
     os.environ["LIBHDFS_OPTS"] = " ".join(opts)
 
 
