@@ -17,7 +17,9 @@ link to anything but a file of the same target; unknown types, shards or formats
 
 from __future__ import annotations
 
+import bisect
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,6 +35,7 @@ KINDS = ("file", "dir", "symlink", "hardlink")
 #: the 1.5 GB, 36,800-entry bench environment has a 1.9 MB manifest.
 MAX_MANIFEST_BYTES = 1 << 30
 _CONTENT_KINDS = ("file", "symlink")  # carried by a shard; hard links are made on restore
+_DOT_OR_EMPTY = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")  # a "", "." or ".." component
 
 
 class UnsafeSnapshotError(BootseerError):
@@ -143,13 +146,17 @@ class Manifest:
             if (e.target, e.path) in kinds:
                 raise bad(f"entry {e.path!r} appears twice")
             kinds[(e.target, e.path)] = e
+        # Nothing may lie below a file, symlink or hard link: in each target's sorted
+        # paths, what lies below "p" sorts right after it, before "p0" ("/" < "0").
+        for target in range(len(self.targets)):
+            paths = sorted(p for t, p in kinds if t == target)
+            for p in paths:
+                if kinds[(target, p)].kind != "dir" and p != ".":
+                    i = bisect.bisect_left(paths, p + "/")
+                    if i < len(paths) and paths[i] < p + "0":
+                        raise bad(f"entry {paths[i]!r} lies below the "
+                                  f"{kinds[(target, p)].kind} {p!r}")
         for e in self.entries:
-            parent = e.path.rpartition("/")[0]
-            while parent:
-                above = kinds.get((e.target, parent))
-                if above is not None and above.kind != "dir":
-                    raise bad(f"entry {e.path!r} lies below the {above.kind} {parent!r}")
-                parent = parent.rpartition("/")[0]
             if e.kind == "hardlink":
                 leader = kinds.get((e.target, e.link or ""))
                 if leader is None or leader.kind != "file":
@@ -172,6 +179,6 @@ def check_relpath(path: str) -> str:
         return path
     if not path or path.startswith("/") or "\0" in path:
         raise ValueError(f"path {path!r} is absolute, empty or holds NUL")
-    if any(part in ("", ".", "..") for part in path.split("/")):
+    if _DOT_OR_EMPTY.search(path):
         raise ValueError(f"path {path!r} holds '..', '.' or an empty component")
     return path
