@@ -14,7 +14,7 @@ developer's or the test suite's cluster) and measures:
   both DataNodes round by round, ``per_datanode`` splits them.
 * ``sequential_read_mb_s`` -- the **baseline**: one object read start to end by one thread
   through ``store.read_range`` in 4 MiB pieces, with each store backend (``hdfs`` =
-  pyarrow/libhdfs, ``webhdfs`` = HdfsCLI), written once with a 64 MiB block size.
+  libhdfs, ``webhdfs`` = HdfsCLI), written once with a 64 MiB block size.
 
   - uncapped: loopback is faster than any network, so the limit is the disk. Its
     **physical limit** ``disk`` is the same bytes read sequentially straight from the
@@ -198,7 +198,7 @@ def open_backend(cluster: Cluster, backend: str) -> Store:
 
 def measure_reads(cluster: Cluster, cap: LinkCap, runs: int, cold: Cold) -> dict[str, Any]:
     """Write the objects once, then `runs` rounds of every read measurement."""
-    os.environ.update(cluster.env())  # before the first pyarrow HadoopFileSystem
+    os.environ.update(cluster.env())  # before the first hdfs:// store connects
     # -Xrs: the JVM libhdfs embeds leaves SIGINT/SIGTERM to Python; otherwise it takes them
     # over and exits the process on the spot, skipping the finally that stops the cluster.
     os.environ["LIBHDFS_OPTS"] = f"{os.environ.get('LIBHDFS_OPTS', '')} -Xrs".strip()

@@ -104,37 +104,32 @@ def _read_webhdfs(client, path: str) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
-_PYARROW_SCRIPT = r"""
+_LIBHDFS_SCRIPT = r"""
 import json, os, sys, threading, time
-from pyarrow import fs
+from bootseer.store import open_store
 port, mode = int(sys.argv[1]), sys.argv[2]
-h = fs.HadoopFileSystem("127.0.0.1", port, replication=1)
-def read(path):
-    t0, n = time.perf_counter(), 0
-    with h.open_input_stream(path) as f:
-        while True:
-            b = f.read(4 << 20)
-            if not b:
-                break
-            n += len(b)
-    return n, time.perf_counter() - t0
+store = open_store(f"hdfs://127.0.0.1:{port}/", replication=1)
+def read(key, limit=None):
+    size = store.stat(key).size if limit is None else limit
+    buffer = memoryview(bytearray(4 << 20))
+    t0 = time.perf_counter()
+    for offset in range(0, size, len(buffer)):
+        store.read_range_into(key, offset, buffer[: min(len(buffer), size - offset)])
+    return size, time.perf_counter() - t0
 out = {}
 if mode == "roundtrip":
     data = os.urandom(3 * (1 << 20) + 12345)
-    with h.open_output_stream("/pyarrow-roundtrip") as f:
-        f.write(data)
-    with h.open_input_stream("/pyarrow-roundtrip") as f:
-        out["equal"] = f.read() == data
-    out["size"] = h.get_file_info("/pyarrow-roundtrip").size
+    store.put("libhdfs-roundtrip", data)
+    out["equal"] = store.get("libhdfs-roundtrip") == data
+    out["size"] = store.stat("libhdfs-roundtrip").size
 else:
-    paths = sys.argv[3:]
-    for p in paths:  # warm the JVM and the path to each DataNode: 1 MiB each
-        with h.open_input_stream(p) as f:
-            f.read(1 << 20)
-    n, dt = read(paths[0])
+    keys = [p.lstrip("/") for p in sys.argv[3:]]
+    for k in keys:  # warm the JVM and the path to each DataNode: 1 MiB each
+        read(k, 1 << 20)
+    n, dt = read(keys[0])
     out["single"] = n / dt
     res = {}
-    threads = [threading.Thread(target=lambda p=p: res.__setitem__(p, read(p))) for p in paths]
+    threads = [threading.Thread(target=lambda k=k: res.__setitem__(k, read(k))) for k in keys]
     t0 = time.perf_counter()
     [t.start() for t in threads]
     [t.join() for t in threads]
@@ -143,10 +138,10 @@ print(json.dumps(out))
 """
 
 
-def _pyarrow(cluster: Cluster, *args: str) -> dict:
-    """Run pyarrow's HadoopFileSystem in a subprocess: its JVM must see env() from birth."""
+def _libhdfs(cluster: Cluster, *args: str) -> dict:
+    """Run Bootseer's libhdfs store in a subprocess: its JVM must see env() from birth."""
     env = {**os.environ, **cluster.env()}
-    proc = subprocess.run([sys.executable, "-c", _PYARROW_SCRIPT,
+    proc = subprocess.run([sys.executable, "-c", _LIBHDFS_SCRIPT,
                            str(cluster.spec.namenode_rpc_port), *args],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -207,8 +202,8 @@ def test_multiblock_file_spreads_over_both_datanodes(running):
         assert r.read() == data
 
 
-def test_pyarrow_hadoopfilesystem_roundtrip(running):
-    out = _pyarrow(running, "roundtrip")
+def test_libhdfs_roundtrip(running):
+    out = _libhdfs(running, "roundtrip")
     assert out == {"equal": True, "size": 3 * MiB + 12345}
 
 
@@ -262,11 +257,11 @@ def test_link_cap_limits_each_datanode(running):
         aggregate = 2 * CAPPED_FILE / (time.perf_counter() - t0)
         assert aggregate >= 1.6 * single, f"{aggregate / 1e6:.1f} vs {single / 1e6:.1f} MB/s"
         # libhdfs reads from the transfer port: the same cap holds there.
-        pa = _pyarrow(running, "capped", *paths)
+        pa = _libhdfs(running, "capped", *paths)
         assert 0.6 * cap <= pa["single"] <= 1.15 * cap, pa
         assert pa["aggregate"] >= 1.6 * pa["single"], pa
         print(f"cap {CAP}: webhdfs single {single / 1e6:.1f} MB/s, two-DN aggregate "
-              f"{aggregate / 1e6:.1f} MB/s; pyarrow single {pa['single'] / 1e6:.1f}, "
+              f"{aggregate / 1e6:.1f} MB/s; libhdfs single {pa['single'] / 1e6:.1f}, "
               f"aggregate {pa['aggregate'] / 1e6:.1f} MB/s")
     finally:
         running.set_link(None)

@@ -1,18 +1,19 @@
-"""``hdfs://namenode:port/path`` — HDFS through libhdfs (JNI), via ``pyarrow.fs``.
+"""``hdfs://namenode:port/path`` — HDFS through libhdfs (Hadoop's C client, over JNI).
 
 This is the path production clusters use: the Java HDFS client inside the process, with
-short-circuit and DataNode-side checksums, positional reads (``read_at``) that fetch only
+short-circuit and DataNode-side checksums, positional reads (``hdfsPread``) that fetch only
 the bytes asked for. It needs ``libhdfs.so`` and a JVM at run time: ``JAVA_HOME``,
-``ARROW_LIBHDFS_DIR`` (or ``HADOOP_HOME``) and ``CLASSPATH`` as an explicit jar list
-(JNI does not expand wildcards); ``python -m bootseer_dev.cluster env`` prints them for the
-test cluster. Kerberos (``hdfs.kerberos = true``): libhdfs authenticates with the ticket
-cache named by ``KRB5CCNAME`` (from ``kinit``), as the Hadoop configuration on the
-``CLASSPATH`` requires; there is no KDC on the development machines, so it is untested.
+``ARROW_LIBHDFS_DIR`` (the name pyarrow gave it) or ``HADOOP_HOME``, and ``CLASSPATH`` as
+an explicit jar list (JNI does not expand wildcards); ``python -m bootseer_dev.cluster env``
+prints them for the test cluster. Kerberos (``hdfs.kerberos = true``): libhdfs
+authenticates with the ticket cache named by ``KRB5CCNAME`` (from ``kinit``), as the
+Hadoop configuration on the ``CLASSPATH`` requires; there is no KDC on the development
+machines, so it is untested.
 
-``pyarrow``'s ``move`` clobbers an existing destination (delete, then rename), which would
-break create-only publish, so the rename itself is HDFS's own ``hdfsRename``, called
-through ``ctypes`` on the same libhdfs and JVM: it refuses an existing destination. The
-block size (for aligned striped reads) comes from ``hdfsGetPathInfo`` the same way.
+libhdfs is called through ``ctypes`` (:class:`_Libhdfs`) rather than a binding: a store
+needs a dozen of its calls, and pyarrow, the binding this went through before, took 0.2 s
+to import on a cold start (bench-env's restores start cold) for nothing else. Its rename,
+``hdfsRename``, refuses an existing destination, which create-only publish needs.
 """
 
 from __future__ import annotations
@@ -31,11 +32,6 @@ from bootseer.errors import BackendUnavailableError, InvalidRangeError
 from bootseer.store import jvmshare
 from bootseer.store.base import Perm
 from bootseer.store.hadoop import HadoopStyleStore, OutputFile, PathInfo
-
-try:
-    import pyarrow.fs as pafs
-except ImportError as exc:  # pragma: no cover - pyarrow is a core dependency
-    raise BackendUnavailableError("hdfs:// needs pyarrow: pip install pyarrow") from exc
 
 log = logging.getLogger(__name__)
 
@@ -57,56 +53,44 @@ class HdfsStore(HadoopStyleStore):
     ) -> None:
         super().__init__(url)
         self.user = user
-        self._options = {"replication": replication or 0,  # 0: the cluster's dfs.replication
-                         "default_block_size": block_size or None,
-                         "kerb_ticket": os.environ.get("KRB5CCNAME",
-                                                       f"/tmp/krb5cc_{os.getuid()}")
-                         if kerberos else None}
+        self._replication = replication or 0  # 0: the cluster's dfs.replication
+        self._block_size = block_size or 0  # 0: the cluster's dfs.blocksize
+        self._kerb_ticket = os.environ.get("KRB5CCNAME", f"/tmp/krb5cc_{os.getuid()}") \
+            if kerberos else None
         self._connecting = threading.Lock()
-        self._connection: tuple[pafs.HadoopFileSystem, _Libhdfs] | None = None
+        self._connection: _Libhdfs | None = None
 
-    def _connect(self) -> tuple[pafs.HadoopFileSystem, _Libhdfs]:
+    def _connect(self) -> _Libhdfs:
         """The JVM and the NameNode connection, made on first use: starting a JVM costs a
         second or two of CPU, which a process that finds everything on the node (a warmed
         restore, say) never pays."""
         with self._connecting:
             if self._connection is None:
                 _jvm_options()
-                try:
-                    fs = pafs.HadoopFileSystem(self.host, self.port, user=self.user,
-                                               **self._options)
-                except OSError as exc:
-                    raise BackendUnavailableError(
-                        f"cannot connect to {self.url} through libhdfs ({exc}); it needs "
-                        f"JAVA_HOME, ARROW_LIBHDFS_DIR and CLASSPATH (`python -m "
-                        f"bootseer_dev.cluster env` prints them for the test cluster)"
-                    ) from exc
-                self._connection = fs, _Libhdfs(self.host, self.port, self.user)
+                self._connection = _Libhdfs(self.host, self.port, self.user,
+                                            self._kerb_ticket)
             return self._connection
 
     @property
-    def fs(self) -> pafs.HadoopFileSystem:
-        return (self._connection or self._connect())[0]
-
-    @property
     def _libhdfs(self) -> _Libhdfs:
-        return (self._connection or self._connect())[1]
+        return self._connection or self._connect()
 
     def _fs_info(self, path: str) -> PathInfo | None:
-        info = self.fs.get_file_info(path)
-        if info.type == pafs.FileType.NotFound:
-            return None
-        return _path_info(path, info)
+        return self._libhdfs.info(path)
 
     def block_size(self, key: str) -> int | None:
-        return self._libhdfs.block_size(self._path(key))
+        info = self._libhdfs.info(self._path(key))
+        if info is None:
+            raise FileNotFoundError(f"{key}: not found on {self.url}")
+        return info.block_size
 
     def _fs_perm(self, path: str) -> Perm | None:
         return self._libhdfs.perm(path)
 
     def _fs_read(self, path: str, offset: int, length: int) -> bytes:
-        with self.fs.open_input_file(path) as f:
-            return f.read_at(length, offset)
+        buffer = bytearray(length)
+        done = self._libhdfs.pread_into(path, offset, memoryview(buffer))
+        return bytes(buffer) if done == length else bytes(buffer[:done])
 
     def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
         """A positional read straight into ``buffer`` (``hdfsPread``): the DataNode sends
@@ -119,7 +103,7 @@ class HdfsStore(HadoopStyleStore):
                                     f"of the object ({offset + done} bytes)")
 
     def _fs_create(self, path: str) -> OutputFile:
-        return self.fs.open_output_stream(path)
+        return self._libhdfs.create(path, self._replication, self._block_size)
 
     def _fs_rename(self, src: str, dst: str) -> bool:
         return self._libhdfs.rename(src, dst)
@@ -132,31 +116,25 @@ class HdfsStore(HadoopStyleStore):
 
     def _fs_delete(self, path: str) -> bool:
         # libhdfs reports a missing path as EIO, not ENOENT: look before deleting.
-        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+        if self._libhdfs.info(path) is None:
             return False
-        try:
-            self.fs.delete_file(path)
-        except OSError:
-            if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+        if not self._libhdfs.delete(path):
+            if self._libhdfs.info(path) is None:
                 return False  # deleted concurrently
-            raise
+            raise OSError(errno.EIO, f"{self.url}: deleting {path} failed")
         return True
 
     def _fs_mkdirs(self, path: str) -> None:
-        self.fs.create_dir(path, recursive=True)
+        self._libhdfs.mkdirs(path)
 
     def _fs_walk(self, path: str) -> Iterator[PathInfo]:
-        selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
-        for info in self.fs.get_file_info(selector):
-            if info.type == pafs.FileType.File:
-                yield _path_info(info.path, info)
-
-
-def _path_info(path: str, info: pafs.FileInfo) -> PathInfo:
-    if "://" in path:  # pyarrow may return hdfs://host:port/path
-        path = "/" + path.split("://", 1)[1].split("/", 1)[1]
-    mtime = info.mtime.timestamp() if info.mtime else 0.0
-    return PathInfo(path, info.size or 0, mtime, info.type == pafs.FileType.Directory)
+        pending = [path]
+        while pending:
+            for info in self._libhdfs.listdir(pending.pop()):
+                if info.is_dir:
+                    pending.append(info.path)
+                else:
+                    yield info
 
 
 class _FileInfo(ctypes.Structure):
@@ -171,61 +149,121 @@ class _FileInfo(ctypes.Structure):
     ]
 
 
+_DIRECTORY = ord("D")  # hdfsFileInfo.kind: kObjectKindFile 'F', kObjectKindDirectory 'D'
+_MAX_CALL = 1 << 30  # tSize is 32-bit: at most 1 GiB per hdfsPread / hdfsWrite
+
+
+def _c(lib: ctypes.CDLL, name: str, restype, *argtypes) -> None:
+    fn = getattr(lib, name)
+    fn.restype, fn.argtypes = restype, list(argtypes)
+
+
 class _Libhdfs:
-    """The libhdfs calls pyarrow does not expose: a non-clobbering ``hdfsRename``,
-    ``hdfsGetPathInfo`` (block size, permissions, replication) and ``hdfsSetReplication``,
-    on the libhdfs and JVM pyarrow loaded."""
+    """One NameNode connection of libhdfs, and the calls a store makes on it."""
 
     _lib: ctypes.CDLL | None = None
     _lock = threading.Lock()
 
-    def __init__(self, host: str, port: int, user: str | None) -> None:
+    def __init__(self, host: str, port: int, user: str | None,
+                 kerb_ticket: str | None) -> None:
         lib = self._load()
-        # The connection is Hadoop's cached FileSystem, shared with pyarrow's: never close it.
-        self._fs = lib.hdfsConnectAsUser(host.encode(), port, user.encode() if user else None)
+        # The builder keeps these pointers, not copies: the bytes must outlive the connect.
+        c_host, c_user = host.encode(), user.encode() if user else None
+        c_ticket = kerb_ticket.encode() if kerb_ticket else None
+        builder = lib.hdfsNewBuilder()
+        lib.hdfsBuilderSetNameNode(builder, c_host)
+        lib.hdfsBuilderSetNameNodePort(builder, port)
+        if c_user:
+            lib.hdfsBuilderSetUserName(builder, c_user)
+        if c_ticket:
+            lib.hdfsBuilderSetKerbTicketCachePath(builder, c_ticket)
+        # Hadoop's cached FileSystem for this NameNode and user: never disconnected.
+        self._fs = lib.hdfsBuilderConnect(builder)  # frees the builder
+        del c_host, c_user, c_ticket
         if not self._fs:
-            raise BackendUnavailableError(f"libhdfs could not connect to {host}:{port}")
+            err = ctypes.get_errno()
+            raise BackendUnavailableError(
+                f"cannot connect to hdfs://{host}:{port} through libhdfs "
+                f"({os.strerror(err) if err else 'no reason given'}); it needs JAVA_HOME, "
+                f"ARROW_LIBHDFS_DIR and CLASSPATH (`python -m bootseer_dev.cluster env` "
+                f"prints them for the test cluster)")
         self._lib_handle = lib
 
     @classmethod
     def _load(cls) -> ctypes.CDLL:
+        """libjvm (from ``JAVA_HOME``; libhdfs needs it by name, not by path), then
+        libhdfs, with the prototypes of the calls made here."""
         with cls._lock:
             if cls._lib is None:
+                ctypes.CDLL(str(_libjvm_path()), mode=ctypes.RTLD_GLOBAL)
                 lib = ctypes.CDLL(str(_libhdfs_path()), use_errno=True)
-                lib.hdfsConnectAsUser.restype = ctypes.c_void_p
-                lib.hdfsConnectAsUser.argtypes = [ctypes.c_char_p, ctypes.c_uint16,
-                                                  ctypes.c_char_p]
-                lib.hdfsRename.restype = ctypes.c_int
-                lib.hdfsRename.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p]
-                lib.hdfsGetPathInfo.restype = ctypes.POINTER(_FileInfo)
-                lib.hdfsGetPathInfo.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-                lib.hdfsSetReplication.restype = ctypes.c_int
-                lib.hdfsSetReplication.argtypes = [ctypes.c_void_p, ctypes.c_char_p,
-                                                   ctypes.c_int16]
-                lib.hdfsFreeFileInfo.restype = None
-                lib.hdfsFreeFileInfo.argtypes = [ctypes.POINTER(_FileInfo), ctypes.c_int]
-                lib.hdfsOpenFile.restype = ctypes.c_void_p
-                lib.hdfsOpenFile.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int,
-                                             ctypes.c_int, ctypes.c_short, ctypes.c_int32]
-                lib.hdfsPread.restype = ctypes.c_int32
-                lib.hdfsPread.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                          ctypes.c_void_p, ctypes.c_int32]
-                lib.hdfsCloseFile.restype = ctypes.c_int
-                lib.hdfsCloseFile.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+                vp, cp, i32 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32
+                info_p = ctypes.POINTER(_FileInfo)
+                _c(lib, "hdfsNewBuilder", vp)
+                _c(lib, "hdfsBuilderSetNameNode", None, vp, cp)
+                _c(lib, "hdfsBuilderSetNameNodePort", None, vp, ctypes.c_uint16)
+                _c(lib, "hdfsBuilderSetUserName", None, vp, cp)
+                _c(lib, "hdfsBuilderSetKerbTicketCachePath", None, vp, cp)
+                _c(lib, "hdfsBuilderConnect", vp, vp)
+                _c(lib, "hdfsRename", ctypes.c_int, vp, cp, cp)
+                _c(lib, "hdfsDelete", ctypes.c_int, vp, cp, ctypes.c_int)
+                _c(lib, "hdfsCreateDirectory", ctypes.c_int, vp, cp)
+                _c(lib, "hdfsGetPathInfo", info_p, vp, cp)
+                _c(lib, "hdfsListDirectory", info_p, vp, cp, ctypes.POINTER(ctypes.c_int))
+                _c(lib, "hdfsFreeFileInfo", None, info_p, ctypes.c_int)
+                _c(lib, "hdfsSetReplication", ctypes.c_int, vp, cp, ctypes.c_int16)
+                _c(lib, "hdfsOpenFile", vp, vp, cp, ctypes.c_int, ctypes.c_int,
+                   ctypes.c_short, i32)
+                _c(lib, "hdfsPread", i32, vp, vp, ctypes.c_int64, vp, i32)
+                _c(lib, "hdfsWrite", i32, vp, vp, vp, i32)
+                _c(lib, "hdfsCloseFile", ctypes.c_int, vp, vp)
                 cls._lib = lib
             return cls._lib
+
+    def _error(self, call: str, path: str) -> OSError:
+        err = ctypes.get_errno() or errno.EIO
+        if err == errno.ENOENT:
+            return FileNotFoundError(err, f"{path}: not found")
+        return OSError(err, f"{call} {path}: {os.strerror(err)}")
+
+    def info(self, path: str) -> PathInfo | None:
+        """The path's size, mtime, kind and block size; None if it does not exist."""
+        ctypes.set_errno(0)
+        info = self._lib_handle.hdfsGetPathInfo(self._fs, path.encode())
+        if not info:
+            if ctypes.get_errno() in (0, errno.ENOENT):
+                return None
+            raise self._error("hdfsGetPathInfo", path)
+        try:
+            return _path_info(path, info.contents)
+        finally:
+            self._lib_handle.hdfsFreeFileInfo(info, 1)
+
+    def listdir(self, path: str) -> list[PathInfo]:
+        """The directory's entries (none if it is empty or does not exist)."""
+        count = ctypes.c_int(0)
+        ctypes.set_errno(0)
+        infos = self._lib_handle.hdfsListDirectory(self._fs, path.encode(),
+                                                   ctypes.byref(count))
+        if not infos:
+            if ctypes.get_errno() in (0, errno.ENOENT):
+                return []
+            raise self._error("hdfsListDirectory", path)
+        try:
+            return [_path_info(_uri_path(infos[i].name.decode()), infos[i])
+                    for i in range(count.value)]
+        finally:
+            self._lib_handle.hdfsFreeFileInfo(infos, count.value)
 
     def rename(self, src: str, dst: str) -> bool:
         return self._lib_handle.hdfsRename(self._fs, src.encode(), dst.encode()) == 0
 
-    def block_size(self, path: str) -> int | None:
-        info = self._lib_handle.hdfsGetPathInfo(self._fs, path.encode())
-        if not info:
-            raise FileNotFoundError(f"{path}: not found")
-        try:
-            return info.contents.block_size or None
-        finally:
-            self._lib_handle.hdfsFreeFileInfo(info, 1)
+    def delete(self, path: str) -> bool:
+        return self._lib_handle.hdfsDelete(self._fs, path.encode(), 0) == 0
+
+    def mkdirs(self, path: str) -> None:
+        if self._lib_handle.hdfsCreateDirectory(self._fs, path.encode()) != 0:
+            raise self._error("hdfsCreateDirectory", path)
 
     def replication(self, path: str) -> int | None:
         info = self._lib_handle.hdfsGetPathInfo(self._fs, path.encode())
@@ -236,8 +274,27 @@ class _Libhdfs:
         finally:
             self._lib_handle.hdfsFreeFileInfo(info, 1)
 
+    def perm(self, path: str) -> Perm | None:
+        info = self._lib_handle.hdfsGetPathInfo(self._fs, path.encode())
+        if not info:
+            return None
+        try:
+            c = info.contents
+            return Perm((c.owner or b"").decode(), (c.group or b"").decode(),
+                        c.permissions & 0o777)
+        finally:
+            self._lib_handle.hdfsFreeFileInfo(info, 1)
+
     def set_replication(self, path: str, replicas: int) -> bool:
         return self._lib_handle.hdfsSetReplication(self._fs, path.encode(), replicas) == 0
+
+    def create(self, path: str, replication: int, block_size: int) -> _OutputFile:
+        """A new file (replaced if it exists: callers write unique temporaries)."""
+        f = self._lib_handle.hdfsOpenFile(self._fs, path.encode(), os.O_WRONLY, 0,
+                                          replication, block_size)
+        if not f:
+            raise self._error("hdfsOpenFile", path)
+        return _OutputFile(self, f, path)
 
     def pread_into(self, path: str, offset: int, buffer: memoryview) -> int:
         """Bytes of ``path`` at ``offset`` into ``buffer`` (writable, contiguous) by
@@ -250,12 +307,13 @@ class _Libhdfs:
                 raise FileNotFoundError(f"{path}: not found")
             raise OSError(err, f"hdfsOpenFile {path}: {os.strerror(err)}")
         try:
+            if not len(buffer):
+                return 0
             target = (ctypes.c_char * len(buffer)).from_buffer(buffer)
             base, done = ctypes.addressof(target), 0
             while done < len(buffer):
-                # tSize is 32-bit: at most 1 GiB per call.
                 n = lib.hdfsPread(self._fs, f, offset + done, base + done,
-                                  min(len(buffer) - done, 1 << 30))
+                                  min(len(buffer) - done, _MAX_CALL))
                 if n < 0:
                     err = ctypes.get_errno()
                     raise OSError(err, f"hdfsPread {path} at {offset + done}: "
@@ -268,16 +326,38 @@ class _Libhdfs:
         finally:
             lib.hdfsCloseFile(self._fs, f)
 
-    def perm(self, path: str) -> Perm | None:
-        info = self._lib_handle.hdfsGetPathInfo(self._fs, path.encode())
-        if not info:
-            return None
-        try:
-            c = info.contents
-            return Perm((c.owner or b"").decode(), (c.group or b"").decode(),
-                        c.permissions & 0o777)
-        finally:
-            self._lib_handle.hdfsFreeFileInfo(info, 1)
+class _OutputFile:
+    """A file libhdfs is writing; ``close`` returns once the DataNodes acknowledged all."""
+
+    def __init__(self, libhdfs: _Libhdfs, handle: int, path: str) -> None:
+        self._libhdfs, self._handle, self._path = libhdfs, handle, path
+
+    def write(self, data: bytes | memoryview) -> None:
+        data = bytes(data) if not isinstance(data, bytes) else data
+        lib, fs = self._libhdfs._lib_handle, self._libhdfs._fs
+        view, done = memoryview(data), 0
+        base = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+        while done < len(view):
+            n = lib.hdfsWrite(fs, self._handle, base + done, min(len(view) - done, _MAX_CALL))
+            if n < 0:
+                raise self._libhdfs._error("hdfsWrite", self._path)
+            done += n
+
+    def close(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None and self._libhdfs._lib_handle.hdfsCloseFile(
+                self._libhdfs._fs, handle) != 0:
+            raise self._libhdfs._error("hdfsCloseFile", self._path)
+
+
+def _uri_path(name: str) -> str:
+    """``hdfs://host:port/a/b`` (how listings name entries) as ``/a/b``."""
+    return "/" + name.split("://", 1)[1].split("/", 1)[1] if "://" in name else name
+
+
+def _path_info(path: str, info: _FileInfo) -> PathInfo:
+    return PathInfo(path, int(info.size), float(info.last_mod), info.kind == _DIRECTORY,
+                    int(info.block_size) or None)
 
 
 #: JVM options libhdfs's JVM gets unless ``LIBHDFS_OPTS`` (Hadoop's own knob) sets them.
@@ -307,6 +387,15 @@ def _jvm_options() -> None:
         if setup.at_exit is not None:
             atexit.register(setup.at_exit)
     os.environ["LIBHDFS_OPTS"] = " ".join(opts)
+
+
+def _libjvm_path() -> Path:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        for rel in ("lib/server/libjvm.so", "jre/lib/amd64/server/libjvm.so"):
+            if Path(java_home, rel).exists():
+                return Path(java_home, rel)
+    raise BackendUnavailableError("libjvm.so not found: set JAVA_HOME to a JDK or JRE")
 
 
 def _libhdfs_path() -> Path:

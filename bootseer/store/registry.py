@@ -35,7 +35,7 @@ known_backends: dict[str, BackendSpec] = {
     "file": BackendSpec("bootseer.store.local:LocalStore"),
     "hdfs": BackendSpec(
         "bootseer.store.hdfs:HdfsStore",
-        "needs pyarrow and libhdfs.so with a JVM: set JAVA_HOME, ARROW_LIBHDFS_DIR and "
+        "needs libhdfs.so and a JVM: set JAVA_HOME, ARROW_LIBHDFS_DIR and "
         "CLASSPATH (`python -m bootseer_dev.cluster env` prints them for the test cluster)",
     ),
     "webhdfs": BackendSpec("bootseer.store.webhdfs:WebHdfsStore", "pip install hdfs"),

@@ -3,13 +3,13 @@
 HDFS is Bootseer's store at scale, and checkpoint striping only means something against a
 real NameNode and real DataNodes. This package brings one up on 127.0.0.1 from jars cached
 out of the pyspark 2.4.8 sdist (no Hadoop on the registries), builds libhdfs.so for
-pyarrow, and can cap each DataNode's egress with tc so loopback behaves like a network.
+hdfs:// stores, and can cap each DataNode's egress with tc so loopback behaves like a network.
 
     from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
     cluster = Cluster(ClusterSpec.with_base_port(19000, datanodes=2, state_dir=tmp,
                                                  block_size=1 << 20, link=parse_link("20MB/s")))
     cluster.start()
-    os.environ.update(cluster.env())      # before the first pyarrow HadoopFileSystem
+    os.environ.update(cluster.env())      # before the first hdfs:// store connects
     ...
     cluster.stop()
 

@@ -115,7 +115,7 @@ def status(state_dir, as_json) -> None:
 @main.command()
 @state_dir_option
 def env(state_dir) -> None:
-    """Print `export K=V` lines for clients (pyarrow HadoopFileSystem needs them)."""
+    """Print `export K=V` lines for clients (libhdfs, hdfs:// stores, needs them)."""
     try:
         variables = _attach(state_dir).env()
     except _ERRORS as exc:

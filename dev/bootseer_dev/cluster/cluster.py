@@ -527,12 +527,12 @@ class Cluster:
         return [self.state_dir / "client-conf", *ensure_jars()]
 
     def env(self) -> dict[str, str]:
-        """Environment for clients, pyarrow.fs.HadoopFileSystem in particular.
+        """Environment for clients, libhdfs (``hdfs://`` stores) in particular.
 
-        libhdfs embeds a JVM: it needs JAVA_HOME (pyarrow finds libjvm.so there),
+        libhdfs embeds a JVM: it needs JAVA_HOME (where libjvm.so is),
         ARROW_LIBHDFS_DIR (where libhdfs.so is) and CLASSPATH as an explicit jar list
         (JNI's class path does not expand wildcards). Merge into os.environ before the
-        first HadoopFileSystem is created: the JVM reads CLASSPATH once per process.
+        first hdfs:// store connects: the JVM reads CLASSPATH once per process.
         """
         jvm_dir = self.jdk / "lib" / "server"
         ld = os.environ.get("LD_LIBRARY_PATH", "")
@@ -547,21 +547,6 @@ class Cluster:
             "BOOTSEER_WEBHDFS_URL": self.webhdfs_url,
             "BOOTSEER_WEBHDFS_HTTP": self.namenode_http_url,
         }
-
-    def pyarrow_fs(self, **kwargs):
-        """A pyarrow.fs.HadoopFileSystem on this cluster, after merging env() into os.environ.
-
-        Passes the cluster's replication and block size explicitly: pyarrow's own default
-        is replication=3, which on a 2-DataNode cluster silently stores every block twice.
-        The embedded JVM reads CLASSPATH once per process, so the first call wins.
-        """
-        from pyarrow import fs
-
-        os.environ.update(self.env())
-        kwargs.setdefault("replication", self.spec.replication)
-        kwargs.setdefault("default_block_size", self.spec.block_size)
-        return fs.HadoopFileSystem(self.spec.namenode_host, self.spec.namenode_rpc_port,
-                                   **kwargs)
 
     def webhdfs_client(self, **kwargs):
         """An hdfs.InsecureClient (WebHDFS) on this cluster."""

@@ -1,4 +1,4 @@
-"""Build and cache libhdfs.so, the JNI shim pyarrow.fs.HadoopFileSystem loads.
+"""Build and cache libhdfs.so, the JNI shim hdfs:// stores load.
 
 Hadoop ships libhdfs.so in its binary tarball, which no registry carries; the PyPI sdist of
 pydoop 2.0.0 does carry the libhdfs C sources (src/libhdfs), so we compile those against
