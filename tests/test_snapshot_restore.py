@@ -255,6 +255,24 @@ def test_hostile_snapshots_are_refused_and_write_nothing(tmp_path, case) -> None
     assert set(os.listdir(tmp_path)) - {".t.bootseer-lock"} == {"outside", "store", "t"}
 
 
+def test_entries_below_a_non_directory_are_found_at_any_depth_and_neighbours_are_not() -> None:
+    """The manifest check sorts paths: what lies below ``p`` sorts between ``p/`` and
+    ``p0``; names that only sort near ``p`` (``p-x``, ``p.x``, ``p0``) are not below it."""
+    def manifest(*entries: SnapEntry) -> Manifest:
+        return Manifest("m", ("/t",), (_entry(".", b"", kind="dir", shard=None),
+                                       *entries), (), (Shard("sha256:" + "0" * 64, 1, 1),))
+
+    lnk = _entry("lnk", b"", kind="symlink", link="/elsewhere")
+    with pytest.raises(UnsafeSnapshotError, match="'lnk/a/b' lies below the symlink 'lnk'"):
+        manifest(lnk, _entry("lnk/a/b", b"x")).check("m")
+    with pytest.raises(UnsafeSnapshotError, match="below the file 'f'"):
+        manifest(_entry("f", b"x"), _entry("f/inner", b"y")).check("m")
+    manifest(_entry("f", b"x"), _entry("f-x", b"x"), _entry("f.x", b"x"),
+             _entry("f0", b"x"), _entry("fx", b"x"), lnk, _entry("lnk.d", b"", kind="dir",
+                                                                 shard=None),
+             _entry("lnk.d/a", b"x")).check("m")
+
+
 def test_a_shard_whose_stream_is_cut_is_refused(tmp_path) -> None:
     blobs = BlobStore(open_store(f"file://{tmp_path / 'store'}"))
     target = tmp_path / "t"

@@ -19,6 +19,7 @@ to import on a cold start (bench-env's restores start cold) for nothing else. It
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import errno
 import functools
@@ -226,18 +227,26 @@ class _Libhdfs:
             return FileNotFoundError(err, f"{path}: not found")
         return OSError(err, f"{call} {path}: {os.strerror(err)}")
 
-    def info(self, path: str) -> PathInfo | None:
-        """The path's size, mtime, kind and block size; None if it does not exist."""
+    @contextlib.contextmanager
+    def _stat(self, path: str, *, strict: bool = True) -> Iterator[_FileInfo | None]:
+        """``hdfsGetPathInfo``'s record of ``path``, freed after use; None if it does not
+        exist (and, unless ``strict``, if it cannot be read)."""
         ctypes.set_errno(0)
         info = self._lib_handle.hdfsGetPathInfo(self._fs, path.encode())
         if not info:
-            if ctypes.get_errno() in (0, errno.ENOENT):
-                return None
+            if not strict or ctypes.get_errno() in (0, errno.ENOENT):
+                yield None
+                return
             raise self._error("hdfsGetPathInfo", path)
         try:
-            return _path_info(path, info.contents)
+            yield info.contents
         finally:
             self._lib_handle.hdfsFreeFileInfo(info, 1)
+
+    def info(self, path: str) -> PathInfo | None:
+        """The path's size, mtime, kind and block size; None if it does not exist."""
+        with self._stat(path) as info:
+            return None if info is None else _path_info(path, info)
 
     def listdir(self, path: str) -> list[PathInfo]:
         """The directory's entries (none if it is empty or does not exist)."""
@@ -266,24 +275,15 @@ class _Libhdfs:
             raise self._error("hdfsCreateDirectory", path)
 
     def replication(self, path: str) -> int | None:
-        info = self._lib_handle.hdfsGetPathInfo(self._fs, path.encode())
-        if not info:
-            return None
-        try:
-            return int(info.contents.replication)
-        finally:
-            self._lib_handle.hdfsFreeFileInfo(info, 1)
+        with self._stat(path, strict=False) as info:
+            return None if info is None else int(info.replication)
 
     def perm(self, path: str) -> Perm | None:
-        info = self._lib_handle.hdfsGetPathInfo(self._fs, path.encode())
-        if not info:
-            return None
-        try:
-            c = info.contents
-            return Perm((c.owner or b"").decode(), (c.group or b"").decode(),
-                        c.permissions & 0o777)
-        finally:
-            self._lib_handle.hdfsFreeFileInfo(info, 1)
+        with self._stat(path, strict=False) as info:
+            if info is None:
+                return None
+            return Perm((info.owner or b"").decode(), (info.group or b"").decode(),
+                        info.permissions & 0o777)
 
     def set_replication(self, path: str, replicas: int) -> bool:
         return self._lib_handle.hdfsSetReplication(self._fs, path.encode(), replicas) == 0
@@ -335,10 +335,9 @@ class _OutputFile:
     def write(self, data: bytes | memoryview) -> None:
         data = bytes(data) if not isinstance(data, bytes) else data
         lib, fs = self._libhdfs._lib_handle, self._libhdfs._fs
-        view, done = memoryview(data), 0
-        base = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
-        while done < len(view):
-            n = lib.hdfsWrite(fs, self._handle, base + done, min(len(view) - done, _MAX_CALL))
+        base, done = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value, 0
+        while done < len(data):
+            n = lib.hdfsWrite(fs, self._handle, base + done, min(len(data) - done, _MAX_CALL))
             if n < 0:
                 raise self._libhdfs._error("hdfsWrite", self._path)
             done += n

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import logging
 import os
 import stat
 import subprocess
@@ -39,8 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
-
-log = logging.getLogger(__name__)
 
 #: Archives kept per user (one per JDK and jar list); older ones are removed by a build.
 KEEP_ARCHIVES = 4
@@ -65,18 +62,20 @@ def prepare(classpath: str, java_home: str | None, directory: Path | None = None
     """The options that map this class path's archive, or that record the classes for
     one (and build it at exit); no options where the JDK or the directory do not allow it
     (the JVM then starts as it always did)."""
-    entries = [e for e in classpath.split(os.pathsep) if e]
-    jars = [e for e in entries if e.endswith(".jar") and os.path.isfile(e)]
+    jars: list[str] = []
+    others: list[str] = []  # directories, mostly: they must come after the jars
+    for entry in filter(None, classpath.split(os.pathsep)):
+        (jars if entry.endswith(".jar") and os.path.isfile(entry) else others).append(entry)
     java = Path(java_home or "", "bin", "java")
     if not jars or not java_home or not java.is_file():
         return JvmSetup((), classpath)
     directory = directory or archive_dir()
     if not _private_dir(directory):
         return JvmSetup((), classpath)
-    ordered = os.pathsep.join(jars + [e for e in entries if e not in jars])
+    ordered = os.pathsep.join(jars + others)
     name = _fingerprint(java_home, jars)
     archive = directory / f"{name}.jsa"
-    if _owned_file(archive):
+    if _private(archive):
         return JvmSetup((f"-XX:SharedArchiveFile={archive}",), ordered)
     if (directory / f"{name}.failed").exists():
         return JvmSetup((), classpath)
@@ -99,27 +98,20 @@ def _fingerprint(java_home: str, jars: list[str]) -> str:
 
 
 def _private_dir(directory: Path) -> bool:
-    """Make ``directory`` (mode 0700) if needed; true if this user owns it, no one else
-    can write it, and the same holds for its parent."""
-    with contextlib.suppress(FileExistsError, OSError):
+    """Make ``directory`` (mode 0700) if needed; true if it and its parent are
+    :func:`_private` directories."""
+    with contextlib.suppress(OSError):
         directory.mkdir(mode=0o700, parents=True)
-    for d in (directory, directory.parent):
-        try:
-            st = os.lstat(d)
-        except OSError:
-            return False
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() \
-                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return False
-    return True
+    return _private(directory, stat.S_ISDIR) and _private(directory.parent, stat.S_ISDIR)
 
 
-def _owned_file(path: Path) -> bool:
+def _private(path: Path, is_kind: Callable[[int], bool] = stat.S_ISREG) -> bool:
+    """True if ``path`` is of the kind, this user owns it and no one else can write it."""
     try:
         st = os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() \
+    return is_kind(st.st_mode) and st.st_uid == os.geteuid() \
         and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
@@ -128,7 +120,7 @@ def _build_detached(java: Path, jars: list[str], classlist: Path, archive: Path)
     of CPU, which a process ending a start must not spend, so it runs after it, niced."""
     if not classlist.is_file():
         return
-    if _owned_file(archive):  # another process built it meanwhile
+    if _private(archive):  # another process built it meanwhile
         classlist.unlink(missing_ok=True)
         return
     tmp = archive.with_name(f"{archive.stem}.{os.getpid()}.tmp")
