@@ -644,6 +644,7 @@ class Bench:
             "snapshot_bytes_note": "zstd shards + manifest blob",
             "snapshot": {k: snap[k] for k in ("key", "manifest_bytes", "shard_bytes", "shards",
                                               "content_bytes", "entries", "publish_output",
+                                              "compression_level",
                                               "largest_shard", "largest_file",
                                               "shard_content_bytes_median")},
             "raw_tar_bytes": snap.get("raw_tar_bytes"),
@@ -727,6 +728,7 @@ def _helper(argv: list[str]) -> None:
 
     import zstandard
 
+    from bootseer.config import SnapshotConfig
     from bootseer.snapshot.manifest import REF_PREFIX
     from bootseer.snapshot.restore import load_manifest
     from bootseer.store import BlobStore, open_store
@@ -743,6 +745,7 @@ def _helper(argv: list[str]) -> None:
                           "snapshot_bytes": shard_bytes + ref.size,
                           "content_bytes": manifest.content_bytes,
                           "entries": len(manifest.entries),
+                          "compression_level": SnapshotConfig().compression_level,
                           "largest_shard": {"index": big,
                                             "content_bytes": manifest.shards[big].input_bytes,
                                             "bytes": manifest.shards[big].size},

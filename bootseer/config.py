@@ -103,7 +103,12 @@ class SnapshotConfig:
     """Options for dependency snapshots (``bootseer env``)."""
 
     shard_size: ByteSize = ByteSize(32 << 20)  # content bytes per shard (restored in parallel)
-    compression_level: int = 3  # zstd level of the shards
+    #: zstd level of the shards. A snapshot is packed once and restored on every node at
+    #: every restart, which reads it at the link's speed whatever the level (decompressing
+    #: costs the same): level 9 makes the bench environment 13% fewer bytes than level 3
+    #: (1.54 GB -> 337 MB, not 387) and the CUDA one 5% (5.76 -> 2.69 GB, not 2.84), for
+    #: 4-5x the packing CPU (78 s instead of 14 for the CUDA one).
+    compression_level: int = 9
     #: Shards packed or restored at once. A restore thread fetches, decompresses and
     #: extracts its shard as one stream, so it both waits on the network and burns CPU:
     #: two more than the cores keeps the link busy without much contention (bench-env on

@@ -34,6 +34,9 @@ KINDS = ("file", "dir", "symlink", "hardlink")
 #: The largest decompressed manifest this format allows (checked before decompressing):
 #: the 1.5 GB, 36,800-entry bench environment has a 1.9 MB manifest.
 MAX_MANIFEST_BYTES = 1 << 30
+#: How many shards a snapshot's reference names in its ``first_shards`` metadata: the first
+#: ones in :meth:`Manifest.read_order`, which a restore opens before it has the manifest.
+FIRST_SHARDS = 8
 _CONTENT_KINDS = ("file", "symlink")  # carried by a shard; hard links are made on restore
 _DOT_OR_EMPTY = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")  # a "", "." or ".." component
 
@@ -87,6 +90,12 @@ class Manifest:
     @property
     def content_bytes(self) -> int:
         return sum(e.size for e in self.entries if e.kind == "file")
+
+    def read_order(self) -> list[int]:
+        """The shards' numbers in the order a restore reads them: largest first, since one
+        huge file (a 400 MB shared library) is a shard of its own, and started last it
+        would finish long after all the others."""
+        return sorted(range(len(self.shards)), key=lambda n: -self.shards[n].input_bytes)
 
     def encode(self) -> bytes:
         body = {"format": FORMAT, "key": self.key, "targets": list(self.targets),

@@ -34,7 +34,14 @@ import zstandard
 from bootseer import __version__
 from bootseer.errors import BootseerError
 from bootseer.p2p import publish_torrent
-from bootseer.snapshot.manifest import REF_PREFIX, Deletion, Manifest, Shard, SnapEntry
+from bootseer.snapshot.manifest import (
+    FIRST_SHARDS,
+    REF_PREFIX,
+    Deletion,
+    Manifest,
+    Shard,
+    SnapEntry,
+)
 from bootseer.snapshot.scan import Tree, TreeDiff
 from bootseer.store import BlobStore
 
@@ -133,7 +140,7 @@ def _build_shard(blobs: BlobStore, entries: list[SnapEntry], paths: list[str], l
 
 
 def build_manifest(blobs: BlobStore, capture: Capture, key: str, created: dict[str, Any], *,
-                   shard_size: int, level: int = 3, concurrency: int = 4,
+                   shard_size: int, level: int, concurrency: int = 4,
                    on_progress: Callable[[int], None] | None = None) -> Manifest:
     """Pack the captured changes into shard blobs; the manifest (not yet stored)."""
     entries = plan_entries(capture)
@@ -167,7 +174,9 @@ def publish(blobs: BlobStore, manifest: Manifest) -> bool:
     info = blobs.put(manifest.encode())
     meta = {"files": len(manifest.entries), "bytes": manifest.content_bytes,
             "shards": len(manifest.shards), "targets": list(manifest.targets),
-            "host": manifest.created.get("host")}
+            "host": manifest.created.get("host"),
+            "first_shards": [manifest.shards[n].digest
+                             for n in manifest.read_order()[:FIRST_SHARDS]]}
     try:
         blobs.set_ref(REF_PREFIX + manifest.key, info.digest, meta, overwrite=False)
     except FileExistsError:

@@ -19,7 +19,7 @@ from bootseer.snapshot.bytecode import compile_sources
 from bootseer.snapshot.key import KeyInputs, key_material, snapshot_key
 from bootseer.snapshot.manifest import Manifest
 from bootseer.snapshot.pack import Capture, build_manifest, creation_info, publish, target_paths
-from bootseer.snapshot.restore import RestoreResult, load_manifest, restore
+from bootseer.snapshot.restore import FirstShards, RestoreResult, load_manifest, restore
 from bootseer.snapshot.scan import diff, scan
 from bootseer.store import BlobStore
 
@@ -27,7 +27,7 @@ from bootseer.store import BlobStore
 @dataclass(frozen=True)
 class Tuning:
     shard_size: int = 32 << 20
-    compression_level: int = 3
+    compression_level: int = 9  # see SnapshotConfig.compression_level
     concurrency: int = 4
     bytecode: bool = True
 
@@ -89,13 +89,15 @@ def env_run(blobs: BlobStore, inputs: KeyInputs, *, environ: Mapping[str, str],
             cache: NodeCache | None = None) -> RunOutcome:
     material = key_material(inputs, environ)
     key = snapshot_key(material)
-    try:
-        manifest = load_manifest(blobs, key, cache)
-    except FileNotFoundError:
-        manifest = None
-    if manifest is not None:
-        return RunOutcome(key, restored=restore(blobs, manifest, concurrency=tuning.concurrency,
-                                                on_progress=on_progress, cache=cache))
+    with FirstShards(tuning.concurrency) as first:
+        try:
+            manifest = load_manifest(blobs, key, cache, first)
+        except FileNotFoundError:
+            manifest = None
+        if manifest is not None:
+            return RunOutcome(key, restored=restore(
+                blobs, manifest, concurrency=tuning.concurrency, on_progress=on_progress,
+                cache=cache, first=first))
     outcome = capture_command(blobs, key, list(inputs.argv), list(inputs.targets),
                               environ=environ, tuning=tuning, material=material,
                               on_progress=on_progress)

@@ -279,6 +279,34 @@ class StoreContract:
                                                      f"replaced"):
                 f.read()
 
+    @pytest.mark.parametrize("size", [0, 1000, STREAM_READ, 2 * STREAM_READ + 3])
+    def test_a_stream_started_before_its_first_read_has_the_same_bytes(
+            self, blobs: BlobStore, size: int) -> None:
+        """``open(start=True)`` fetches the first run before anyone reads: the reads that
+        follow take it and go on as any stream's."""
+        data = ramp(0, size)
+        info = blobs.put(data)
+        with blobs.open(info.digest, start=True) as f:
+            assert b"".join(iter(lambda: f.read(CHUNK_SIZE // 3), b"")) == data
+
+    def test_a_started_stream_fetches_its_first_run_before_it_is_read(
+            self, blobs: BlobStore, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        data = ramp(0, STREAM_READ + 5)
+        info = blobs.put(data)
+        fetched, first = [], threading.Event()
+        read_range_into = store.read_range_into
+
+        def spy(key: str, offset: int, buffer: memoryview) -> None:
+            fetched.append((offset, len(buffer)))
+            read_range_into(key, offset, buffer)
+            first.set()
+
+        monkeypatch.setattr(store, "read_range_into", spy)
+        with blobs.open(info.digest, start=True) as f:
+            assert first.wait(60), "the first run was not fetched before the first read"
+            assert b"".join(iter(lambda: f.read(CHUNK_SIZE // 3), b"")) == data
+        assert fetched == [(0, STREAM_READ), (STREAM_READ, 5)]
+
     def test_truncated_blob_is_detected(self, blobs: BlobStore, store: Store) -> None:
         info = blobs.put(ramp(0, 2 * CHUNK_SIZE))
         store.put(BlobStore.blob_key(info.digest), ramp(0, CHUNK_SIZE))

@@ -15,11 +15,18 @@ import pytest
 import zstandard
 
 from bootseer.errors import IntegrityError
-from bootseer.snapshot.manifest import REF_PREFIX, Manifest, Shard, SnapEntry, UnsafeSnapshotError
-from bootseer.snapshot.restore import CRASH_ENV, load_manifest, restore
+from bootseer.snapshot.manifest import (
+    FIRST_SHARDS,
+    REF_PREFIX,
+    Manifest,
+    Shard,
+    SnapEntry,
+    UnsafeSnapshotError,
+)
+from bootseer.snapshot.restore import CRASH_ENV, FirstShards, load_manifest, restore
 from bootseer.snapshot.run import Tuning, capture_command
 from bootseer.store import BlobStore, open_store
-from bootseer.store.blobs import ChunkTable
+from bootseer.store.blobs import STREAM_READ, ChunkTable
 
 BIG = os.urandom(3 << 20)  # spans several shards of SHARD_SIZE
 SHARD_SIZE = 1 << 20
@@ -151,6 +158,99 @@ def test_restore_is_byte_identical_and_idempotent(env) -> None:
     # no staging or old trees are left behind, only the (empty) lock files
     leftovers = [p.name for p in targets[0].parent.iterdir()]
     assert sorted(leftovers) == [".a.bootseer-lock", ".b.bootseer-lock", "a", "b"]
+
+
+def _spy_opens(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """Every ``BlobStore.open``: the digest, and whether its first read began at once."""
+    opened: list[tuple[str, bool]] = []
+    real = BlobStore.open
+
+    def spy(self, digest: str, *, start: bool = False):
+        opened.append((digest, start))
+        return real(self, digest, start=start)
+
+    monkeypatch.setattr(BlobStore, "open", spy)
+    return opened
+
+
+def test_the_shards_a_reference_names_are_opened_before_the_manifest_is_decoded(
+        env, monkeypatch) -> None:
+    """The reference names the first shards a restore reads; it opens them, their first
+    read begun, as soon as it has the manifest's bytes, and takes those streams instead of
+    opening the shards again."""
+    blobs, targets = env
+    manifest = capture(blobs, targets)
+    expected = {t: tree_state(t) for t in targets}
+    in_order = [manifest.shards[n].digest for n in manifest.read_order()]
+    assert len(in_order) > 2
+    assert blobs.get_ref(REF_PREFIX + "k1").meta["first_shards"] == in_order[:FIRST_SHARDS]
+    assert [manifest.shards[n].input_bytes for n in manifest.read_order()] == sorted(
+        (s.input_bytes for s in manifest.shards), reverse=True)
+    reset(targets)
+    opened = _spy_opens(monkeypatch)
+    opened_at_decode: list[int] = []
+    decode = Manifest.decode
+
+    def spy_decode(cls, data: bytes, origin: str) -> Manifest:
+        opened_at_decode.append(len(opened))
+        return decode(data, origin)
+
+    monkeypatch.setattr(Manifest, "decode", classmethod(spy_decode))
+    with FirstShards(2) as first:
+        loaded = load_manifest(blobs, "k1", None, first)
+        assert opened == [(d, True) for d in in_order[:2]] and opened_at_decode == [2]
+        restore(blobs, loaded, concurrency=2, first=first)
+    assert {t: tree_state(t) for t in targets} == expected
+    assert sorted(opened) == sorted([(d, True) for d in in_order[:2]]
+                                    + [(d, False) for d in in_order[2:]])
+
+
+@pytest.mark.parametrize("hint", ["stranger", "not a list", "garbage"])
+def test_first_shards_that_are_not_the_manifests_cost_one_read_each_and_change_nothing(
+        env, monkeypatch, hint) -> None:
+    """The ``first_shards`` hint is only a hint: whatever a reference names there (a large
+    blob the manifest does not list, a digest not in the store, a path, a number), the
+    restore is the manifest's, and a blob it names costs one read of its start at most."""
+    blobs, targets = env
+    manifest = capture(blobs, targets)
+    expected = {t: tree_state(t) for t in targets}
+    stranger = blobs.put(os.urandom(3 * STREAM_READ + 1)).digest
+    names = {"stranger": [stranger, manifest.shards[0].digest],
+             "not a list": stranger,
+             "garbage": ["../../etc/passwd", 7, None, "sha256:" + "0" * 64, "sha256:xyz"]}
+    ref = blobs.get_ref(REF_PREFIX + "k1")
+    blobs.set_ref(ref.name, ref.digest, {**ref.meta, "first_shards": names[hint]})
+    reset(targets)
+    reads: list[tuple[int, int]] = []
+    real_read = blobs.store.read_range_into
+
+    def spy_read(key: str, offset: int, buffer: memoryview) -> None:
+        if key == BlobStore.blob_key(stranger):
+            reads.append((offset, len(buffer)))
+        real_read(key, offset, buffer)
+
+    monkeypatch.setattr(blobs.store, "read_range_into", spy_read)
+    with FirstShards(4) as first:
+        restore(blobs, load_manifest(blobs, "k1", None, first), first=first)
+    assert {t: tree_state(t) for t in targets} == expected
+    assert reads in ([], [(0, STREAM_READ)])  # none if the restore closed it first
+    if hint != "stranger":
+        assert reads == []
+
+
+def test_a_corrupt_shard_opened_early_is_refused_like_any_other(env, tmp_path) -> None:
+    blobs, targets = env
+    manifest = capture(blobs, targets)
+    reset(targets)
+    before = {t: tree_state(t) for t in targets}
+    first_digest = manifest.shards[manifest.read_order()[0]].digest
+    path = _shard_file(tmp_path / "store", first_digest)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with FirstShards(4) as first, pytest.raises(IntegrityError, match=first_digest):
+        restore(blobs, load_manifest(blobs, "k1", None, first), first=first)
+    assert {t: tree_state(t) for t in targets} == before
 
 
 def test_restoring_under_another_prefix_is_refused(env) -> None:
@@ -312,7 +412,7 @@ def test_a_shard_replaced_in_the_store_with_a_matching_chunk_table_is_refused(tm
 RESTORE_SCRIPT = """
 import sys
 from bootseer.store import BlobStore, open_store
-from bootseer.store.blobs import ChunkTable
+from bootseer.store.blobs import STREAM_READ, ChunkTable
 from bootseer.snapshot.restore import load_manifest, restore
 blobs = BlobStore(open_store(sys.argv[1]))
 restore(blobs, load_manifest(blobs, "k1"))

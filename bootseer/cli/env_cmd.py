@@ -163,17 +163,19 @@ def snapshot_cmd(app: AppContext, key: str, paths, bytecode, command) -> None:
 @pass_app
 def restore_cmd(app: AppContext, key: str, paths, relocate: bool) -> None:
     """Restore snapshot KEY where it was captured, or with --relocate under --path."""
-    from bootseer.snapshot.restore import load_manifest, restore
+    from bootseer.snapshot.restore import FirstShards, load_manifest, restore
 
     if relocate and not paths:
         raise click.UsageError("--relocate needs the new location: one --path per target "
                                "of the snapshot (see `bootseer env show KEY`)")
-    manifest = load_manifest(app.blobs, key, _shard_cache(app))
+    concurrency = app.loaded.config.snapshot.concurrency
     targets = tuple(os.path.abspath(p) for p in paths) or None
-    with byte_progress(f"restoring {key[:12]}", manifest.content_bytes) as advance:
-        r = restore(app.blobs, manifest, targets=targets, relocate=relocate,
-                    concurrency=app.loaded.config.snapshot.concurrency, on_progress=advance,
-                    cache=_shard_cache(app))
+    with FirstShards(concurrency) as first:
+        manifest = load_manifest(app.blobs, key, _shard_cache(app), first)
+        with byte_progress(f"restoring {key[:12]}", manifest.content_bytes) as advance:
+            r = restore(app.blobs, manifest, targets=targets, relocate=relocate,
+                        concurrency=concurrency, on_progress=advance,
+                        cache=_shard_cache(app), first=first)
     moved = (f" (relocated from {', '.join(manifest.targets)}; {r.relocated} files "
              f"rewritten)" if r.targets != manifest.targets else "")
     console.print(f"restored {', '.join(r.targets)}{moved}: {r.files} entries, "

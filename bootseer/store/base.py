@@ -453,6 +453,13 @@ class RangedFile(io.RawIOBase):
                 self._start_ahead(n, spare)
         return n
 
+    def start(self, length: int) -> None:
+        """Begin fetching the first ``length`` bytes now, for a first read of exactly those
+        (a ``BufferedReader`` of that buffer size): a stream opened before its reader is
+        ready keeps its link busy in the meantime."""
+        if self._read_ahead and self._pos == 0 and self._ahead is None:
+            self._start_ahead(length, None)
+
     def _start_ahead(self, n: int, spare: bytearray | None) -> None:
         length = min(n, self._size - self._pos)
         if length <= 0:

@@ -297,18 +297,21 @@ class BlobStore:
         self.store.read_range_into(self.blob_key(digest), offset, buffer)
         self._verify_chunks(table, offset // cs, buffer)
 
-    def open(self, digest: str) -> BinaryIO:
+    def open(self, digest: str, *, start: bool = False) -> BinaryIO:
         """The blob as a sequential stream, for blobs too large to hold (snapshot shards),
         checked against its digest as a whole at its end (:class:`DigestCheckedStream`: a
         reader must not act on the bytes for good before the end). Reads are
         :data:`STREAM_READ` bytes each, straight into the stream's buffer, and the next is
-        fetched while the reader works through this one. The chunk table is not used: it
-        would hash every byte a second time and cost a read per blob, and only the whole
-        digest proves the bytes are the blob's (a table is checked for damage, not
-        against the blob)."""
+        fetched while the reader works through this one; with ``start``, the first is
+        fetched from now on, for a stream opened before its reader is ready. The chunk
+        table is not used: it would hash every byte a second time and cost a read per
+        blob, and only the whole digest proves the bytes are the blob's (a table is
+        checked for damage, not against the blob)."""
         key = self.blob_key(digest)
         raw = RangedFile(functools.partial(self.store.read_range_into, key),
                          self.stat(digest).size, digest, read_ahead=True)
+        if start:
+            raw.start(STREAM_READ)
         checked = DigestCheckedStream(raw, digest.removeprefix("sha256:"),
                                       f"blob {digest} is corrupt or was replaced in the "
                                       f"store {self.store.url}")
