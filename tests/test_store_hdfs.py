@@ -65,6 +65,24 @@ def test_hadoop_client_cross_check(hdfs_cluster, scheme: str) -> None:
     assert store.read_range("from-hadoop/file", MIB - 3, 10) == other[MIB - 3 : MIB + 7]
 
 
+def test_the_store_writes_blocks_with_crc32_checksums(hdfs_cluster) -> None:
+    """hdfs:// chooses CRC32 for what it writes (``CLIENT_CONF``), which a JVM without
+    Hadoop's native library verifies through an intrinsic; a file Hadoop's own client
+    wrote keeps its CRC32C, and both read back."""
+    root = _root()
+    store = open_store(hdfs_cluster.namenode_rpc_url + root)
+    info = BlobStore(store).put(ramp(7, 3 * MIB + 1))
+    _fsshell(hdfs_cluster, "-put", "-", f"{root}/from-hadoop", stdin=ramp(0, MIB))
+
+    def algorithm(key: str) -> str:
+        return _fsshell(hdfs_cluster, "-checksum", f"{root}/{key}").decode().split("\t")[1]
+
+    assert algorithm(BlobStore.blob_key(info.digest)).endswith("-of-512CRC32")
+    assert algorithm("from-hadoop").endswith("-of-512CRC32C")
+    assert store.get(BlobStore.blob_key(info.digest)) == ramp(7, 3 * MIB + 1)
+    assert store.get("from-hadoop") == ramp(0, MIB)
+
+
 @pytest.mark.parametrize("scheme", ["hdfs", "webhdfs"])
 def test_datanode_killed_mid_read(hdfs_cluster, scheme: str) -> None:
     """Replication 2: losing one DataNode halfway through a read loses no byte."""
