@@ -35,7 +35,7 @@ KINDS = ("file", "dir", "symlink", "hardlink")
 #: the 1.5 GB, 36,800-entry bench environment has a 1.9 MB manifest.
 MAX_MANIFEST_BYTES = 1 << 30
 #: How many shards a snapshot's reference names in its ``first_shards`` metadata: the first
-#: ones in :meth:`Manifest.read_order`, which a restore opens before it has the manifest.
+#: ones in :meth:`Manifest.read_order`, which a restore opens before it decodes the manifest.
 FIRST_SHARDS = 8
 _CONTENT_KINDS = ("file", "symlink")  # carried by a shard; hard links are made on restore
 _DOT_OR_EMPTY = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")  # a "", "." or ".." component

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bootseer.config import SnapshotConfig
 from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
 from bootseer.snapshot.bytecode import compile_sources
@@ -26,8 +27,8 @@ from bootseer.store import BlobStore
 
 @dataclass(frozen=True)
 class Tuning:
-    shard_size: int = 32 << 20
-    compression_level: int = 9  # see SnapshotConfig.compression_level
+    shard_size: int = SnapshotConfig.shard_size
+    compression_level: int = SnapshotConfig.compression_level
     concurrency: int = 4
     bytecode: bool = True
 

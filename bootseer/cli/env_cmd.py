@@ -170,12 +170,13 @@ def restore_cmd(app: AppContext, key: str, paths, relocate: bool) -> None:
                                "of the snapshot (see `bootseer env show KEY`)")
     concurrency = app.loaded.config.snapshot.concurrency
     targets = tuple(os.path.abspath(p) for p in paths) or None
+    cache = _shard_cache(app)
     with FirstShards(concurrency) as first:
-        manifest = load_manifest(app.blobs, key, _shard_cache(app), first)
+        manifest = load_manifest(app.blobs, key, cache, first)
         with byte_progress(f"restoring {key[:12]}", manifest.content_bytes) as advance:
             r = restore(app.blobs, manifest, targets=targets, relocate=relocate,
-                        concurrency=concurrency, on_progress=advance,
-                        cache=_shard_cache(app), first=first)
+                        concurrency=concurrency, on_progress=advance, cache=cache,
+                        first=first)
     moved = (f" (relocated from {', '.join(manifest.targets)}; {r.relocated} files "
              f"rewritten)" if r.targets != manifest.targets else "")
     console.print(f"restored {', '.join(r.targets)}{moved}: {r.files} entries, "
