@@ -428,6 +428,16 @@ def main() -> None:
     parser.add_argument("--safetensors-gib", type=int, default=8)
     parser.add_argument("--safetensors-shards", type=int, default=8)
     args = parser.parse_args()
+    # At its peak the work directory holds the torch file and the safetensors shards, and
+    # HDFS holds both checkpoints and the safetensors, each ``replication`` times. Short of
+    # that, the DataNodes refuse blocks 20 minutes in ("could only be replicated to 0 nodes").
+    need = ((2 * args.size_gib + args.safetensors_gib) * args.replication
+            + args.size_gib + args.safetensors_gib) << 30
+    free = shutil.disk_usage("/var/tmp").free
+    if free < need:
+        parser.error(f"needs about {need >> 30} GiB free under /var/tmp for the checkpoints "
+                     f"and their {args.replication} HDFS replicas; {free >> 30} GiB are. Free "
+                     f"some, or pass a smaller --safetensors-gib or --replication")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-", dir="/var/tmp") as tmp:
         bench = Bench(args, Path(tmp))
