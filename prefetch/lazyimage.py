@@ -133,6 +133,12 @@ class LazyImage:
         # prefetch hit); at most the image's blocks.
         self._prefetched: set[str] = set()
         self._stats_lock = threading.Lock()
+        # Blocks fetched and not yet written to the disk cache. Without memory for
+        # prefetched blocks (the agent's warms have none), such a block is neither in flight
+        # nor local: a warm sharing this image must neither fetch it again nor end before it
+        # is written, or it counts the block missing (test_security, 16 warms at once).
+        self._unsaved: set[str] = set()
+        self._saved = threading.Condition()
 
     # -- metadata -----------------------------------------------------------------------------
 
@@ -219,8 +225,14 @@ class LazyImage:
 
     def wait_for(self, digests: list[str], timeout: float = 300.0) -> None:
         """Wait until no fetch of these blocks is in flight (another reader's or
-        prefetcher's): a warm sharing this image is done only when its blocks are."""
-        if not self.inflight.wait(digests, timeout):
+        prefetcher's) or still being written to the disk cache: a warm sharing this image
+        is done only when its blocks are."""
+        deadline = time.monotonic() + timeout
+        done = self.inflight.wait(digests, timeout)
+        with self._saved:
+            done = self._saved.wait_for(lambda: self._unsaved.isdisjoint(digests),
+                                        max(0.0, deadline - time.monotonic())) and done
+        if not done:
             log.warning("a fetch of image %s did not end within %.0f s", self.image_id,
                         timeout)
 
@@ -229,7 +241,10 @@ class LazyImage:
     def claim(self, index: int) -> bool:
         """Take on fetching block ``index`` for the prefetcher: False if it is already local
         or on its way. A claimed block must be settled by :meth:`fetch_pieces`."""
-        return self.inflight.claim(self.manifest.blocks[index].digest, prefetch=True) is not None
+        digest = self.manifest.blocks[index].digest
+        with self._saved:
+            return digest not in self._unsaved and \
+                self.inflight.claim(digest, prefetch=True) is not None
 
     def fetch_pieces(self, pack: str, pieces: list[Piece], stats: FetchCounts) -> None:
         """Fetch claimed blocks that sit back to back in ``pack`` with one ranged read (a
@@ -259,7 +274,8 @@ class LazyImage:
 
     def _fetch(self, runs: list[Run], stats: FetchCounts, *, prefetch: bool) -> None:
         """Fetch claimed blocks run by run; keep each in memory and settle its claim as it
-        comes, then add the run's blocks to the disk cache in one go.
+        comes, then add the run's blocks to the disk cache in one go (those that came, also
+        when the run failed part way).
 
         Whatever goes wrong, every claim is settled: nobody may be left waiting on a block.
         """
@@ -268,18 +284,22 @@ class LazyImage:
         try:
             for run in runs:
                 fetched: list[tuple[str, bytes]] = []
-                for index, result in self.source.fetch(run, stats):
-                    digest = table[index].digest
-                    if isinstance(result, Exception):
-                        self.inflight.fail(digest, result)
-                    else:
-                        self._remember(digest, result, prefetch)
-                        self.inflight.complete(digest, result)
-                        fetched.append((digest, result))
-                        if self.on_fetched is not None:
-                            self.on_fetched(digest, result)
-                    unsettled.discard(index)
-                self._cache(fetched)
+                try:
+                    for index, result in self.source.fetch(run, stats):
+                        digest = table[index].digest
+                        if isinstance(result, Exception):
+                            self.inflight.fail(digest, result)
+                        else:
+                            self._remember(digest, result, prefetch)
+                            with self._saved:  # unsaved before it leaves the table
+                                self._unsaved.add(digest)
+                                self.inflight.complete(digest, result)
+                            fetched.append((digest, result))
+                            if self.on_fetched is not None:
+                                self.on_fetched(digest, result)
+                        unsettled.discard(index)
+                finally:
+                    self._cache(fetched)
         finally:
             for index in unsettled:
                 digest = table[index].digest
@@ -300,6 +320,10 @@ class LazyImage:
             self.cache.put_many(blocks)
         except (OSError, NotCached) as exc:  # a full disk: serve the blocks, uncached
             log.warning("could not cache %d blocks: %s", len(blocks), exc)
+        finally:
+            with self._saved:
+                self._unsaved.difference_update(digest for digest, _ in blocks)
+                self._saved.notify_all()
 
     def _count_hit(self, digest: str) -> None:
         with self._stats_lock:

@@ -4,7 +4,10 @@ containers on the Debian + python3 image, and the real HDFS cluster as the store
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -62,6 +65,36 @@ def test_warm_stages_the_hot_blocks_then_a_mount_reads_nothing_from_the_store(di
     for n in (1, 3, 4):
         assert image.read(entry, n * MIB, MIB) == BIG[n * MIB : (n + 1) * MIB]
     assert image.stats.blocks_fetched == 0
+
+
+def test_a_warm_sharing_its_image_ends_when_the_blocks_are_on_disk(dirs, monkeypatch) -> None:
+    """Warms of one image share its LazyImage (the agent's way). One that finds the hot
+    blocks already fetched by another waits until they are in the node's cache, not only
+    until their bytes have arrived: else it ends first and counts them missing."""
+    recorded_big_image(dirs)
+    blobs = BlobStore(open_store(str(dirs["store"])))
+    cache = NodeCache(dirs["cache"] / "blocks", 1 << 30)
+    lazy = LazyImage(blobs, "big", cache, prefetch_memory=0)
+    fetched, write = threading.Event(), threading.Event()
+    put_many = cache.put_many
+
+    def slow_put_many(entries) -> None:  # the first warm's blocks reach the disk late
+        entries = list(entries)
+        fetched.set()
+        assert write.wait(10)
+        put_many(entries)
+
+    monkeypatch.setattr(cache, "put_many", slow_put_many)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(warm_image, blobs, cache, "big", "train", lazy=lazy)
+        assert fetched.wait(10)
+        second = pool.submit(warm_image, blobs, cache, "big", "train", lazy=lazy)
+        time.sleep(0.5)
+        assert not second.done()  # it waits for the first warm's blocks to be on disk
+        write.set()
+        results = [first.result(10), second.result(10)]
+    assert [(r.complete, r.missing) for r in results] == [(True, 0), (True, 0)]
+    assert results[1].fetched_blocks == 0  # the first warm fetched them, once
 
 
 def test_warm_without_a_hot_list_stages_the_manifest_and_says_so(dirs) -> None:
