@@ -606,7 +606,9 @@ class Bench:
             v = median_of([r.get(key) for r in self.details.get(case, [])])
             return round(v, 3) if v is not None else None
 
-        restore_cpu = [r["cpu_user_s"] + r["cpu_sys_s"] for r in self.details.get("restore", [])]
+        restore_cpu = median_of([r["cpu_user_s"] + r["cpu_sys_s"]
+                                 for r in self.details.get("restore", [])])
+        reported = detail_median("restore", "restore_reported_s")
         uv_bytecode = med.get("uv_bytecode")
         return {
             "benchmark": "env-cuda" if self.args.requirements == "cuda" else "env",
@@ -657,10 +659,10 @@ class Bench:
             "pip_install_only_s": detail_median("pip", "install_s"),
             "uv_install_only_s": detail_median("uv", "install_s"),
             "venv_create_s": detail_median("pip", "venv_s"),
-            "restore_reported_s": detail_median("restore", "restore_reported_s"),
+            "restore_reported_s": reported,
             "restore_reported_note": "the CLI's own figure: restore() only, without process "
                                      "start, JVM start and manifest fetch",
-            "restore_cpu_s": round(median_of(restore_cpu), 2) if restore_cpu else None,
+            "restore_cpu_s": round(restore_cpu, 2) if restore_cpu is not None else None,
             "restore_cpu_note": "user+sys of the bootseer process (the DataNode's is not "
                                 f"counted); the machine has {os.cpu_count()} cores",
             "cpu_busy_fraction": {case: detail_median(case, "cpu_busy")
@@ -681,11 +683,10 @@ class Bench:
                     "the timed restore minus the CLI's restore() figure: interpreter and "
                     "CLI start, JVM start, ref and manifest fetch (the link idle so far), "
                     "manifest decode (the first shards already crossing), process exit",
-                "restore_call_vs_limit": ratio(detail_median("restore", "restore_reported_s"),
-                                               limit),
+                "restore_call_vs_limit": ratio(reported, limit),
                 "restore_call_vs_limit_note": "restore_reported_s against limit_s",
-                "restore_cpu_over_cores_s": round(median_of(restore_cpu) / (os.cpu_count() or 1),
-                                                  2) if restore_cpu else None,
+                "restore_cpu_over_cores_s": round(restore_cpu / (os.cpu_count() or 1), 2)
+                if restore_cpu is not None else None,
                 "restore_cpu_over_cores_note":
                     "the restore's own CPU spread evenly over every core: no schedule of its "
                     "work ends sooner (the DataNode's CPU, on the same cores here, comes on "
