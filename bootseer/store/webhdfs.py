@@ -2,8 +2,10 @@
 
 No JVM on the client: metadata calls go to the NameNode's HTTP port, data is redirected
 to the DataNodes' HTTP ports. Ranged reads use WebHDFS ``OPEN`` with ``offset`` and
-``length``; writes stream through ``CREATE`` into a temporary path, published by
-``RENAME`` (which refuses an existing destination, so create-only publish is atomic).
+``length``, following the redirect here rather than in HdfsCLI so that a DataNode that fails
+a read is known and excluded from its retries; writes stream through ``CREATE`` into a
+temporary path, published by ``RENAME`` (which refuses an existing destination, so
+create-only publish is atomic).
 
 Kerberos: set ``hdfs.kerberos = true`` in the config to use HdfsCLI's ``KerberosClient``
 (needs ``pip install requests-kerberos`` and a ticket from ``kinit``). This cannot be
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import posixpath
 from collections.abc import Iterator
+from urllib.parse import quote, urlsplit
 
 import requests
 from tenacity import (
@@ -35,6 +38,19 @@ except ImportError as exc:  # pragma: no cover - hdfs is a core dependency
     raise BackendUnavailableError("webhdfs:// needs HdfsCLI: pip install hdfs") from exc
 
 log = logging.getLogger(__name__)
+
+#: How long a DataNode may keep a read waiting (for its connection, or between two bytes)
+#: before it counts as failed: the minute Hadoop's own WebHDFS client waits
+#: (``URLConnectionFactory.DEFAULT_SOCKET_TIMEOUT``).
+DATANODE_TIMEOUT_S = 60.0
+
+#: How a read fails when a DataNode died, hung or dropped the connection: refused or
+#: timed-out connections and resets (``ConnectionError``, ``Timeout``), and a body cut
+#: short of its ``Content-Length`` (``ChunkedEncodingError``). A NameNode that cannot be
+#: reached raises ``ConnectionError`` too, and its reads are retried the same way.
+_READ_FAILURES: tuple[type[Exception], ...] = (
+    requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+)
 
 
 class WebHdfsStore(HadoopStyleStore):
@@ -66,6 +82,7 @@ class WebHdfsStore(HadoopStyleStore):
             self.client = InsecureClient(endpoint, user=user)
         self.new_file_replication = replication
         self.new_file_block_size = block_size
+        self._webhdfs = f"{endpoint}/webhdfs/v1"
 
     def _fs_info(self, path: str) -> PathInfo | None:
         status = self.client.status(path, strict=False)
@@ -90,27 +107,97 @@ class WebHdfsStore(HadoopStyleStore):
             return None
         return Perm(status["owner"], status["group"], int(status["permission"], 8) & 0o777)
 
+    def _fs_read(self, path: str, offset: int, length: int) -> bytes:
+        return self._read_excluding(path, offset, length, [])
+
     @retry(
-        retry=retry_if_exception_type(requests.ConnectionError),
+        retry=retry_if_exception_type(_READ_FAILURES),
         stop=stop_after_attempt(8),
         wait=wait_exponential(multiplier=0.05, max=2.0),
         before_sleep=before_sleep_log(log, logging.INFO),
         reraise=True,
     )
-    def _fs_read(self, path: str, offset: int, length: int) -> bytes:
-        # A dead DataNode stays in the NameNode's block locations until its heartbeats
-        # time out, so a redirect may point at it: retrying lands on another replica.
+    def _read_excluding(self, path: str, offset: int, length: int,
+                        excluded: list[str]) -> bytes:
+        """One try at a read: the NameNode redirects it to a DataNode holding the block at
+        ``offset``, any but those in ``excluded`` (WebHDFS ``excludedatanodes``).
+
+        A dead DataNode stays in the NameNode's block locations until its heartbeats time
+        out, and the NameNode picks among the replicas at random: a DataNode that fails
+        the read joins ``excluded``, so the next try (tenacity calls again with the same
+        list) goes to another replica rather than, by chance, to the dead one again.
+        """
+        res = self.client._request(
+            "GET", self._webhdfs + quote(path), allow_redirects=False,
+            params={"op": "OPEN", "offset": offset, "length": length,
+                    "excludedatanodes": ",".join(excluded) or None},
+        )
+        if not res.is_redirect:
+            return self._failed_read(path, res)
+        location = res.headers["Location"]
         try:
-            with self.client.read(path, offset=offset, length=length) as reader:
-                return reader.read()
-        except HdfsError as exc:
-            if getattr(exc, "exception", None) == "FileNotFoundException" or \
-                    any(s in str(exc) for s in ("FileNotFoundException", "does not exist",
-                                                " not found")):
-                raise FileNotFoundError(f"{path}: not found on {self.url}") from exc
-            if "Offset" in str(exc) and "greater than" in str(exc):
-                return b""  # offset past the end: a short read, like pread
-            raise OSError(f"{self.url}: reading {path} failed: {exc}") from exc
+            # Sent as HdfsCLI's redirect-following sent it: the Location alone, no session
+            # parameters or authentication (a secure cluster's Location carries a token).
+            with self.client._session.send(requests.Request("GET", location).prepare(),
+                                           stream=True, timeout=DATANODE_TIMEOUT_S) as data:
+                if not data.ok:
+                    return self._failed_read(path, data)
+                return b"".join(data.iter_content(chunk_size=None))
+        except _READ_FAILURES:
+            self._exclude(path, offset, location, excluded)
+            raise
+
+    def _exclude(self, path: str, offset: int, location: str, excluded: list[str]) -> None:
+        """Add the DataNode that ``location`` (an ``OPEN`` redirect) named to ``excluded``.
+
+        The NameNode looks each excluded ``host:port`` up by IP address and *data-transfer*
+        port (Hadoop 2.7's ``NamenodeWebHdfsMethods.chooseDatanode`` calls
+        ``DatanodeManager.getDatanodeByXferAddr``), so the redirect's own host and HTTP
+        port, which Hadoop's Java client sends, exclude nothing; and a bare host is any
+        DataNode of that address. The block's locations give each replica's ``ipAddr``
+        and ``xferPort``. Once every replica has failed this read, the next try may go to
+        any of them again, as Hadoop's ``DFSInputStream`` does: otherwise the NameNode only
+        answers "No active nodes contain this block".
+        """
+        res = self.client._request("GET", self._webhdfs + quote(path), params={
+            "op": "GET_BLOCK_LOCATIONS", "offset": offset, "length": 1})
+        if not res.ok:
+            raise self._error(path, res)
+        blocks = res.json()["LocatedBlocks"]["locatedBlocks"]
+        replicas = blocks[0]["locations"] if blocks else []
+        redirected = urlsplit(location)
+        addresses = {f"{r['ipAddr']}:{r['xferPort']}" for r in replicas}
+        for replica in replicas:
+            if replica["infoPort"] == redirected.port and \
+                    redirected.hostname in (replica["hostName"], replica["ipAddr"]):
+                address = f"{replica['ipAddr']}:{replica['xferPort']}"
+                log.info("%s: DataNode %s failed reading %s; excluding it", self.url,
+                         address, path)
+                excluded.append(address)
+        if addresses and addresses <= set(excluded):
+            log.warning("%s: every replica of %s at offset %d failed; trying them all again",
+                        self.url, path, offset)
+            excluded.clear()
+
+    def _failed_read(self, path: str, res: requests.Response) -> bytes:
+        """A read WebHDFS answered with an error: ``b""`` for an offset past the end (a
+        short read, like pread), else the error raised."""
+        error, (_, message) = self._error(path, res), _remote_exception(res)
+        if not isinstance(error, FileNotFoundError) and "Offset" in message and \
+                "greater than" in message:
+            return b""
+        raise error
+
+    def _error(self, path: str, res: requests.Response) -> OSError:
+        """The error a WebHDFS answer to a read stands for, the NameNode's or a
+        DataNode's: a missing file is :class:`FileNotFoundError`, anything else
+        :class:`OSError`."""
+        exception, message = _remote_exception(res)
+        if exception == "FileNotFoundException" or \
+                any(s in message for s in ("FileNotFoundException", "does not exist",
+                                           " not found")):
+            return FileNotFoundError(f"{path}: not found on {self.url}")
+        return OSError(f"{self.url}: reading {path} failed: HTTP {res.status_code} {message}")
 
     def _fs_create(self, path: str) -> OutputFile:
         return _WebHdfsOutput(self.client.write(
@@ -138,6 +225,16 @@ class WebHdfsStore(HadoopStyleStore):
         for directory, _dirs, files in self.client.walk(path, status=True):
             for name, status in files:
                 yield _path_info(posixpath.join(directory[0], name), status)
+
+
+def _remote_exception(res: requests.Response) -> tuple[str | None, str]:
+    """A WebHDFS error's Java exception name and message (``{"RemoteException": {...}}``),
+    or no name and the start of the body when it is not one (a proxy's error page)."""
+    try:
+        remote = res.json()["RemoteException"]
+        return remote.get("exception"), str(remote.get("message"))
+    except (ValueError, KeyError, TypeError):
+        return None, res.text[:1000]
 
 
 def _path_info(path: str, status: dict) -> PathInfo:
