@@ -27,7 +27,7 @@ anything behind. Requests marked *root* are refused (403) to any other peer
 * ``GET /metrics``: Prometheus text format (:mod:`bootseer.agents.metrics`); also on TCP at
   ``agent.metrics_listen`` (``host:port``) when set, for Prometheus to scrape.
 * ``POST /v1/warm`` ``{"image", "workload", "all", "envs", "checkpoints", "job", "nodes",
-  "peers"}`` -> events
+  "peers"}`` (``job`` and ``peers``: root only, they choose whom the node serves) -> events
   ``{"event": "plan", "bytes"}``, ``{"event": "progress", "bytes"}``..., then
   ``{"event": "result", ...}`` (:meth:`bootseer.agents.warm.WarmSummary.to_json`) or
   ``{"event": "error", "message"}``; 503 while :data:`MAX_WARMS` are in progress.
@@ -72,6 +72,7 @@ import signal
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -81,12 +82,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import uvloop
 from aiohttp import web
 
-from bootseer import __version__
+from bootseer import __version__, boundedjson
 from bootseer.agents import fields, jobreport
 from bootseer.agents.metrics import AgentMetrics
 from bootseer.agents.mountapi import MountRequest, PeerFileRead, PeerRead
 from bootseer.agents.mounts import MountManager, MountMismatch, UnknownMount
-from bootseer.agents.policy import CheckpointPolicy, PolicyError
+from bootseer.agents.policy import CheckpointPolicy, JobPolicy, PolicyError
 from bootseer.agents.priority import Priority, PriorityGate
 from bootseer.agents.timeline import StartRecord, Timeline, timeline_path
 from bootseer.agents.warm import WarmRequest, warm
@@ -136,6 +137,8 @@ class Agent:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.checkpoints = CheckpointPolicy.from_config(config)  # a bad list fails here
+        self.sharing = CheckpointPolicy.sharing(config)
+        self.jobs = JobPolicy.from_config(config)
         self.blobs = BlobStore(open_configured_store(config))
         self.cache = block_cache(config)
         #: Images warms are using now, by id, with how many use each: one in-flight table
@@ -150,8 +153,11 @@ class Agent:
         #: Mount servers' reads of image packs through the swarm (p2p on only).
         self.demand = DemandReads(self.swarm, self.blobs.store,
                                   config.cache_dir / "p2p" / "partial", self.node,
-                                  config.p2p.demand_wait) if self.swarm else None
+                                  config.p2p.demand_wait, self.sharing.allows) \
+            if self.swarm else None
         self._jobs: set[str] = set()  # jobs this node announced itself in
+        #: The job root last warmed this node for, and when (monotonic).
+        self._warmed_for: tuple[str, float] | None = None
         self._sharing = 0  # warms running with a Fanout (the swarm closes only after)
         self.metrics = AgentMetrics(self.swarm.stats if self.swarm else None,
                                     self.demand.snapshot if self.demand else None)
@@ -227,7 +233,8 @@ class Agent:
             allowed = {name: self.checkpoints.check(url)
                        for name, url in mount_request.checkpoints.items()}
             await self._run("mount", resolve_image, self.blobs, mount_request.image)
-            mount_request = dataclasses.replace(mount_request, checkpoints=allowed)
+            mount_request = dataclasses.replace(mount_request, checkpoints=allowed,
+                                                job=self._job_of(mount_request))
             mount = await self._run("mount", self.mounts.mount, mount_request)
         except Exception as exc:
             raise _http_error(exc, f"mounting image {mount_request.image} for "
@@ -237,6 +244,21 @@ class Agent:
         if self.demand is not None and mount_request.job is not None:
             self.pools["p2p"].submit(self._open_image, mount_request.job, mount_request.image)
         return web.json_response(mount.to_json())
+
+    def _job_of(self, request: MountRequest) -> str | None:
+        """The job a container joins: the one its pod names where ``agent.jobs`` grants
+        it, else the one root last warmed this node for (``warm --job``: the scheduler
+        readies a node for the job it starts there), for ``p2p.seed_time`` after."""
+        job = self.jobs.effective(request.job, request.runtime)
+        if request.job is not None and job is None:
+            log.warning("container %s names job %s, which %s does not grant", request.id,
+                        request.job, JobPolicy.KEY)
+        with self._lock:
+            warmed = self._warmed_for
+        if job is None and warmed is not None and \
+                time.monotonic() - warmed[1] < self.config.p2p.seed_time:
+            job = warmed[0]
+        return job
 
     def _open_image(self, job: str, image: str) -> None:
         """The image's packs opened in the swarm for the job's demand reads (its server
@@ -363,6 +385,9 @@ class Agent:
 
     async def warm(self, request: web.Request) -> web.StreamResponse:
         warm_request = await _parse(request, WarmRequest.from_json, "warm request")
+        if (warm_request.job is not None or warm_request.peers) and not _is_root(request):
+            raise web.HTTPForbidden(text="warm: only root (the scheduler) may name a job or "
+                                         "peers: they decide whom this node serves")
         try:
             warm_request = dataclasses.replace(warm_request, checkpoints=tuple(
                 self.checkpoints.check(url) for url in warm_request.checkpoints))
@@ -433,6 +458,9 @@ class Agent:
         without peer-to-peer). With ``peers``, those are the members; else this node
         announces itself, and the checkpoints it warms, in the job's records and reads
         everyone's: a checkpoint is shared among the members that warm it."""
+        if request.job is not None:
+            with self._lock:
+                self._warmed_for = (request.job, time.monotonic())
         if self.swarm is None or (request.job is None and not request.peers):
             return None
         members = list(request.peers)
@@ -441,11 +469,13 @@ class Agent:
         if not members:
             assert request.job is not None
             try:
-                rendezvous.announce(self.blobs.store, request.job, self.node,
-                                    self.swarm.address, request.checkpoints)
+                shared = [url for url in request.checkpoints if self.sharing.allows(url)]
+                rendezvous.announce(self.blobs.store, self.swarm.trust, request.job,
+                                    self.node, self.swarm.address, shared)
                 with self._lock:
                     self._jobs.add(request.job)
-                roster = rendezvous.gather(self.blobs.store, request.job, request.nodes)
+                roster = rendezvous.gather(self.blobs.store, self.swarm.trust, request.job,
+                                           request.nodes)
                 members = [m.peer for m in roster]
                 wanting = {url: tuple(rendezvous.wanting(roster, url))
                            for url in request.checkpoints}
@@ -523,6 +553,11 @@ def _http_error(exc: Exception, doing: str) -> web.HTTPException:
     return web.HTTPInternalServerError(text=text)
 
 
+def _is_root(request: web.Request) -> bool:
+    """Whether root (or the agent's own user) is at the other end of the socket."""
+    return _peer_uid(request) in (0, os.geteuid())
+
+
 def _peer_uid(request: web.Request) -> int | None:
     """The uid of the process at the other end of the Unix socket (``SO_PEERCRED``)."""
     sock = request.transport.get_extra_info("socket") if request.transport else None
@@ -535,20 +570,29 @@ def _peer_uid(request: web.Request) -> int | None:
 @web.middleware
 async def _root_only(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
     """:data:`ROOT_ONLY` requests from anyone but root (or the agent's own user) get 403:
-    the socket's group may warm and read, not mount or release containers."""
+    the socket's group may warm and read, not mount or release containers. A ``HEAD`` is
+    checked as the ``GET`` it is (aiohttp runs the GET's handler for it), and a method the
+    API does not use is refused (405) before any handler: no other spelling of a request
+    reaches a root-only handler unchecked."""
+    method = "GET" if request.method == "HEAD" else request.method
+    if method not in ("GET", "POST", "DELETE"):
+        raise web.HTTPMethodNotAllowed(request.method, ["GET", "HEAD", "POST", "DELETE"])
     route = request.match_info.route.resource
     canonical = route.canonical if route is not None else request.path
-    if (request.method, canonical) in ROOT_ONLY and \
-            _peer_uid(request) not in (0, os.geteuid()):
+    if (method, canonical) in ROOT_ONLY and not _is_root(request):
         raise web.HTTPForbidden(text=f"{request.method} {canonical}: only root (the runtime "
                                      f"shim and the OCI hook) may ask this of the agent")
     return await handler(request)
 
 
 async def _parse(request: web.Request, from_json: Callable[[Any], T], what: str) -> T:
-    """The request's JSON body as ``from_json`` reads it; a 400 naming ``what`` if not."""
+    """The request's JSON body as ``from_json`` reads it; a 400 naming ``what`` if not.
+    The body is at most ``client_max_size`` (else aiohttp's 413) and is parsed within that
+    and :data:`bootseer.boundedjson.MAX_DEPTH`: a nested body is a 400, not a
+    ``RecursionError`` and a 500."""
+    body = await request.read()
     try:
-        return from_json(await request.json())
+        return from_json(boundedjson.loads(body, limit=request.client_max_size, what=what))
     except (ValueError, TypeError) as exc:
         raise web.HTTPBadRequest(text=f"bad {what}: {exc}") from exc
 

@@ -36,7 +36,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bootseer import boundedjson
 from bootseer.agents import oci
+from bootseer.agents.runtime import MAX_CONFIG_BYTES
 
 STAGES = ("precreate", "poststop")
 
@@ -62,9 +64,10 @@ def poststop_mount(state: dict[str, Any], runtime_root: str | None) -> tuple[str
     spec = None
     if isinstance(bundle, str) and bundle:
         try:
-            spec = json.loads((Path(bundle) / "config.json").read_text())
+            spec = boundedjson.load_file(Path(bundle) / "config.json",
+                                         limit=MAX_CONFIG_BYTES, what="the bundle's config")
         except (OSError, ValueError):
-            spec = None  # the bundle is gone already
+            spec = None  # the bundle is gone already, or its config is unreadable
     rootfs = oci.root_path(spec, bundle) if isinstance(spec, dict) else None
     if runtime_root is not None:
         container_id = state.get("id")
@@ -107,9 +110,9 @@ def main(argv: list[str] | None = None) -> None:
             (runtime_root is not None and args != ["poststop"]):
         sys.stderr.write(USAGE)
         sys.exit(2)
-    raw = sys.stdin.buffer.read()
+    raw = boundedjson.read_at_most(sys.stdin.buffer, MAX_CONFIG_BYTES + 1)
     try:
-        document = json.loads(raw)
+        document = boundedjson.loads(raw, limit=MAX_CONFIG_BYTES, what="stdin")
         stage = args[0] if args else ("poststop" if "status" in document else "precreate")
     except (ValueError, TypeError) as exc:
         sys.stderr.write(f"bootseer-hook: stdin is not an OCI config or state: {exc}\n")

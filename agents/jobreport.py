@@ -12,8 +12,11 @@ job's latest restart (each node's newest start): how many nodes, the p50, p99 an
 every phase across them, and the slowest nodes with the phase that held each back.
 
 The objects are hostile input to whoever reads them (any node, or anyone who can write
-the store, may have written one): each is size-checked before it is parsed and parsed as
-an API body (:meth:`StartRecord.from_request`); one that fails is skipped with a warning.
+the store, may have written one): each is read only up to :data:`MAX_RECORD_BYTES`, parsed
+within that and :data:`bootseer.boundedjson.MAX_DEPTH` and checked as an API body
+(:meth:`StartRecord.from_request`); one that fails is skipped with a warning. A report
+may read :data:`MAX_RECORDS` of them, so each keeps only what the report shows (its id
+and phases): a record's ``detail``, up to 64 KiB of JSON, is some MiB as Python objects.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import posixpath
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from bootseer import boundedjson
 from bootseer.agents import fields
 from bootseer.agents.timeline import PHASES, StartRecord
+from bootseer.errors import BootseerError
 from bootseer.store import Store
 
 log = logging.getLogger(__name__)
@@ -66,7 +71,7 @@ def publish(store: Store, node: str, start: StartRecord) -> str | None:
 
 
 def load(store: Store, job: str) -> list[NodeStart]:
-    """Every start published for ``job``, by node."""
+    """Every start published for ``job``, by node: of each, what the report shows."""
     fields.name(job, "job", fields.JOB)
     found: list[NodeStart] = []
     prefix = job_dir(job) + "/starts/"
@@ -79,16 +84,24 @@ def load(store: Store, job: str) -> list[NodeStart]:
                         job, MAX_RECORDS)
             break
         try:
-            if info.size > MAX_RECORD_BYTES:
-                raise ValueError(f"{info.size} bytes (at most {MAX_RECORD_BYTES})")
             fields.name(node, "node", fields.COMPONENT)
-            start = StartRecord.from_request(json.loads(store.get(info.key)))
-        except (ValueError, TypeError, OSError) as exc:
+            start = _read(store, info.key)
+        except (ValueError, TypeError, OSError, BootseerError) as exc:
             log.warning("skipping %s: %s", info.key, exc)
             continue
         if start.job == job:
-            found.append(NodeStart(node, start))
+            found.append(NodeStart(node, StartRecord(start.id, job, phases=start.phases)))
     return found
+
+
+def _read(store: Store, key: str) -> StartRecord:
+    """The start record at ``key``, checked, without its ``detail`` (the report shows
+    none, and checking it would serialise it again)."""
+    body = boundedjson.loads(store.get(key, MAX_RECORD_BYTES), limit=MAX_RECORD_BYTES,
+                             what=key)
+    if isinstance(body, dict):
+        body.pop("detail", None)
+    return StartRecord.from_request(body)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,10 @@ A container asks for Bootseer with the OCI annotation ``io.bootseer.image=NAME``
 containerd, CRI-O, Docker >= 24 pass annotations through), or, because Docker 20.10 passes
 neither labels nor annotations to the runtime, with the variable ``BOOTSEER_IMAGE=NAME``
 in the container's environment (the way ``NVIDIA_VISIBLE_DEVICES`` works; the stub image of
-``bootseer image docker-stub`` sets it). Each setting is looked up as an annotation first.
+``bootseer image docker-stub`` sets it). Each setting is looked up as an annotation first,
+except the job, which is an annotation's only: a job's report and peers are shared by its
+nodes, so joining one is for whoever starts the pod (and the operator's ``agent.jobs``),
+never for an image's ``ENV``.
 
 :func:`rewrite` is a list of small modifiers applied to a copy of the config, so a failure
 in any of them leaves the original untouched and nothing is forwarded half-modified.
@@ -100,7 +103,7 @@ def requested(spec: Spec) -> Labels | None:
         raise SpecError(f"{ANNOTATION_PREFIX}record / {ENV_PREFIX}RECORD is {record!r}; "
                         f"use one of {', '.join(RECORD_MODES)}")
     return Labels(image=image, workload=setting("workload") or "default",
-                  job=setting("job"), record=record,
+                  job=annotations.get(ANNOTATION_PREFIX + "job") or None, record=record,
                   checkpoints=parse_checkpoints(setting("checkpoints")))
 
 

@@ -18,6 +18,10 @@ the operator's configuration before it is acted on:
 * **recording** (``image.record_images``): a start's recording rewrites the hot list that
   every later start of the image, on every node, prefetches. A container records only for
   images the operator lists; otherwise its ``record`` setting becomes ``never``.
+* **jobs** (``agent.jobs``): a job's report and its peers are its nodes' together; a
+  container joins one only where the operator grants its name.
+* **sharing** (``p2p.checkpoints``): which checkpoints a job's nodes may serve each other
+  (matched like ``checkpoint.allowed``).
 """
 
 from __future__ import annotations
@@ -108,21 +112,33 @@ def _resolve(scheme: str, path: str) -> str:
 
 
 class CheckpointPolicy:
-    """``checkpoint.allowed``: the URL prefixes the agent reads checkpoints under."""
+    """URL prefixes a checkpoint must lie under: ``checkpoint.allowed`` (what the agent
+    reads checkpoints from), or ``p2p.checkpoints`` (what a job's nodes may share)."""
 
-    KEY = "checkpoint.allowed"
-
-    def __init__(self, allowed: tuple[str, ...]) -> None:
+    def __init__(self, allowed: tuple[str, ...], key: str = "checkpoint.allowed") -> None:
+        self.setting = key
         self.prefixes = []
         for prefix in allowed:
             try:
                 self.prefixes.append(normalise(prefix))
             except ValueError as exc:
-                raise ConfigError(f"{self.KEY}: {exc}") from None
+                raise ConfigError(f"{self.setting}: {exc}") from None
 
     @classmethod
     def from_config(cls, config: Config) -> CheckpointPolicy:
         return cls(config.checkpoint.allowed)
+
+    @classmethod
+    def sharing(cls, config: Config) -> CheckpointPolicy:
+        """``p2p.checkpoints``: the checkpoints a job's nodes may serve each other."""
+        return cls(config.p2p.checkpoints, "p2p.checkpoints")
+
+    def allows(self, url: str) -> bool:
+        try:
+            self.check(url)
+        except PolicyError:
+            return False
+        return True
 
     def check(self, url: str) -> str:
         """The URL to read ``url`` through, if the operator allows it; else
@@ -130,31 +146,53 @@ class CheckpointPolicy:
         try:
             location = normalise(url)
         except ValueError as exc:
-            raise PolicyError(f"checkpoint {exc}; {self.KEY} allows only plain URLs under "
+            raise PolicyError(f"checkpoint {exc}; {self.setting} allows only plain URLs under "
                               f"its prefixes") from None
         if not any(location.within(prefix) for prefix in self.prefixes):
             listed = ", ".join(p.url for p in self.prefixes) or "none"
             raise PolicyError(
                 f"checkpoint {url} is not under a prefix the operator allows "
-                f"({self.KEY}: {listed}); ask the node's operator to add its location to "
-                f"{self.KEY} in /etc/bootseer/config.toml")
+                f"({self.setting}: {listed}); ask the node's operator to add its location to "
+                f"{self.setting} in /etc/bootseer/config.toml")
         return location.url
 
 
-class RecordingPolicy:
+class NameGrant:
+    """Names the operator grants, as prefixes (``"*"``: all): what ``agent.jobs`` and
+    ``image.record_images`` list."""
+
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        self.prefixes = prefixes
+
+    def allows(self, name: str) -> bool:
+        return any(p == "*" or name.startswith(p) for p in self.prefixes if p)
+
+
+class JobPolicy(NameGrant):
+    """``agent.jobs``: which jobs a container may join (their reports, their swarms)."""
+
+    KEY = "agent.jobs"
+
+    @classmethod
+    def from_config(cls, config: Config) -> JobPolicy:
+        return cls(config.agent.jobs)
+
+    def effective(self, job: str | None, runtime: str = "") -> str | None:
+        """The job a container joins: the one it names where the operator grants it (or
+        for the operator's own starts, :data:`OPERATOR_RUNTIMES`), else none."""
+        if job is None or runtime in OPERATOR_RUNTIMES or self.allows(job):
+            return job
+        return None
+
+
+class RecordingPolicy(NameGrant):
     """``image.record_images``: which images' container starts may record hot lists."""
 
     KEY = "image.record_images"
 
-    def __init__(self, images: tuple[str, ...]) -> None:
-        self.images = images
-
     @classmethod
     def from_config(cls, config: Config) -> RecordingPolicy:
         return cls(config.image.record_images)
-
-    def allows(self, image: str) -> bool:
-        return any(p == "*" or image.startswith(p) for p in self.images if p)
 
     def effective(self, image: str, asked: str, runtime: str = "") -> str:
         """The record mode a container gets: what it asked for where recording is granted

@@ -9,7 +9,9 @@ with the very same arguments. Everything else (other commands, containers that d
 is exec'd into runc at once, config untouched: this path imports nothing heavy and parses
 only the command line. A container that asked for Bootseer but cannot get its root fails to
 be created, with the reason on stderr and in runc's log file (where Docker and containerd
-read a runtime's error), because its engine image is only a stub.
+read a runtime's error), because its engine image is only a stub; so does one whose config
+is too large or nested too deep to tell whether it asked (:data:`MAX_CONFIG_BYTES`,
+:data:`bootseer.boundedjson.MAX_DEPTH`).
 
 The real runc: ``$BOOTSEER_RUNC``, else ``runc`` on ``PATH``, else ``/usr/sbin/runc``.
 """
@@ -40,6 +42,9 @@ _ACTS_ON = {"create", "run"}
 
 #: runc's state directory when ``--root`` is not given (run as root).
 DEFAULT_ROOT = "/run/runc"
+#: An OCI config (or state) is KiB, a few MiB with a huge environment: the shim and the
+#: hook (root) read no more of what a container's creator wrote.
+MAX_CONFIG_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -163,14 +168,15 @@ def prepare_bundle(call: RuncCall, argv0: str) -> None:
     Load, check, get the mount, modify a copy, then replace the file at once: a failure at
     any step leaves the config as it was (and fails the create).
     """
-    import json
-
+    from bootseer import boundedjson
     from bootseer.agents import oci
     from bootseer.jsonfile import write_json
 
     path = (call.bundle or Path.cwd()) / "config.json"
     try:
-        spec = json.loads(path.read_bytes())
+        spec = boundedjson.load_file(path, limit=MAX_CONFIG_BYTES, what=str(path))
+    except boundedjson.JSONLimitError:
+        raise  # too large or deep to tell whether it asks for Bootseer: refused
     except (OSError, ValueError):
         return  # not ours to judge: runc says what is wrong with the bundle
     labels = oci.requested(spec)  # bad Bootseer settings fail the create (SpecError)

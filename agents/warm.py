@@ -12,7 +12,9 @@ starting containers are fetching (:mod:`bootseer.agents.priority`). Standalone, 
 A request may name its ``job`` (and how many ``nodes`` it has) or give its ``peers``: with
 ``p2p.enabled``, the agent then fetches the hot pack and the snapshots' shards through its
 swarm from the job's other nodes (:class:`~bootseer.p2p.Fanout`), and the checkpoints'
-files too (their torrents built by the nodes together: :mod:`bootseer.p2p.sharedfile`).
+files too where the operator lets peers share them (``p2p.checkpoints``; their torrents
+built by the nodes together: :mod:`bootseer.p2p.sharedfile`). Only root names a job or
+peers (the agent refuses them to its socket's group).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bootseer.agents import fields
+from bootseer.agents.policy import CheckpointPolicy
 from bootseer.config import Config
 from bootseer.nodecache import NodeCache
 from bootseer.p2p import Fanout, Peer
@@ -132,13 +135,15 @@ def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
                                    on_plan=on_plan,
                                    on_progress=on_progress, before_fetch=before_fetch))
     source = CheckpointSource(config)  # its stores and cache as configured
+    sharing = CheckpointPolicy.sharing(config)
     checkpoints = []
     keep: set[str] = set()  # one checkpoint of the request never evicts another
     for url in request.checkpoints:
         turn()
         checkpoints.append(stage_checkpoint(
             source, url, concurrency=config.checkpoint.stage_concurrency, keep=keep,
-            fanout=fanout.among(url) if fanout else None, records=blobs.store,
+            fanout=fanout.among(url) if fanout and sharing.allows(url) else None,
+            records=blobs.store,
             on_plan=on_plan, on_progress=on_progress,
             before_fetch=before_fetch))
     return WarmSummary(image, envs, checkpoints,

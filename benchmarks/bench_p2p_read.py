@@ -63,11 +63,13 @@ READS = textwrap.dedent("""
     from bootseer.agents.client import AgentClient
     from bootseer.config import load_config
     from bootseer.p2p import Peer, rendezvous
+    from bootseer.p2p.trust import Trust
     from bootseer.store import open_configured_store
     args = json.loads(sys.argv[1])
     config = load_config().config
     store = open_configured_store(config)
-    rendezvous.announce(store, args["job"], args["node"], Peer(args["address"], args["port"]))
+    rendezvous.announce(store, Trust.from_config(config.p2p), args["job"], args["node"],
+                        Peer(args["address"], args["port"]))
     agent = AgentClient(config.agent.socket, answer_timeout=60)
     def read(offset):
         if args["via"] == "store":

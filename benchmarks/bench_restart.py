@@ -224,14 +224,14 @@ class Bench:
                     str(self.venv / "bin/python"), "/job/job.py", json.dumps(files)]
         files = [(f"/mnt/checkpoints/ckpt/{name}", digest) for name, digest in self.shards[group]]
         return [*common, "--runtime", "bootseer", "-e", f"BOOTSEER_WORKLOAD=restart-{self.round}",
-                "-e", f"BOOTSEER_JOB=restart-{self.round}-{case}",
                 "-e", f"BOOTSEER_CHECKPOINTS=ckpt={self.checkpoint_url(group)}",
                 STUB, str(self.venv / "bin/python"), "/job/job.py", json.dumps(files)]
 
     def warm_command(self, i: int, key: str, swarm: int = 0) -> list[str]:
         """The job's warm on node i; with ``swarm`` nodes, as one job whose nodes share
-        what they fetch (peer-to-peer): the job its containers name (BOOTSEER_JOB), so
-        that their demand reads split the store reads by the members the warm gathered."""
+        what they fetch (peer-to-peer): the job the node's containers then join (the one
+        root warmed the node for: Docker 20.10 passes no annotation), so that their
+        demand reads split the store reads by the members the warm gathered."""
         job = ["--job", f"restart-{self.round}-bootseer_p2p", "--nodes", str(swarm)] \
             if swarm else []
         return self.bootseer("warm", "--agent", "--json", *job, "--image", IMAGE,

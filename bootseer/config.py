@@ -152,6 +152,11 @@ class AgentConfig:
     #: a second or two of CPU (interpreter, imports, the store's JVM) off a container's
     #: start. A mount uses one per server (the image's, one per checkpoint directory).
     spare_servers: int = 2
+    #: Jobs (name prefixes; "*" for all) a container may join with ``io.bootseer.job``:
+    #: a job's report and its peers' swarm are shared by every node of it, so joining one
+    #: is the operator's grant (as the pod's annotation, never the image's ``ENV``). By
+    #: default no container names a job (``bootseer image run`` and root's warms do).
+    jobs: Strings = ()
 
 
 @dataclass
@@ -191,6 +196,19 @@ class P2PConfig:
     #: waits before this node reads it from the store. Shorter: a dead peer costs less
     #: time; longer: a slow peer costs fewer extra store reads.
     piece_grace: float = 2.0
+    #: The cluster's peer key, the same on every node (root's alone, mode 0600, at least
+    #: 32 random bytes: ``head -c 32 /dev/urandom``): only holders connect to a node's
+    #: swarm, and only records it authenticates (members, piece hashes) are believed.
+    #: A store writer, a container or a local user holds none.
+    key_file: Path = Path("/etc/bootseer/p2p.key")
+    #: The networks peers are on (CIDRs, "198.18.0.0/15"): the swarm dials and answers
+    #: addresses in them only, never loopback, link-local, multicast or unspecified ones.
+    #: Required with ``enabled``.
+    networks: Strings = ()
+    #: Checkpoint URL prefixes whose files may be shared between a job's nodes (each
+    #: file also readable by every user at its source). Empty (the default): checkpoints
+    #: are always read from the store, never served to peers.
+    checkpoints: Strings = ()
 
 
 @dataclass

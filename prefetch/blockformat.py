@@ -38,6 +38,7 @@ from typing import Any, TypeVar, overload
 
 import zstandard
 
+from bootseer import boundedjson
 from bootseer.errors import BootseerError
 from bootseer.limits import decompress
 from bootseer.prefetch.rootfs import Kind
@@ -272,7 +273,8 @@ def _encode_tables(m: Manifest) -> bytes:
 def _decode_tables(raw: memoryview) -> Manifest:
     try:
         head_len = int.from_bytes(raw[:4], "little")
-        header = json.loads(bytes(raw[4 : 4 + head_len]))
+        header = boundedjson.loads(bytes(raw[4 : 4 + head_len]), limit=MAX_MANIFEST_BYTES,
+                                   what="an image manifest's header")
         if not isinstance(header, dict):
             raise ValueError("its header is not a JSON object")
         if header.get("format") != FORMAT:
@@ -428,7 +430,7 @@ _NO_XATTRS: dict[str, bytes] = {}  # shared: entries are never modified
 
 def _decode_json(raw: bytes) -> Manifest:
     try:
-        body = json.loads(raw)
+        body = boundedjson.loads(raw, limit=MAX_MANIFEST_BYTES, what="an image manifest")
     except ValueError as exc:
         raise ImageManifestError(f"image manifest is not valid: {exc}") from exc
     if not isinstance(body, dict):

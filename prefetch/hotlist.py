@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from bootseer import boundedjson
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch.blockformat import Manifest
 from bootseer.store import BlobStore
@@ -83,7 +84,7 @@ class HotList:
 
     @classmethod
     def decode(cls, data: bytes) -> HotList:
-        body = json.loads(data)
+        body = boundedjson.loads(data, limit=MAX_HOTLIST_BYTES, what="a hot list")
         if body.get("format") != FORMAT:
             raise ValueError(f"unknown hot list format {body.get('format')!r}")
         samples = {digest: [float(t) for t in times] for digest, _, times in body["blocks"]}

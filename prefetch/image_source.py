@@ -31,7 +31,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import json
 import logging
 import posixpath
 import re
@@ -45,6 +44,7 @@ from typing import Any, BinaryIO
 
 import zstandard
 
+from bootseer import boundedjson
 from bootseer.errors import BootseerError, IntegrityError
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,9 @@ _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 _BLOB_PATH = re.compile(r"blobs/sha256/([0-9a-f]{64})")
 # Manifests, indexes and configs are small; a huge one is an attack on our memory.
 _MAX_JSON_BLOB = 32 << 20
+#: An image's config is kept in its manifest's header, and in each mount's info file, one
+#: level down: it may nest one level less than they may.
+_CONFIG_DEPTH = boundedjson.MAX_DEPTH - 1
 _MAX_INDEX_DEPTH = 4
 _CHUNK = 1 << 20
 
@@ -429,17 +432,17 @@ def _read_small_blob(opener: Callable[[], BinaryIO], desc: _Descriptor) -> bytes
         return io.BufferedReader(reader).read()
 
 
-def _parse_json(data: bytes, where: str) -> Any:
-    if len(data) > _MAX_JSON_BLOB:
-        raise ImageFormatError(f"{where}: larger than {_MAX_JSON_BLOB} bytes")
+def _parse_json(data: bytes, where: str, depth: int = boundedjson.MAX_DEPTH) -> Any:
     try:
-        return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return boundedjson.loads(data, limit=_MAX_JSON_BLOB, what=where, depth=depth)
+    except boundedjson.JSONLimitError as e:
+        raise ImageFormatError(str(e)) from None
+    except ValueError as e:
         raise ImageFormatError(f"{where}: bad JSON: {e}") from None
 
 
 def _parse_config(data: bytes, where: str) -> dict[str, Any]:
-    config = _parse_json(data, where)
+    config = _parse_json(data, where, _CONFIG_DEPTH)
     if not isinstance(config, dict):
         raise ImageFormatError(f"{where}: not a JSON object")
     return config

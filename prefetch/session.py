@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bootseer import boundedjson
 from bootseer.errors import BootseerError
 from bootseer.fuse.server import PushCounts, RequestCounts, serve_at
 from bootseer.fuse.server import serve as serve_connection
@@ -36,6 +36,11 @@ T = TypeVar("T")
 
 #: How often a mount's statistics file is refreshed.
 STATS_INTERVAL = 0.5
+#: A mount's info file: the image's config (32 MiB at most, prefetch.image_source) and a
+#: few fields.
+MAX_INFO_BYTES = 33 << 20
+#: A mount's statistics: some dozens of counters.
+MAX_STATS_BYTES = 1 << 20
 
 #: Starts are recorded by default until the hot list has merged this many: by then it has
 #: converged, and further starts only pay for the recording.
@@ -112,7 +117,7 @@ class MountInfo:
 
     @classmethod
     def load(cls, path: Path) -> MountInfo:
-        body = json.loads(path.read_text())
+        body = boundedjson.load_file(path, limit=MAX_INFO_BYTES, what=f"mount info {path}")
         info = cls(str(body["image_id"]), body["config"], int(body["content_bytes"]),
                    bool(body["recording"]))
         if not isinstance(info.config, dict):
@@ -199,7 +204,8 @@ class MountStats:
 
     @classmethod
     def load(cls, path: Path) -> MountStats:
-        return cls.from_json(json.loads(path.read_text()))
+        return cls.from_json(boundedjson.load_file(path, limit=MAX_STATS_BYTES,
+                                                   what=f"mount statistics {path}"))
 
 
 def _fields(kind: type[T], body: dict[str, Any]) -> T:

@@ -25,6 +25,7 @@ from typing import Any
 
 import zstandard
 
+from bootseer import boundedjson
 from bootseer.errors import BootseerError, IntegrityError
 from bootseer.limits import decompress
 
@@ -108,7 +109,9 @@ class Manifest:
     @classmethod
     def decode(cls, data: bytes, origin: str) -> Manifest:
         try:
-            body = json.loads(decompress(data, MAX_MANIFEST_BYTES, f"snapshot manifest {origin}"))
+            what = f"snapshot manifest {origin}"
+            body = boundedjson.loads(decompress(data, MAX_MANIFEST_BYTES, what),
+                                     limit=MAX_MANIFEST_BYTES, what=what)
         except ValueError as exc:
             raise IntegrityError(f"snapshot manifest {origin} is unreadable: {exc}") from exc
         if not isinstance(body, dict) or body.get("format") != FORMAT:

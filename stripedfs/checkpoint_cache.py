@@ -52,6 +52,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bootseer import boundedjson
 from bootseer.config import Config
 from bootseer.errors import BootseerError, IntegrityError
 from bootseer.nodecache import CacheBusy, NodeCache
@@ -279,8 +280,8 @@ def _load_record(path: Path, url: str | None) -> CopyRecord | None:
     """The record in ``path`` (for ``url``, if given), or None: missing, unreadable, or not
     a record (a digest that is not one names no entry)."""
     try:
-        with open(path, "rb") as f:
-            fields = json.loads(f.read(MAX_RECORD_BYTES))
+        fields = boundedjson.load_file(path, limit=MAX_RECORD_BYTES,
+                                       what=f"checkpoint cache record {path}")
         record = CopyRecord(**fields)
         if not (isinstance(record.url, str) and isinstance(record.size, int) and
                 isinstance(record.mtime, int | float)):

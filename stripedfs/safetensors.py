@@ -9,10 +9,10 @@ all stripes in parallel into one buffer and build tensors as views of it.
 
 from __future__ import annotations
 
-import json
 import struct
 from typing import Any
 
+from bootseer import boundedjson
 from bootseer.errors import BootseerError
 from bootseer.stripedfs.reader import StripedReader
 
@@ -41,10 +41,9 @@ def shard_names(index: bytes, where: str) -> list[str]:
     """The shards a ``model.safetensors.index.json`` names, in order of first mention:
     plain file names beside the index (a name with a path in it could read anything the
     caller can)."""
-    if len(index) > MAX_INDEX_BYTES:
-        raise SafetensorsFormatError(f"{where}: index larger than {MAX_INDEX_BYTES} bytes")
     try:
-        weight_map = json.loads(index)["weight_map"]
+        weight_map = boundedjson.loads(index, limit=MAX_INDEX_BYTES,
+                                       what=f"{where}: index")["weight_map"]
         if not isinstance(weight_map, dict):
             raise TypeError("weight_map is not an object")
     except (ValueError, KeyError, TypeError) as exc:
@@ -67,7 +66,8 @@ def load(reader: StripedReader, device: str = "cpu") -> dict[str, Any]:
     if header_len > min(_MAX_HEADER, reader.size - 8):
         raise SafetensorsFormatError(f"{reader.name}: header length {header_len} is invalid")
     try:
-        header = json.loads(reader.fetch(8, header_len))
+        header = boundedjson.loads(reader.fetch(8, header_len), limit=_MAX_HEADER,
+                                   what=f"{reader.name}: header")
     except ValueError as exc:
         raise SafetensorsFormatError(f"{reader.name}: header is not JSON: {exc}") from exc
     header.pop("__metadata__", None)

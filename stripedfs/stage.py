@@ -93,7 +93,8 @@ def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int = 8
     ranged read and may block (the agent's priorities). With ``fanout`` (a job's, p2p on)
     and ``records`` (Bootseer's store, where the files' torrents are kept) each file
     comes through the job's swarm (:meth:`Fanout.fetch_file`), and from the store as
-    before when it cannot.
+    before when it cannot; a file not every user may read at its source never does (its
+    copy would be seeded to the job's other nodes, whoever runs there).
     """
     started = time.monotonic()
     cache = source.copies
@@ -121,10 +122,10 @@ def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int = 8
             if info.size > cache.max_bytes:
                 raise StagingError(f"{info.size} bytes do not fit in the checkpoint cache "
                                    f"({cache.max_bytes} bytes, checkpoint.cache_size)")
-            if fanout is not None and records is not None:
-                shared = _share(cache, SharedFile(store, records, info.key, file_url,
-                                                  info.size, info.mtime),
-                                info, keep, fanout, on_progress=on_progress,
+            file = SharedFile(store, records, info.key, file_url, info.size, info.mtime) \
+                if fanout is not None and records is not None else None
+            if fanout is not None and file is not None and file.readable_by_all:
+                shared = _share(cache, file, info, keep, fanout, on_progress=on_progress,
                                 before_fetch=before_fetch)
                 if shared is not None:
                     return info.size, shared

@@ -29,6 +29,7 @@ def _isolated_config(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / "state"))
     for name in list(os.environ):
         if name.startswith("BOOTSEER_") and name not in ("BOOTSEER_HDFS_CACHE",):
             monkeypatch.delenv(name)
@@ -64,3 +65,50 @@ def hdfs_cluster(tmp_path_factory: pytest.TempPathFactory):
     os.environ.update({k: v for k, v in cluster.env().items() if not k.startswith("BOOTSEER_")})
     yield cluster
     cluster.stop()
+
+
+#: In-process swarms listen on addresses of a link of their own: a swarm never dials
+#: loopback.
+LOCAL_PEER_NET = "198.19.254.0/24"
+LOCAL_PEERS = tuple(f"198.19.254.{i}" for i in range(1, 5))
+
+
+@pytest.fixture(scope="session")
+def local_peer_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A link (``bsp2p<pid>``, one end of a veth pair: this kernel has no dummy links)
+    holding LOCAL_PEERS in this namespace, for swarms in the test's own process, and a
+    peer key for them; the pair is removed at the end."""
+    import subprocess
+
+    link = f"bsp2p{os.getpid()}"[:13]  # its own: concurrent runs keep their addresses
+    if os.geteuid() != 0:
+        reason = "in-process swarms need root to add a dummy link for their addresses"
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    subprocess.run(["ip", "link", "add", link, "type", "veth", "peer", "name", link + "1"],
+                   check=True)
+    try:
+        for address in LOCAL_PEERS:
+            subprocess.run(["ip", "addr", "add", f"{address}/32", "dev", link], check=True)
+        subprocess.run(["ip", "link", "set", link, "up"], check=True)
+        key = tmp_path_factory.mktemp("p2pkey") / "p2p.key"
+        key.write_bytes(os.urandom(32))
+        key.chmod(0o600)
+        yield key
+    finally:
+        subprocess.run(["ip", "link", "del", link], check=True)
+
+
+@pytest.fixture
+def local_swarm(local_peer_key: Path):
+    """``local_swarm(i=0, **p2p_overrides)``: a Swarm listening on LOCAL_PEERS[i]."""
+    from bootseer.config import P2PConfig
+    from bootseer.p2p.swarm import Swarm
+
+    def make(i: int = 0, **overrides) -> Swarm:
+        settings = {"networks": (LOCAL_PEER_NET,), **overrides}
+        return Swarm(P2PConfig(enabled=True, listen=f"{LOCAL_PEERS[i]}:0",
+                               key_file=local_peer_key, **settings))
+
+    return make

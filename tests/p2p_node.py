@@ -8,7 +8,12 @@
   seed it from there; print the result; wait for ``stop``.
 * ``seed``: the blob read plainly from the store, seeded; announce; ready; wait for stop.
 * ``attacker``: a bare libtorrent session with hash checks off seeding a corrupted copy
-  (every byte flipped) in seed mode, so it serves bad pieces; announce; ready; stop.
+  (every byte flipped) in seed mode, so it serves bad pieces; it holds the cluster's key
+  (a node gone bad: it connects and announces like one); announce; ready; stop.
+* ``outsider``: anyone who can read the store but holds no key (run as another uid, no
+  store access: the torrent's bytes come in the spec as ``torrent``): a plain libtorrent
+  session that dials ``target`` for ``seconds`` with the store's torrent, every
+  encryption setting libtorrent has tried in turn; prints the payload bytes it got.
 * ``share``: like ``fetch``, for the store object at ``key`` (no digest, no torrent
   published beforehand: a checkpoint file) through ``Fanout.fetch_file``, with ``extra``
   peers that never answer added to the members; prints the result (or ``shared: false``).
@@ -61,10 +66,13 @@ def main(spec: dict) -> None:
     blobs = BlobStore(store)
     digest, work = spec["digest"], Path(spec["work"])
     work.mkdir(parents=True, exist_ok=True)
+    if spec["role"] == "outsider":
+        return outsider(spec)
     config = P2PConfig(enabled=spec["role"] != "off", listen=spec["listen"],
                        upload_rate=spec.get("upload_rate", 0),
                        seed_time=spec.get("seed_time", 600.0),
-                       piece_grace=spec.get("piece_grace", 2.0))
+                       piece_grace=spec.get("piece_grace", 2.0),
+                       key_file=Path(spec["key_file"]), networks=tuple(spec["networks"]))
     if spec["role"] == "off":
         swarm = open_swarm(config)
         result = fetch_blob(blobs, digest, work / "blob", swarm=swarm)
@@ -87,11 +95,11 @@ def main(spec: dict) -> None:
     if spec["role"] == "seed":
         fetch_blob(blobs, digest, final, swarm=None)
         swarm.seed(torrent, final)
-    rendezvous.announce(store, spec["job"], spec["node"], swarm.address)
+    rendezvous.announce(store, swarm.trust, spec["job"], spec["node"], swarm.address)
     say(ready=str(swarm.address))
     if spec["role"] == "fetch":
         wait_for(spec["go"])
-        peers = rendezvous.members(store, spec["job"])
+        peers = rendezvous.members(store, swarm.trust, spec["job"])
         counted = [0]
         lock = threading.Lock()
 
@@ -132,10 +140,11 @@ def share(spec: dict, config: P2PConfig, store, work: Path) -> None:
         return read_range(k, offset, length)
 
     store.read_range = counting  # every store read of the object, the hashing's included
-    rendezvous.announce(store, spec["job"], spec["node"], swarm.address)
+    rendezvous.announce(store, swarm.trust, spec["job"], spec["node"], swarm.address)
     say(ready=str(swarm.address))
     wait_for(spec["go"])
-    peers = rendezvous.members(store, spec["job"]) + parse_peers(spec.get("extra", ""))
+    peers = rendezvous.members(store, swarm.trust, spec["job"]) + \
+        parse_peers(spec.get("extra", ""))
     info = store.stat(key)
     shared = SharedFile(store, store, key, f"{store.url}/{key}", info.size, info.mtime)
     fanout = Fanout(swarm, tuple(peers))
@@ -159,7 +168,10 @@ def attacker(spec: dict, blobs: BlobStore, work: Path) -> None:
     import libtorrent as lt
 
     from bootseer.p2p import torrents
+    from bootseer.p2p.trust import Trust
 
+    trust = Trust.from_config(P2PConfig(key_file=Path(spec["key_file"]),
+                                        networks=tuple(spec["networks"])))
     digest = spec["digest"]
     size = blobs.stat(digest).size
     torrent = torrents.load(blobs.store, digest, size)
@@ -170,9 +182,10 @@ def attacker(spec: dict, blobs: BlobStore, work: Path) -> None:
     ses = lt.session({"listen_interfaces": spec["listen"], "enable_dht": False,
                       "enable_lsd": False, "enable_upnp": False, "enable_natpmp": False,
                       "enable_incoming_utp": False, "enable_outgoing_utp": False,
-                      "disable_hash_checks": True, "unchoke_slots_limit": -1}, 0)
+                      "disable_hash_checks": True, "unchoke_slots_limit": -1,
+                      "in_enc_policy": 0, "out_enc_policy": 0}, 0)  # forced, as nodes are
     params = lt.add_torrent_params()
-    params.ti = lt.torrent_info(torrent.info)
+    params.ti = torrent.keyed(trust)
     params.save_path = str(bad)
     params.flags = lt.torrent_flags.seed_mode
     ses.add_torrent(params)
@@ -180,13 +193,36 @@ def attacker(spec: dict, blobs: BlobStore, work: Path) -> None:
     while not ses.is_listening() or ses.listen_port() == 0:
         assert time.monotonic() < deadline, "the attacker cannot listen"
         time.sleep(0.01)
-    rendezvous.announce(blobs.store, spec["job"], spec["node"],
+    rendezvous.announce(blobs.store, trust, spec["job"], spec["node"],
                         Peer(host, ses.listen_port()))
     say(ready=f"{host}:{ses.listen_port()}")
     wait_for(spec["stop"])
     uploaded = ses.get_torrents()[0].status().total_payload_upload
     del ses
     say(stopped=True, uploaded=uploaded)
+
+
+def outsider(spec: dict) -> None:
+    import libtorrent as lt
+
+    work = Path(spec["work"])
+    got = 0
+    for enc in (2, 1, 0):  # plaintext, encryption allowed, encryption forced
+        ses = lt.session({"listen_interfaces": spec["listen"], "enable_dht": False,
+                          "enable_lsd": False, "enable_upnp": False, "enable_natpmp": False,
+                          "in_enc_policy": enc, "out_enc_policy": enc}, 0)
+        params = lt.add_torrent_params()
+        params.ti = lt.torrent_info(bytes.fromhex(spec["torrent"]))
+        params.save_path = str(work)
+        handle = ses.add_torrent(params)
+        host, _, port = spec["target"].rpartition(":")
+        deadline = time.monotonic() + spec["seconds"]
+        while time.monotonic() < deadline:
+            handle.connect_peer((host, int(port)))
+            time.sleep(0.2)
+        got += handle.status().total_payload_download
+        del ses
+    say(downloaded=got, uid=os.getuid())
 
 
 if __name__ == "__main__":

@@ -43,8 +43,9 @@ def spec(env: dict[str, str] | None = None, annotations: dict[str, str] | None =
     (spec(annotations={"io.bootseer.image": "py", "io.bootseer.workload": "train",
                        "io.bootseer.job": "j1", "io.bootseer.record": "never"}),
      oci.Labels("py", "train", "j1", "never")),
+    # an image's ENV names no job: joining one (its report, its peers) is the pod's
     (spec(env={"BOOTSEER_IMAGE": "py", "BOOTSEER_WORKLOAD": "eval", "BOOTSEER_JOB": "j2",
-               "BOOTSEER_RECORD": "always"}), oci.Labels("py", "eval", "j2", "always")),
+               "BOOTSEER_RECORD": "always"}), oci.Labels("py", "eval", None, "always")),
     # the annotation wins over the environment, setting by setting
     (spec(env={"BOOTSEER_IMAGE": "env-img", "BOOTSEER_WORKLOAD": "w-env"},
           annotations={"io.bootseer.image": "ann-img"}), oci.Labels("ann-img", "w-env")),

@@ -15,18 +15,22 @@ import json
 import logging
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
 
 import libtorrent as lt
 import pytest
-from conftest import IN_CI, wait_until
+from conftest import IN_CI, LOCAL_PEERS, wait_until
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bootseer.config import P2PConfig, load_config
 from bootseer.errors import BootseerError, IntegrityError
@@ -44,6 +48,7 @@ from bootseer.p2p import (
 )
 from bootseer.p2p.swarm import Swarm, SwarmError, parse_listen
 from bootseer.p2p.torrents import TorrentError
+from bootseer.p2p.trust import Networks, PeerKey, Trust
 from bootseer.store import BlobStore, open_store
 from bootseer.store.local import LocalStore
 from bootseer_dev import netns
@@ -54,6 +59,8 @@ SUBNET = "198.18.64"
 NODES = 5
 BLOB_SIZE = 8 << 20  # 512 KiB pieces: 16 of them
 ROOT = Path(__file__).resolve().parent.parent
+#: The key and networks of these tests' peer records.
+TRUST = Trust(PeerKey(os.urandom(32)), Networks.parse(["198.18.0.0/15"]))
 
 
 # -- a blob in a store, with its torrent ---------------------------------------------------
@@ -106,7 +113,8 @@ def test_a_torrent_is_published_create_only_and_loads_checked(tmp_path: Path) ->
         torrents.load(blob.blobs.store, "sha256:" + "0" * 64, 10)
 
 
-def test_a_blob_that_ends_inside_a_piece_has_a_torrent_and_is_fetched(tmp_path: Path) -> None:
+def test_a_blob_that_ends_inside_a_piece_has_a_torrent_and_is_fetched(
+        tmp_path: Path, local_swarm) -> None:
     """libtorrent pads such a file with a pad file of its own (not in the torrent's
     bytes): loading accepts exactly that one, and a fetch completes without it."""
     for size in (1, 16385, 300_000):
@@ -114,7 +122,7 @@ def test_a_blob_that_ends_inside_a_piece_has_a_torrent_and_is_fetched(tmp_path: 
         blob = _blob(tmp_path / str(size), size)
         t = torrents.load(blob.blobs.store, blob.digest, size)
         assert t.size == size and t.num_pieces == -(-size // t.piece_size)
-        with _loopback() as swarm:
+        with local_swarm() as swarm:
             fetch_blob(blob.blobs, blob.digest, tmp_path / f"{size}.got", swarm=swarm)
         assert (tmp_path / f"{size}.got").read_bytes() == blob.data
     two_files = _lt_torrent(tmp_path, {f"{blob.digest[7:]}/a": b"x" * 1000,
@@ -125,7 +133,7 @@ def test_a_blob_that_ends_inside_a_piece_has_a_torrent_and_is_fetched(tmp_path: 
 
 
 def test_an_object_under_its_own_key_is_fetched_checked_against_its_digest(
-        tmp_path: Path) -> None:
+        tmp_path: Path, local_swarm) -> None:
     """A pack (``packs/<hex>``): no chunk table, so a plain read hashes it whole."""
     store = open_store((tmp_path / "store").as_uri())
     data = os.urandom(200_000)
@@ -135,7 +143,7 @@ def test_an_object_under_its_own_key_is_fetched_checked_against_its_digest(
     assert (tmp_path / "a").read_bytes() == data and result.store_bytes == len(data)
     (tmp_path / "src").write_bytes(data)
     assert torrents.publish(store, digest, torrents.build(digest, len(data), tmp_path / "src"))
-    with _loopback() as swarm:
+    with local_swarm() as swarm:
         result = fetch_object(store, "packs/" + digest[7:], digest, tmp_path / "b",
                               swarm=swarm)
     assert (tmp_path / "b").read_bytes() == data and result.store_bytes == len(data)
@@ -270,16 +278,24 @@ def test_peers_parse_as_ip_literals_only() -> None:
 def test_members_come_from_the_store_and_hostile_records_are_skipped(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = open_store((tmp_path / "store").as_uri())
-    rendezvous.announce(store, "job:1", "n1", Peer("198.18.64.2", 6881))
-    rendezvous.announce(store, "job:1", "n0", Peer("198.18.64.1", 6881))
-    rendezvous.announce(store, "job:1", "n0", Peer("198.18.64.1", 6999))  # restarted
-    rendezvous.announce(store, "other", "n9", Peer("198.18.64.9", 6881))
+    rendezvous.announce(store, TRUST, "job:1", "n1", Peer("198.18.64.2", 6881))
+    rendezvous.announce(store, TRUST, "job:1", "n0", Peer("198.18.64.1", 6881))
+    rendezvous.announce(store, TRUST, "job:1", "n0", Peer("198.18.64.1", 6999))  # restarted
+    rendezvous.announce(store, TRUST, "other", "n9", Peer("198.18.64.9", 6881))
     prefix = rendezvous.peers_dir("job:1")
     assert prefix == "p2p/jobs/job%3A1/peers"
 
     def record(**fields):
-        base = {"node": "x", "address": "198.18.64.50", "port": 6881, "time": 1.0}
+        base = {"node": "x", "address": "198.18.64.50", "port": 6881, "time": 1.0,
+                "wants": [], "auth": "0" * 64}
         return json.dumps({**base, **fields}).encode()
+
+    def signed(node: str, address: str, key: PeerKey = TRUST.key) -> bytes:
+        """A record as an agent holding ``key`` writes it."""
+        other = open_store((tmp_path / node).as_uri())
+        trust = Trust(key, Networks.parse(["0.0.0.0/0", "::/0"]))
+        rendezvous.announce(other, trust, "job:1", node, Peer.of(address, 6881))
+        return other.get(f"{prefix}/{node}.json")
 
     hostile = {
         "big": record(node="big", address="198.18.64.51" + " " * 40000),
@@ -300,28 +316,39 @@ def test_members_come_from_the_store_and_hostile_records_are_skipped(
         "portbool": record(node="portbool", port=True),
         "elsewhere": record(node="n1"),  # claims to be another node
         "timestr": record(node="timestr", time="now"),
+        # Well-formed, but not written by a holder of the cluster's key.
+        "unsigned": json.dumps({"node": "unsigned", "address": "198.18.64.53",
+                                "port": 6881, "time": 1.0, "wants": []}).encode(),
+        "forged": record(node="forged"),
+        "otherkey": signed("otherkey", "198.18.64.54", PeerKey(os.urandom(32))),
+        "moved": signed("moved", "198.18.64.55").replace(b"64.55", b"64.56"),
+        # Signed, but where no node of the job may be: off p2p.networks, loopback,
+        # unspecified, multicast, broadcast, link-local.
+        **{f"addr{i}": signed(f"addr{i}", address) for i, address in enumerate((
+            "127.0.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255", "::1", "169.254.1.1",
+            "10.1.2.3", "::ffff:127.0.0.1", "fe80::1"))},
     }
     for name, data in hostile.items():
         store.put(f"{prefix}/{name}.json", data)
     with caplog.at_level(logging.WARNING, logger="bootseer.p2p.rendezvous"):
-        found = rendezvous.members(store, "job:1")
+        found = rendezvous.members(store, TRUST, "job:1")
     assert found == [Peer("198.18.64.1", 6999), Peer("198.18.64.2", 6881)]
     assert len([r for r in caplog.records if "skipping" in r.message]) == len(hostile)
     rendezvous.withdraw(store, "job:1", "n1")
     rendezvous.withdraw(store, "job:1", "n1")  # gone already: fine
-    assert rendezvous.members(store, "job:1") == [Peer("198.18.64.1", 6999)]
+    assert rendezvous.members(store, TRUST, "job:1") == [Peer("198.18.64.1", 6999)]
     for job, node in (("../x", "n"), ("job", "../n"), ("", "n"), ("job", "a/b")):
         with pytest.raises(BootseerError):
-            rendezvous.announce(store, job, node, Peer("198.18.64.1", 1))
+            rendezvous.announce(store, TRUST, job, node, Peer("198.18.64.1", 1))
 
 
-def test_a_checkpoint_is_shared_among_the_members_that_want_it(tmp_path: Path) -> None:
+def test_a_checkpoint_is_shared_among_the_members_that_want_it(tmp_path: Path, local_swarm) -> None:
     store = open_store((tmp_path / "store").as_uri())
     group = {"hdfs://nn/ckpt/a": (0, 1), "hdfs://nn/ckpt/b": (2, 3)}
     for i in range(4):
         urls = [url for url, nodes in group.items() if i in nodes]
-        rendezvous.announce(store, "j", f"n{i}", Peer(f"198.18.64.{i + 1}", 6881), urls)
-    roster = rendezvous.gather(store, "j", 4)
+        rendezvous.announce(store, TRUST, "j", f"n{i}", Peer(f"198.18.64.{i + 1}", 6881), urls)
+    roster = rendezvous.gather(store, TRUST, "j", 4)
     assert [m.peer.address for m in roster] == [f"198.18.64.{i + 1}" for i in range(4)]
     for url, nodes in group.items():
         wanted = rendezvous.wanting(roster, url)
@@ -331,23 +358,23 @@ def test_a_checkpoint_is_shared_among_the_members_that_want_it(tmp_path: Path) -
     assert rendezvous.wanting_within(roster, "hdfs://nn/ckpt/a/model-0.safetensors") == \
         rendezvous.wanting(roster, "hdfs://nn/ckpt/a")
     assert rendezvous.wanting_within(roster, "hdfs://nn/ckpt/ab/x") == []
-    with _loopback() as swarm:
+    with local_swarm() as swarm:
         fanout = Fanout(swarm, tuple(m.peer for m in roster),
                         {url: tuple(rendezvous.wanting(roster, url)) for url in group})
         assert fanout.among("hdfs://nn/ckpt/a").peers == fanout.wanting["hdfs://nn/ckpt/a"]
         assert fanout.among("hdfs://nn/ckpt/a").results is fanout.results
         assert fanout.among("hdfs://other") is fanout  # not in the records: every member
     with pytest.raises(BootseerError):
-        rendezvous.announce(store, "j", "n9", Peer("198.18.64.9", 1),
+        rendezvous.announce(store, TRUST, "j", "n9", Peer("198.18.64.9", 1),
                             [f"u{i}" for i in range(rendezvous.MAX_WANTS + 1)])
 
 
 def test_members_read_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = open_store((tmp_path / "store").as_uri())
     for i in range(5):
-        rendezvous.announce(store, "j", f"n{i}", Peer(f"198.18.64.{i + 1}", 6881))
+        rendezvous.announce(store, TRUST, "j", f"n{i}", Peer(f"198.18.64.{i + 1}", 6881))
     monkeypatch.setattr(rendezvous, "MAX_MEMBERS", 3)
-    assert len(rendezvous.members(store, "j")) == 3
+    assert len(rendezvous.members(store, TRUST, "j")) == 3
 
 
 def test_the_p2p_section_of_the_config(tmp_path: Path) -> None:
@@ -365,13 +392,9 @@ def test_the_p2p_section_of_the_config(tmp_path: Path) -> None:
 # -- one session, no network: store fallback, seeding limits ---------------------------------
 
 
-def _loopback(**overrides) -> Swarm:
-    return Swarm(P2PConfig(enabled=True, listen="127.0.0.1:0", **overrides))
-
-
-def test_without_peers_every_piece_comes_from_the_store(tmp_path: Path) -> None:
+def test_without_peers_every_piece_comes_from_the_store(tmp_path: Path, local_swarm) -> None:
     blob = _blob(tmp_path, 1 << 20)
-    with _loopback() as swarm:
+    with local_swarm() as swarm:
         result = fetch_blob(blob.blobs, blob.digest, tmp_path / "got", swarm=swarm)
         assert (tmp_path / "got").read_bytes() == blob.data
         assert (result.store_bytes, result.peer_bytes, result.peers) == (1 << 20, 0, 0)
@@ -379,14 +402,14 @@ def test_without_peers_every_piece_comes_from_the_store(tmp_path: Path) -> None:
 
 
 def test_a_torrent_that_lies_about_its_blob_costs_a_fetch_not_a_byte(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, local_swarm) -> None:
     blob = _blob(tmp_path, 1 << 20, torrent=False)
     # A well-formed torrent, named after the blob, whose hashes are of other bytes.
     lying = _lt_torrent(tmp_path, {blob.digest[7:]: os.urandom(1 << 20)}, 64 << 10,
                         lt.create_torrent.v2_only)
     torrents.publish(blob.blobs.store, blob.digest, lying)
     torrent = torrents.load(blob.blobs.store, blob.digest, 1 << 20)
-    with _loopback() as swarm:
+    with local_swarm() as swarm:
         with pytest.raises(IntegrityError, match="does not describe the blob"):
             swarm.fetch(torrent, tmp_path / "a", [],
                         lambda o, n: blob.blobs.read_range(blob.digest, o, n))
@@ -398,18 +421,19 @@ def test_a_torrent_that_lies_about_its_blob_costs_a_fetch_not_a_byte(
     # No torrent at all: the plain read.
     (tmp_path / "x").mkdir()
     other = _blob(tmp_path / "x", 1000, torrent=False)
-    with _loopback() as swarm:
+    with local_swarm() as swarm:
         fetch_blob(other.blobs, other.digest, tmp_path / "c", swarm=swarm)
     assert (tmp_path / "c").read_bytes() == other.data
 
 
-def test_seeding_stops_when_told_after_seed_time_or_after_a_start(tmp_path: Path) -> None:
+def test_seeding_stops_when_told_after_seed_time_or_after_a_start(
+        tmp_path: Path, local_swarm) -> None:
     blob = _blob(tmp_path, 1 << 20)
     path = tmp_path / blob.digest[7:]
     path.write_bytes(blob.data)
     os.chmod(path, 0o444)
     torrent = torrents.load(blob.blobs.store, blob.digest, 1 << 20)
-    with _loopback(seed_time=0.5) as swarm:
+    with local_swarm(seed_time=0.5) as swarm:
         assert swarm.seed(torrent, path)
         assert not swarm.seed(torrent, path)  # seeded already
         assert swarm.stats().seeding == 1
@@ -417,13 +441,13 @@ def test_seeding_stops_when_told_after_seed_time_or_after_a_start(tmp_path: Path
         while swarm.stats().seeding and time.monotonic() < deadline:
             time.sleep(0.05)
         assert swarm.stats().seeding == 0
-    with _loopback() as swarm:
+    with local_swarm() as swarm:
         assert swarm.seed(torrent, path)
         swarm.stop_seeding(blob.digest)
         assert swarm.stats().seeding == 0
-    with _loopback(seed_time=0) as swarm:
+    with local_swarm(seed_time=0) as swarm:
         assert not swarm.seed(torrent, path)
-    with _loopback() as swarm:  # seed_time 600 s, but a container started here
+    with local_swarm() as swarm:  # seed_time 600 s, but a container started here
         assert swarm.seed(torrent, path)
         swarm.wind_down(0.3)
         deadline = time.monotonic() + 5
@@ -433,9 +457,17 @@ def test_seeding_stops_when_told_after_seed_time_or_after_a_start(tmp_path: Path
     assert path.read_bytes() == blob.data  # only ever read
 
 
-def test_a_listen_address_this_host_does_not_have_is_an_error() -> None:
+def test_a_listen_address_this_host_does_not_have_is_an_error(local_peer_key: Path) -> None:
+    def swarm(listen: str, networks: tuple[str, ...] = ("198.18.0.0/15",)) -> Swarm:
+        return Swarm(P2PConfig(enabled=True, listen=listen, key_file=local_peer_key,
+                               networks=networks))
+
     with pytest.raises(SwarmError, match="cannot listen"):
-        Swarm(P2PConfig(enabled=True, listen="198.18.99.99:0"))
+        swarm("198.18.99.99:0")
+    with pytest.raises(SwarmError, match="not in p2p.networks"):
+        swarm("127.0.0.1:0", ("0.0.0.0/0",))  # never loopback
+    with pytest.raises(SwarmError, match="not in p2p.networks"):
+        swarm("198.19.254.1:0", ("10.0.0.0/8",))
 
 
 # -- swarms of nodes in network namespaces ---------------------------------------------------
@@ -492,8 +524,12 @@ class Node:
         self.i = i
         self.stderr = work / f"node{i}.stderr"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "dev")])}
+        # A uid of its own (setpriv's exec of this venv's Python, under root's home,
+        # still passes root's checks).
+        who = ["setpriv", f"--reuid={spec['uid']}", f"--regid={spec['uid']}",
+               "--clear-groups"] if "uid" in spec else []
         self.proc = subprocess.Popen(
-            [*netns.enter_argv(lan.netns(i)), PY, str(NODE_SCRIPT), json.dumps(spec)],
+            [*netns.enter_argv(lan.netns(i)), *who, PY, str(NODE_SCRIPT), json.dumps(spec)],
             stdout=subprocess.PIPE, stderr=self.stderr.open("w"), text=True, env=env)
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -519,12 +555,15 @@ class Node:
 def cluster(lan, tmp_path: Path):
     """Start nodes on the LAN (``start(i, role, **spec)``); all are killed at the end."""
     started: list[Node] = []
-    go, stop = tmp_path / "go", tmp_path / "stop"
+    go, stop, key = tmp_path / "go", tmp_path / "stop", tmp_path / "p2p.key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
 
     def start(blob: Blob, i: int, role: str, job: str, **spec) -> Node:
         full = {"role": role, "store": blob.url, "digest": blob.digest, "job": job,
                 "node": f"n{i}", "listen": f"{lan.address(i)}:0", "go": str(go),
-                "stop": str(stop), "work": str(tmp_path / f"n{i}-{len(started)}"), **spec}
+                "stop": str(stop), "work": str(tmp_path / f"n{i}-{len(started)}"),
+                "key_file": str(key), "networks": [f"{SUBNET}.0/24"], **spec}
         node = Node(lan, i, full, tmp_path)
         started.append(node)
         return node
@@ -655,7 +694,7 @@ def test_a_member_that_never_hashes_its_share_costs_time_not_correctness(
     assert sum(r["store_bytes"] for r in results) <= 3.5 * BLOB_SIZE, results
 
 
-def test_hashes_that_lie_fail_the_share_and_nothing_is_kept(cluster, tmp_path) -> None:
+def test_hashes_a_store_writer_forged_never_reach_a_copy(cluster, tmp_path) -> None:
     from bootseer.p2p.sharedfile import SharedFile
 
     blob, key, digest = _shared_object(tmp_path)
@@ -663,21 +702,23 @@ def test_hashes_that_lie_fail_the_share_and_nothing_is_kept(cluster, tmp_path) -
     info = store.stat(key)
     shared = SharedFile(store, store, key, f"{store.url}/{key}", info.size, info.mtime)
     pieces = BLOB_SIZE // torrents.piece_size_for(BLOB_SIZE)
-    # Member 1 of 2's hashes, forged before either node starts.
+    # Member 1 of 2's hashes and their tag, forged (the right size) before either starts:
+    # whoever writes the store, without the cluster's key.
     store.put(torrents.key(shared.identity, addressed=False) + ".layers/2-1",
-              os.urandom(32 * (pieces // 2)))
+              os.urandom(32 * (pieces // 2) + 32))
     nodes = [cluster(blob, i, "share", "liar", key=key) for i in range(2)]
     assert all("ready" in n.next() for n in nodes)
     cluster.go.touch()
     results = [n.next(timeout=60) for n in nodes]
-    # The store's own bytes fail the torrent built from them: no copy, the torrent and
-    # the hashes removed so that the next restart hashes again; the caller reads plainly.
-    assert all(not r["shared"] and not r["exists"] for r in results), results
-    assert not any(".layers/" in i.key or i.key.endswith(shared.identity[7:])
-                   for i in store.list("p2p/files/")), list(store.list("p2p/files/"))
+    # A node that meets the record refuses it (and removes it): no copy, the caller reads
+    # plainly. One that comes after hashes the share itself. No copy is of other bytes.
+    assert any(not r["shared"] for r in results), results
+    for r in results:
+        assert (not r["shared"] and not r["exists"]) or r["sha256"] == digest, results
 
 
-def test_a_share_record_of_the_wrong_size_is_refused_and_removed(tmp_path: Path) -> None:
+def test_a_share_record_of_the_wrong_size_is_refused_and_removed(
+        tmp_path: Path, local_swarm) -> None:
     from bootseer.p2p.sharedfile import SharedFile
 
     blob, key, _ = _shared_object(tmp_path)
@@ -685,8 +726,8 @@ def test_a_share_record_of_the_wrong_size_is_refused_and_removed(tmp_path: Path)
     info = store.stat(key)
     shared = SharedFile(store, store, key, f"{store.url}/{key}", info.size, info.mtime)
     layers = torrents.key(shared.identity, addressed=False) + ".layers/"
-    with _loopback() as swarm:
-        other = Peer("127.0.0.3", 6881)  # listed, never answers; sorts after this node
+    with local_swarm() as swarm:
+        other = Peer(LOCAL_PEERS[2], 6881)  # listed, never answers; sorts after this node
         for record in (b"x" * 5, b"x" * (1 << 20)):  # short; far larger than a share
             store.put(layers + "2-1", record)
             fanout = Fanout(swarm, (swarm.address, other))
@@ -712,6 +753,30 @@ def test_the_upload_cap_holds(cluster, tmp_path: Path) -> None:
           f" MiB/s")
 
 
+def test_a_peer_without_the_cluster_key_gets_no_byte(cluster, tmp_path: Path) -> None:
+    """Anyone who can read the store (its torrents are world-readable) and reach a node's
+    port, as another uid and without the key: whatever encryption it tries, a seeding
+    node names nothing it holds to it. A key holder fetches from the same seed."""
+    blob = _blob(tmp_path)
+    seed = cluster(blob, 0, "seed", "keyed")
+    address = seed.next()["ready"]
+    work = Path(tempfile.mkdtemp(prefix="bootseer-outsider-"))
+    try:
+        work.chmod(0o777)
+        torrent = blob.blobs.store.get(torrents.key(blob.digest))
+        outsider = cluster(blob, 1, "outsider", "keyed", uid=65534, target=address,
+                           torrent=torrent.hex(), seconds=3, work=str(work))
+        assert outsider.next(timeout=60) == {"downloaded": 0, "uid": 65534}
+        assert not any(p.stat().st_size for p in work.rglob("*") if p.is_file())
+    finally:
+        subprocess.run(["rm", "-rf", str(work)], check=True)
+    member = cluster(blob, 2, "fetch", "keyed")
+    assert "ready" in member.next()
+    cluster.go.touch()
+    result = _fetched(member, blob)
+    assert result["peer_bytes"] >= BLOB_SIZE // 2, result  # the seed served it
+
+
 def test_off_means_no_listener_and_a_plain_store_read(cluster, tmp_path: Path) -> None:
     blob = _blob(tmp_path)
     node = cluster(blob, 0, "off", "off")
@@ -720,7 +785,7 @@ def test_off_means_no_listener_and_a_plain_store_read(cluster, tmp_path: Path) -
                       "store_bytes": BLOB_SIZE, "peer_bytes": 0, "sha256": blob.digest}
 
 
-def test_a_demand_read_is_served_by_a_peer_that_has_its_pieces(tmp_path: Path) -> None:
+def test_a_demand_read_is_served_by_a_peer_that_has_its_pieces(tmp_path: Path, local_swarm) -> None:
     blob = _blob(tmp_path)  # 16 pieces of 512 KiB
     torrent = torrents.load(blob.blobs.store, blob.digest, BLOB_SIZE)
     key = blob.blobs.blob_key(blob.digest)
@@ -732,15 +797,15 @@ def test_a_demand_read_is_served_by_a_peer_that_has_its_pieces(tmp_path: Path) -
             return blob.blobs.store.read_range(key, offset, length)
         return read_range
 
-    a = Swarm(P2PConfig(enabled=True, listen="127.0.0.1:0"))
-    b = Swarm(P2PConfig(enabled=True, listen="127.0.0.2:0"))
+    a = local_swarm(0)
+    b = local_swarm(1)
     with a, b:
         peers = (a.address, b.address)
         piece = torrent.piece_size
         for swarm, name in ((a, "a.part"), (b, "b.part")):  # as a mount opens its packs
             swarm.open(torrent, tmp_path / name, peers)
         wait_until(lambda: a.stats().peers and b.stats().peers)
-        # Piece 0 is a's (members sorted: 127.0.0.1 first): a reads it from the store.
+        # Piece 0 is a's (members sorted: a first): a reads it from the store.
         span = (100, piece + 5000)  # into piece 1, b's: a waits for b, then the store
         got = a.read(torrent, tmp_path / "a.part", *span, peers, reader("a"), wait=0.5)
         assert got == blob.data[100:100 + piece + 5000]
@@ -770,16 +835,20 @@ class _CountingStore(LocalStore):
 
 
 def test_a_demand_read_of_a_checkpoint_file_is_served_by_the_members_that_staged_it(
-        tmp_path: Path) -> None:
+        tmp_path: Path, local_swarm, request: pytest.FixtureRequest) -> None:
     """A node that did not stage the checkpoint reads a range of one of its files through
     the job's swarm: from the member that staged it (and seeds it), checked against the
     piece hashes the job's warms published, and not at all from the store."""
     from bootseer.p2p.demand import DemandReads, NotShared
     from bootseer.p2p.rendezvous import Member, interest
-    from bootseer.p2p.sharedfile import SharedFile
+    from bootseer.p2p.sharedfile import SharedFile, load_torrent, publish_torrent
 
     records = open_store((tmp_path / "records").as_uri())
-    ckpt = _CountingStore((tmp_path / "ckpt").as_uri())
+    # Where every user may read (pytest's own directories are root's alone): shared only so.
+    public = Path(tempfile.mkdtemp(prefix="bootseer-p2p-"))
+    public.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(public))
+    ckpt = _CountingStore((public / "ckpt").as_uri())
     data = os.urandom((4 << 20) + 1234)
     ckpt.put("model.bin", data)
     ckpt.put("small.bin", data[:1000])
@@ -789,17 +858,33 @@ def test_a_demand_read_of_a_checkpoint_file_is_served_by_the_members_that_staged
     piece = torrents.piece_size_for(info.size)
     layer = b"".join(torrents.piece_hash(data[i:i + piece], piece)
                      for i in range(0, info.size, piece))
+    # Forged first: a torrent of the same pieces without the key's tag is no one's.
     torrents.publish(records, file.identity,
                      torrents.build_from_layer(file.identity, info.size, piece, layer),
                      addressed=False)
-    torrent = torrents.load(records, file.identity, info.size, addressed=False)
     (tmp_path / "copy").write_bytes(data)  # the staging member's verified copy
     ckpt.read_bytes = 0
-    a = Swarm(P2PConfig(enabled=True, listen="127.0.0.1:0"))
-    b = Swarm(P2PConfig(enabled=True, listen="127.0.0.2:0"))
+    a = local_swarm(0)
+    b = local_swarm(1)
     with a, b:
+        forged = DemandReads(b, records, tmp_path / "partial", "n1", 0.5, lambda url: True)
+        forged.met("j", [Member(a.address, frozenset({interest(ckpt.url)})),
+                         Member(b.address)])
+        with pytest.raises(NotShared):
+            forged.read_file("j", file, 0, 100)
+        records.delete(torrents.key(file.identity, addressed=False))
+        publish_torrent(file, a.trust.key, piece, layer)  # as the job's warms do
+        torrent = load_torrent(file, a.trust)
         assert a.seed(torrent, tmp_path / "copy", [b.address])
-        demand = DemandReads(b, records, tmp_path / "partial", "n1", 0.5)
+        for shares, mode in ((False, 0o644), (True, 0o600)):  # not shared, or not public
+            os.chmod(public / "ckpt" / "model.bin", mode)
+            refused = DemandReads(b, records, tmp_path / "partial", "n1", 0.5,
+                                  lambda url, shares=shares: shares)
+            refused.met("j", forged._met["j"])
+            with pytest.raises(NotShared):
+                refused.read_file("j", file, 0, 100)
+        os.chmod(public / "ckpt" / "model.bin", 0o644)
+        demand = DemandReads(b, records, tmp_path / "partial", "n1", 0.5, lambda url: True)
         # a warmed the checkpoint's directory; b warmed something else of the job.
         demand.met("j", [Member(a.address, frozenset({interest(ckpt.url)})),
                          Member(b.address)])
@@ -817,3 +902,131 @@ def test_a_demand_read_of_a_checkpoint_file_is_served_by_the_members_that_staged
         with pytest.raises(NotShared):
             demand.read_file("j", file, info.size - 10, 100)  # past its end
         assert demand.snapshot().fallbacks == 3
+
+
+def test_no_record_or_list_makes_a_node_dial_outside_its_networks(
+        tmp_path: Path, local_swarm) -> None:
+    """Peers named by a root's list (records are checked the same, above): loopback,
+    unspecified, multicast, broadcast, link-local and off-network addresses are never
+    dialed, whether the node fetches, seeds or reads on demand."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.1)
+    port = listener.getsockname()[1]
+    bad = [Peer("127.0.0.1", port), Peer("0.0.0.0", port), Peer("224.0.0.1", port),
+           Peer("255.255.255.255", port), Peer("169.254.1.1", port), Peer("10.9.9.9", port),
+           Peer("::1", port), Peer.of("::ffff:127.0.0.1", port)]
+    blob = _blob(tmp_path)
+    torrent = torrents.load(blob.blobs.store, blob.digest, BLOB_SIZE)
+    with local_swarm() as swarm:
+        assert swarm.members(bad) == [swarm.address]
+        result = swarm.fetch(torrent, tmp_path / "got", bad,
+                             lambda o, n: blob.blobs.read_range(blob.digest, o, n))
+        assert result.store_bytes == BLOB_SIZE
+        assert (tmp_path / "got").read_bytes() == blob.data
+        assert swarm.seed(torrent, tmp_path / "got", bad)
+    with local_swarm(1) as swarm:  # a demand read: its own pieces, from the store
+        got = swarm.read(torrent, tmp_path / "part", 0, 100, bad,
+                         lambda o, n: blob.blobs.read_range(blob.digest, o, n), wait=0.2)
+        assert got == blob.data[:100]
+        time.sleep(1.5)  # past a redial
+    accepted = 0
+    while True:
+        try:
+            listener.accept()[0].close()
+            accepted += 1
+        except TimeoutError:
+            break
+    listener.close()
+    assert accepted == 0
+
+
+def test_a_file_has_at_most_max_hashers_hash_records_and_none_empty(
+        tmp_path: Path, local_swarm) -> None:
+    """Thousands of members (a list or records naming them): the first MAX_HASHERS hash,
+    a silent share is read by those there, and no empty share gets a record."""
+    from bootseer.p2p.sharedfile import MAX_HASHERS, SharedFile
+
+    store = open_store((tmp_path / "store").as_uri())
+    data = os.urandom(2 << 20)  # 16 pieces of 128 KiB: fewer pieces than members
+    store.put("ckpt.bin", data)
+    info = store.stat("ckpt.bin")
+    shared = SharedFile(store, store, "ckpt.bin", f"{store.url}/ckpt.bin", info.size,
+                        info.mtime)
+    with local_swarm(piece_grace=0.2, networks=("198.19.0.0/16",)) as swarm:
+        many = tuple(Peer(f"198.19.{i // 250}.{i % 250 + 1}", 6881) for i in range(4096))
+        result = Fanout(swarm, many).fetch_file(shared, tmp_path / "copy",
+                                                tmp_path / "spool")
+    assert result is not None and (tmp_path / "copy").read_bytes() == data
+    records = [i.key for i in store.list("p2p/files/") if ".layers/" in i.key]
+    assert 0 < len(records) <= min(MAX_HASHERS, 16), records
+    assert all(r.rsplit("/", 1)[1].startswith("16-") for r in records), records
+
+
+# -- hostile records, fuzzed ------------------------------------------------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=16),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=24)
+_FIELD = {"node": st.just("fz") | st.text(max_size=12), "address": st.sampled_from(
+    ["198.18.64.7", "127.0.0.1", "::1", "0.0.0.0", "x"]) | st.text(max_size=12),
+    "port": st.integers(-2, 70000) | _JSON, "time": st.floats() | _JSON,
+    "wants": st.lists(st.sampled_from(["a" * 64, "../x"]), max_size=3) | _JSON,
+    "auth": st.sampled_from(["0" * 64, "zz"]) | _JSON}
+_RECORDS = st.one_of(
+    st.binary(max_size=4096),
+    _JSON.map(lambda v: json.dumps(v).encode()),
+    st.fixed_dictionaries({}, optional=_FIELD).map(lambda d: json.dumps(d).encode()),
+    st.integers(1, 200_000).map(lambda n: b"[" * n + b"]" * n),  # nested: no RecursionError
+    st.integers(1, 200_000).map(lambda n: b'{"a":' * n + b"1" + b"}" * n))
+_FUZZ = settings(max_examples=200, deadline=None, derandomize=True,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@_FUZZ
+@given(record=_RECORDS)
+def test_fuzzed_peer_records_are_skipped_in_bounded_memory(tmp_path: Path,
+                                                          record: bytes) -> None:
+    store = LocalStore((tmp_path / "fuzz").as_uri())
+    store.put(f"{rendezvous.peers_dir('j')}/fz.json", record)
+    tracemalloc.start()
+    try:
+        assert rendezvous.roster(store, TRUST, "j") == []  # none is authenticated
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+
+
+@_FUZZ
+@given(record=_RECORDS, name=st.sampled_from(["2-1", "2-0", "64-3", "x"]))
+def test_fuzzed_hash_records_and_torrents_are_refused_cleanly(
+        tmp_path: Path, record: bytes, name: str) -> None:
+    """A share's hashes or a checkpoint's torrent, as any store writer may leave them: a
+    ShareError (the fetch reads the store) or absence, nothing else, in bounded memory."""
+    from bootseer.p2p import sharedfile
+
+    store = LocalStore((tmp_path / "fuzz").as_uri())
+    shared = sharedfile.SharedFile(store, store, "f", "file:///f", 4 << 20, 1.0)
+    prefix = torrents.key(shared.identity, addressed=False)
+    store.put(f"{prefix}.layers/{name}", record)
+    store.put(prefix, record)
+    tracemalloc.start()
+    try:
+        with pytest.raises(sharedfile.ShareError):
+            sharedfile.load_torrent(shared, TRUST)
+        hashes: dict[int, bytes] = {}
+        if name != "x":
+            hashers, k = map(int, name.split("-"))
+            with pytest.raises(sharedfile.ShareError):
+                sharedfile._load_share(shared, TRUST.key, f"{prefix}.layers/{name}", k,
+                                       hashers, 16, hashes)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert hashes == {} and peak < 4 << 20, peak

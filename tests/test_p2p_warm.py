@@ -35,10 +35,9 @@ from test_snapshot_cli import bootseer as snapshot_cli
 
 from bootseer.agents.mountapi import PeerFileRead, PeerRead
 from bootseer.agents.warm import WarmRequest
-from bootseer.config import P2PConfig
 from bootseer.nodecache import NodeCache
 from bootseer.p2p import Fanout, Peer, publish_torrent, rendezvous, torrents
-from bootseer.p2p.swarm import Swarm
+from bootseer.p2p.trust import Networks, PeerKey, Trust
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.warm import warm_image
@@ -67,17 +66,13 @@ SEED_AFTER_START = 2.0
 # -- in this process -----------------------------------------------------------------------
 
 
-def _loopback(**overrides: float) -> Swarm:
-    return Swarm(P2PConfig(enabled=True, listen="127.0.0.1:0", **overrides))
-
-
 def _shards(blobs: BlobStore, key: str) -> tuple[Shard, ...]:
     _, data = manifest_blob(blobs, key)
     return Manifest.decode(data, key).shards
 
 
 def test_a_published_snapshot_is_staged_through_a_fanout_verified_and_seeded(
-        tmp_path: Path) -> None:
+        tmp_path: Path, local_swarm) -> None:
     store_dir, target = tmp_path / "store", tmp_path / "venv"
     target.mkdir()
     write = f"head -c 300000 /dev/urandom > {target}/a; head -c 1M /dev/urandom > {target}/b"
@@ -89,7 +84,7 @@ def test_a_published_snapshot_is_staged_through_a_fanout_verified_and_seeded(
     for shard in shards:  # published with the snapshot, beside each shard
         assert torrents.load(blobs.store, shard.digest, shard.size).size == shard.size
     cache = shard_cache(tmp_path / "cache", 1 << 30)
-    with _loopback() as swarm:
+    with local_swarm() as swarm:
         fanout = Fanout(swarm, ())
         staged = stage_snapshot(blobs, cache, "k", fanout=fanout)
         assert staged.complete and staged.fetched_shards == 2 and staged.peer_bytes == 0
@@ -106,7 +101,7 @@ def test_a_published_snapshot_is_staged_through_a_fanout_verified_and_seeded(
         assert (again.already_local, again.fetched_shards) == (1, 1)
 
 
-def test_a_recorded_hot_pack_is_warmed_whole_through_a_fanout(tmp_path: Path) -> None:
+def test_a_recorded_hot_pack_is_warmed_whole_through_a_fanout(tmp_path: Path, local_swarm) -> None:
     store_dir, cache_dir = tmp_path / "store", tmp_path / "cache"
     lazy_cli("image", "convert", str(big_image(tmp_path)), "--name", "big", *MIB_BLOCKS,
              store=store_dir, cache=cache_dir)
@@ -122,7 +117,7 @@ def test_a_recorded_hot_pack_is_warmed_whole_through_a_fanout(tmp_path: Path) ->
     assert hexd in recorder_cache  # the recorder keeps its copy, to seed
     assert torrents.load(blobs.store, "sha256:" + hexd, layout.size).size == layout.size
     cache = NodeCache(cache_dir / "node", 1 << 30)
-    with _loopback() as swarm:
+    with local_swarm() as swarm:
         result = warm_image(blobs, cache, "big", "train", fanout=Fanout(swarm, ()))
         assert result.complete and result.blocks == 3 and result.fetched_blocks == 3
         # The pack whole through the swarm (its pieces from the store: no peers), then
@@ -175,7 +170,7 @@ def test_an_image_conversion_publishes_each_packs_torrent(tmp_path: Path) -> Non
                                               torrents.piece_size_for(size, torrents.DEMAND_PIECE))
 
 
-def test_a_demand_read_without_peers_or_torrent_is_refused(tmp_path: Path) -> None:
+def test_a_demand_read_without_peers_or_torrent_is_refused(tmp_path: Path, local_swarm) -> None:
     from bootseer.p2p.demand import DemandReads, NotShared
     from bootseer.p2p.publish import leaf_hasher, publish_layer
 
@@ -187,7 +182,7 @@ def test_a_demand_read_without_peers_or_torrent_is_refused(tmp_path: Path) -> No
     hasher = leaf_hasher()
     hasher.update(data)
     assert publish_layer(store, "sha256:" + hexd, hasher)
-    with _loopback() as swarm:
+    with local_swarm() as swarm:
         demand = DemandReads(swarm, store, tmp_path / "partial", "n0", 0.5)
         for key in ("packs/" + hexd, "packs/" + "b" * 64, "blobs/x", "packs/../../etc"):
             with pytest.raises(NotShared):  # alone in the job; no torrent; not a pack
@@ -230,16 +225,17 @@ def test_warm_requests_check_their_job_nodes_and_peers() -> None:
 
 def test_members_are_gathered_until_the_expected_number_announced(tmp_path: Path) -> None:
     store = open_store((tmp_path / "store").as_uri())
-    rendezvous.announce(store, "j", "a", Peer("198.19.0.1", 6881))
+    trust = Trust(PeerKey(os.urandom(32)), Networks.parse(["198.19.0.0/16"]))
+    rendezvous.announce(store, trust, "j", "a", Peer("198.19.0.1", 6881))
     late = threading.Timer(0.3, rendezvous.announce,
-                           (store, "j", "b", Peer("198.19.0.2", 6881)))
+                           (store, trust, "j", "b", Peer("198.19.0.2", 6881)))
     late.start()
     began = time.monotonic()
-    assert len(rendezvous.gather(store, "j", 2, timeout=10)) == 2
+    assert len(rendezvous.gather(store, trust, "j", 2, timeout=10)) == 2
     assert 0.2 < time.monotonic() - began < 5
-    assert len(rendezvous.gather(store, "j", None)) == 2
+    assert len(rendezvous.gather(store, trust, "j", None)) == 2
     began = time.monotonic()
-    assert len(rendezvous.gather(store, "j", 3, timeout=0.5)) == 2  # waited, went on
+    assert len(rendezvous.gather(store, trust, "j", 3, timeout=0.5)) == 2  # waited
     assert time.monotonic() - began >= 0.5
 
 
@@ -557,3 +553,36 @@ def test_with_p2p_off_every_node_reads_the_store_and_nothing_listens(lab) -> Non
         listening = _ok(lab.run(i, ["ss", "-Htln"]))
         assert f":{P2P_PORT} " not in listening, listening
     assert sent >= NODES * needed, (sent, needed)
+
+
+def test_a_forged_checkpoint_torrent_never_reaches_a_copy(tmp_path: Path,
+                                                          local_swarm) -> None:
+    """A store writer publishes, under a checkpoint file's name, a torrent of other bytes
+    (untagged, or tagged with a key of its own): the fetch refuses it and removes it,
+    nothing is kept; the next fetch hashes the file anew and gets the true bytes."""
+    from bootseer.p2p.sharedfile import SharedFile, ShareError, load_torrent
+
+    store = open_store((tmp_path / "store").as_uri())
+    data, forged = os.urandom(3 << 20), os.urandom(3 << 20)
+    store.put("ckpt/model.bin", data)
+    info = store.stat("ckpt/model.bin")
+    shared = SharedFile(store, store, "ckpt/model.bin", f"{store.url}/ckpt/model.bin",
+                        info.size, info.mtime)
+    piece = torrents.piece_size_for(info.size)
+    layer = b"".join(torrents.piece_hash(forged[i:i + piece], piece)
+                     for i in range(0, info.size, piece))
+    bogus = torrents.build_from_layer(shared.identity, info.size, piece, layer)
+    with local_swarm(0, piece_grace=0.2) as swarm:  # the other member never hashes
+        stranger = Trust(PeerKey(os.urandom(32)), swarm.trust.networks)
+        for data_published in (bogus, torrents.with_tag(bogus, stranger.key.tag("x"))):
+            torrents.publish(store, shared.identity, data_published, addressed=False)
+            with pytest.raises(ShareError):
+                load_torrent(shared, swarm.trust)
+            fanout = Fanout(swarm, (swarm.address, Peer("198.19.254.2", 6881)))
+            assert fanout.fetch_file(shared, tmp_path / "copy", tmp_path / "spool") is None
+            assert not (tmp_path / "copy").exists()
+            assert not list(store.list("p2p/files/"))  # removed: the next start hashes
+        result = Fanout(swarm, (swarm.address, Peer("198.19.254.2", 6881))).fetch_file(
+            shared, tmp_path / "copy", tmp_path / "spool")
+        assert result is not None and (tmp_path / "copy").read_bytes() == data
+        assert load_torrent(shared, swarm.trust).size == info.size

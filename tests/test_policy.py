@@ -110,3 +110,16 @@ def test_local_access_follows_the_directories_above(tmp_path: Path) -> None:
     (tmp_path / "a").chmod(0o700)
     assert store.access("a/f").mode & 0o044 == 0
     assert store.access("a/f").uid == os.getuid()
+
+
+def test_a_container_joins_only_the_jobs_the_operator_grants() -> None:
+    from bootseer.agents.policy import JobPolicy
+
+    closed = JobPolicy(())
+    assert closed.effective("tenant-b-train") is None  # by default, none
+    assert closed.effective("j", "bootseer-image-run") == "j"  # the operator's own start
+    assert closed.effective(None) is None
+    granted = JobPolicy(("team-a/", "train-"))
+    assert granted.effective("train-7") == "train-7"
+    assert granted.effective("tenant-b-train") is None
+    assert JobPolicy(("*",)).effective("anything") == "anything"

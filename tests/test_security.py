@@ -20,13 +20,16 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from test_prefetch_lazy import bootseer
 from test_runtime_engines import HOOK, RUNTIME, _bundle, _run, dockerd, lazy, podman  # noqa: F401
 
 from bootseer.agents.client import AgentClient, AgentError
 from bootseer.agents.mountapi import ContainerMount, MountRequest, mount_key
+from bootseer.agents.warm import WarmRequest
 from bootseer.mounts import is_mounted, unmount
+from bootseer.p2p import Peer
 from bootseer_dev.engines import start_agent
 
 NOBODY = (65534, 65534)  # nobody, in nogroup: the agent socket's group in these tests
@@ -651,3 +654,63 @@ def test_a_mount_that_fails_after_mounting_leaves_nothing(lazy, tmp_path) -> Non
     assert list((tmp_path / "node" / "containers").iterdir()) == []
     with open("/proc/mounts") as mounts:
         assert str(tmp_path / "node") not in mounts.read()
+
+
+# -- 9. peer-to-peer: whom a node serves, and what ---------------------------------------------
+
+
+def test_p2p_serves_no_private_checkpoint_and_only_root_names_peers(
+        lazy, local_peer_key) -> None:  # noqa: F811
+    """An agent with p2p on, its checkpoints shareable under ``allowed/``. The socket's
+    group names a job or peers (its own peer, to download a root-only checkpoint from the
+    node's seed): refused, nothing staged. Root's warm of the job (with a second member,
+    so files are shared) stages both files, but only the one every user may read is
+    hashed, published and seeded: the root-only one never leaves the node."""
+    from conftest import LOCAL_PEER_NET, LOCAL_PEERS
+
+    node = Node(lazy, private_socket=True, BOOTSEER_P2P_ENABLED="true",
+                BOOTSEER_P2P_LISTEN=f"{LOCAL_PEERS[2]}:0",
+                BOOTSEER_P2P_KEY_FILE=str(local_peer_key),
+                BOOTSEER_P2P_NETWORKS=LOCAL_PEER_NET, BOOTSEER_P2P_PIECE_GRACE="0.2",
+                BOOTSEER_P2P_CHECKPOINTS="file:///tmp/")  # the node's allowed/ is there
+    try:
+        (node.allowed / "secret.bin").write_bytes(os.urandom(2 << 20))
+        (node.allowed / "secret.bin").chmod(0o600)
+        (node.allowed / "public.bin").write_bytes(os.urandom(2 << 20))
+        urls = [f"file://{node.allowed}/{n}" for n in ("secret.bin", "public.bin")]
+        attacker = f"{LOCAL_PEERS[3]}:6881"
+        for body in ({"checkpoints": urls[:1], "job": "x", "peers": [attacker]},
+                     {"checkpoints": urls[:1], "job": "x"},
+                     {"checkpoints": urls[:1], "peers": [attacker]}):
+            status, text = _nobody_asks(node.sock, "POST", "/v1/warm", body)
+            assert status == 403 and "only root" in text, (body, status, text)
+        assert not (node.cache / "checkpoints" / "copies" / "entries").exists()
+        assert not (lazy["store"] / "p2p" / "jobs").exists()  # no record, no hash
+        assert not (lazy["store"] / "p2p" / "files").exists()
+        # Root's warm (the scheduler's), naming a second member.
+        summary = node.client.warm(WarmRequest(checkpoints=tuple(urls), job="x",
+                                               peers=(Peer.parse(attacker),)))
+        assert summary.complete, summary
+        torrents = [p for p in (lazy["store"] / "p2p" / "files").rglob("*")
+                    if p.is_file() and ".layers" not in str(p)]
+        assert len(torrents) == 1, torrents  # the public file's only
+        metrics = httpx.Client(transport=httpx.HTTPTransport(uds=str(node.sock))).get(
+            "http://agent/metrics").text
+        assert "bootseer_p2p_seeding 1.0" in metrics, metrics
+    finally:
+        node.stop()
+
+
+def test_a_container_joins_a_granted_job_or_the_one_root_warmed_its_node_for(node) -> None:
+    """The operator grants no job here (``agent.jobs`` unset): a container naming one (an
+    annotation, as a tenant's pod may) joins none, or, once root warmed the node for a
+    job (the scheduler readying it), that job, whatever the container named."""
+    def joined(container_id: str, job: str | None) -> str | None:
+        node.client.mount(MountRequest(container_id, "py", job=job))
+        return node.client.release(container_id).job
+
+    assert joined("t1", "tenant-b-train") is None
+    assert node.client.warm(WarmRequest(job="train-7")).complete  # root: the scheduler
+    assert joined("t2", "tenant-b-train") == "train-7"
+    assert joined("t3", None) == "train-7"
+    _nothing_left(node)

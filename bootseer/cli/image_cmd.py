@@ -194,7 +194,8 @@ def umount(mountpoint: Path) -> None:
 @pass_app
 def stats(app: AppContext, mountpoint: Path) -> None:
     """Print a mounted image's fetch statistics as JSON."""
-    from bootseer.prefetch.session import STATS_INTERVAL, stats_path
+    from bootseer.boundedjson import load_file
+    from bootseer.prefetch.session import MAX_STATS_BYTES, STATS_INTERVAL, stats_path
 
     path = stats_path(app.loaded.config.cache_dir, mountpoint)
     if not is_mounted(mountpoint) or not path.exists():
@@ -204,7 +205,7 @@ def stats(app: AppContext, mountpoint: Path) -> None:
     deadline = time.monotonic() + 4 * STATS_INTERVAL
     while path.stat().st_mtime < asked and time.monotonic() < deadline:
         time.sleep(STATS_INTERVAL / 10)
-    click.echo(json.dumps(json.loads(path.read_text()), indent=2))
+    click.echo(json.dumps(load_file(path, limit=MAX_STATS_BYTES, what=str(path)), indent=2))
 
 
 @image.command("run")

@@ -4,7 +4,9 @@
 manifest and hot pack, its snapshots' shards, its checkpoints) in proportion to the nodes
 that will read it, bounded by the DataNodes there are; ``restore`` lowers it again once the
 job is up (:mod:`bootseer.agents.fanout`). Both are the scheduler's (or the operator's) to
-run; they change only what HDFS keeps, never the bytes.
+run, as the same user on the same host: what ``fanout`` changed is recorded in that user's
+own state, never in the store, where anyone could forge it. They change only what HDFS
+keeps, never the bytes.
 """
 
 from __future__ import annotations
@@ -22,8 +24,18 @@ def job() -> None:
     """Prepare the store for a whole job's restart, and undo it."""
 
 
+def _job_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """NAME as a job's name must be (it names a record), or a usage error naming why."""
+    from bootseer.agents import fields
+
+    try:
+        return fields.name(value, "job", fields.JOB)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @job.command("fanout")
-@click.argument("name")
+@click.argument("name", callback=_job_name)
 @click.option("--nodes", type=click.IntRange(min=1), required=True,
               help="Nodes that will restart at once and read these objects.")
 @click.option("--image", "images", multiple=True, help="A lazy image the job runs.")
@@ -52,7 +64,7 @@ def fanout(app: AppContext, name: str, nodes: int, images: tuple[str, ...], work
     wanted += [plan.snapshot_objects(app.blobs, key) for key in envs]
     wanted += [plan.checkpoint_objects(source, url) for url in checkpoints]
     changes = plan.fan_out(wanted, replicas)
-    plan.save(app.store, name, changes)
+    plan.save(app.store.url, name, (app.store.url, *checkpoints), changes)
     objects = sum(len(w.keys) for w in wanted)
     console.print(f"job {name}: {len(changes)} of {objects} objects now kept {replicas}-fold "
                   f"for {nodes} nodes (the rest had as many, or their store has no "
@@ -60,17 +72,20 @@ def fanout(app: AppContext, name: str, nodes: int, images: tuple[str, ...], work
 
 
 @job.command("restore")
-@click.argument("name")
+@click.argument("name", callback=_job_name)
 @pass_app
 def restore(app: AppContext, name: str) -> None:
-    """Put back the replication a fan-out of job NAME raised."""
+    """Put back the replication a fan-out of job NAME raised (run it as the user, and on
+    the host, that ran the fan-out: the record is theirs)."""
     from bootseer.agents import fanout as plan
     from bootseer.stripedfs.files import CheckpointSource
 
-    changes = plan.load(app.store, name)
-    if not changes:
-        raise BootseerError(f"job {name} has no fan-out to restore in {app.loaded.config.store}")
+    record = plan.load(app.store.url, name)
+    if record is None:
+        raise BootseerError(f"job {name} has no fan-out to restore with the store "
+                            f"{app.store.url} (records: {plan.record_dir()})")
     source = CheckpointSource(app.loaded.config)
-    restored = plan.restore(changes, source.store, cluster=app.store.url)
-    plan.forget(app.store, name)
-    console.print(f"job {name}: {restored} objects back to their replication")
+    restored = plan.restore(record, source.store)
+    plan.forget(app.store.url, name)
+    console.print(f"job {name}: {restored} of {len(record.changes)} objects back to their "
+                  f"replication")

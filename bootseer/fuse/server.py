@@ -34,7 +34,6 @@ from __future__ import annotations
 import errno
 import heapq
 import itertools
-import json
 import logging
 import math
 import os
@@ -48,6 +47,7 @@ from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
 
+from bootseer import boundedjson
 from bootseer.fuse import FuseError
 from bootseer.fuse import proto as p
 from bootseer.fuse.connection import READAHEAD, clone_fd, detach, open_connection
@@ -215,6 +215,10 @@ class PagePusher:
         return None
 
 
+#: A takeover state file is seven numbers as JSON.
+_MAX_TAKEOVER_STATE = 4 << 10
+
+
 @dataclass(frozen=True)
 class Negotiated:
     """What FUSE_INIT settled for a connection: the first server saves it, a taking-over
@@ -234,7 +238,8 @@ class Negotiated:
     @classmethod
     def load(cls, path: Path) -> Negotiated | None:
         try:
-            return cls(**json.loads(path.read_text()))
+            return cls(**boundedjson.load_file(path, limit=_MAX_TAKEOVER_STATE,
+                                               what=f"takeover state {path}"))
         except FileNotFoundError:
             return None
         except (ValueError, TypeError) as exc:

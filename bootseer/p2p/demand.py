@@ -18,12 +18,15 @@ digest by the server (:mod:`bootseer.prefetch.blocksource`), like a store read.
 
 A checkpoint file (:meth:`DemandReads.read_file`) has no digest of its own: its torrent is
 the one the job's warms built together (:mod:`bootseer.p2p.sharedfile`) for that URL,
-size and mtime. Without one (no node of the job staged this version of the file) the
-server reads the store: a peer's bytes with no hash from the store would be trusted on
-its word. Its pieces are dealt out among the members that warmed the checkpoint (their
-records' ``wants``), who seed it from their copies: a node starting late, or one whose
-warm did not stage it, reads it from them and takes no share of the store reads (a piece
-none of them has is waited for as theirs, then read from the store).
+size and mtime, tagged with the cluster's key. Without one (no node of the job staged
+this version of the file), with one not so tagged, or for a file the operator does not
+let peers share (``shares``: ``p2p.checkpoints``, and every user may read it at its
+source), the server reads the store: a peer's bytes with no hash the job's nodes vouch
+for would be trusted on their sender's word. Its pieces are dealt out among the members
+that warmed the checkpoint (their records' ``wants``), who seed it from their copies: a
+node starting late, or one whose warm did not stage it, reads it from them and takes no
+share of the store reads (a piece none of them has is waited for as theirs, then read from
+the store).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from typing import TYPE_CHECKING
 from bootseer.errors import BootseerError
 from bootseer.store import Store
 
-from . import rendezvous
+from . import rendezvous, sharedfile
 from .peer import Peer
 from .rendezvous import Member
 from .sharedfile import MIN_SHARED_SIZE, SharedFile
@@ -90,6 +93,8 @@ class DemandReads:
     directory: Path  # partial files of the packs being read (sparse; gone when expired)
     node: str  # this node's name in the jobs' records
     wait: float  # p2p.demand_wait
+    #: Whether the checkpoint at a URL may be shared with peers (``p2p.checkpoints``).
+    shares: Callable[[str], bool] = lambda url: False
     counts: DemandCounts = field(default_factory=DemandCounts)
     _torrents: OrderedDict[str, Torrent | None] = field(default_factory=OrderedDict)
     _rosters: OrderedDict[str, tuple[float, tuple[Member, ...]]] = field(
@@ -105,7 +110,8 @@ class DemandReads:
         with self._lock:
             met = job in self._met
         if not met:  # (a warm's record says more: what the node warmed)
-            rendezvous.announce(self.store, job, self.node, self.swarm.address)
+            rendezvous.announce(self.store, self.swarm.trust, job, self.node,
+                                self.swarm.address)
         peers = self.members(job, fresh=True)
         for key in packs:
             try:
@@ -198,7 +204,7 @@ class DemandReads:
                 return self._met[job]
             known = self._rosters.get(job)
         if known is None or fresh or now - known[0] >= MEMBERS_TTL:
-            known = (now, tuple(rendezvous.roster(self.store, job)))
+            known = (now, tuple(rendezvous.roster(self.store, self.swarm.trust, job)))
             with self._lock:
                 self._rosters[job] = known
                 self._rosters.move_to_end(job)
@@ -212,7 +218,13 @@ class DemandReads:
         if match is None:
             raise NotShared(f"{key!r} is not an image pack")
         digest = "sha256:" + match[1]
-        return self._loaded(digest, lambda: (self.store.stat(key).size, True))
+
+        def load() -> Torrent:
+            from . import torrents
+
+            return torrents.load(self.store, digest, self.store.stat(key).size)
+
+        return self._loaded(digest, load)
 
     def _file_torrent(self, file: SharedFile) -> Torrent | None:
         """The torrent the job's warms published for this version of ``file``, None if
@@ -223,7 +235,18 @@ class DemandReads:
         with self._lock:
             if now - self._unshared.get(identity, float("-inf")) < MEMBERS_TTL:
                 return None
-        torrent = self._loaded(identity, lambda: (file.size, False))
+
+        def load() -> Torrent:
+            if not self.shares(file.url) or not file.readable_by_all:
+                raise NotShared(f"{file.url} is not shared with peers (p2p.checkpoints, "
+                                f"and every user may read it)")
+            return sharedfile.load_torrent(file, self.swarm.trust)
+
+        try:
+            torrent = self._loaded(identity, load)
+        except BootseerError as exc:  # not to be shared, or not the job's torrent
+            log.info("p2p: %s is read from the store: %s", file.url, exc)
+            torrent = None
         if torrent is None:
             with self._lock:
                 self._torrents.pop(identity, None)
@@ -233,19 +256,15 @@ class DemandReads:
                     self._unshared.popitem(last=False)
         return torrent
 
-    def _loaded(self, digest: str, size: Callable[[], tuple[int, bool]]) -> Torrent | None:
-        """The checked torrent named ``digest`` (``size()``: the object's size, and
-        whether the name is its content's), loaded once; None if none is published."""
+    def _loaded(self, digest: str, load: Callable[[], Torrent]) -> Torrent | None:
+        """The checked torrent named ``digest`` (``load()`` it), loaded once; None if
+        none is published."""
         with self._lock:
             if digest in self._torrents:
                 self._torrents.move_to_end(digest)
                 return self._torrents[digest]
-        from . import torrents
-
         try:
-            length, addressed = size()
-            torrent: Torrent | None = torrents.load(self.store, digest, length,
-                                                    addressed=addressed)
+            torrent: Torrent | None = load()
         except FileNotFoundError:
             torrent = None
         with self._lock:

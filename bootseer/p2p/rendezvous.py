@@ -4,7 +4,7 @@ Each node of a job announces where its peer session listens, one small object pe
 rewritten on every start (a restarted node may listen on another port)::
 
     p2p/jobs/<job>/peers/<node>.json      {"node": ..., "address": ..., "port": ..., "time": ...,
-                                           "wants": [<interest>, ...]}
+                                           "wants": [<interest>, ...], "auth": <tag>}
 
 and reads every other node's (:func:`roster`; :func:`gather` waits until as many as the
 scheduler said would start have announced). ``wants`` names what this node fetches that
@@ -16,14 +16,17 @@ scheduler that knows the job's nodes can pass their addresses instead
 
 The records are hostile input (anyone who can write the store can write one): at most
 MAX_MEMBERS are read, each refused above MAX_RECORD_BYTES before it is read, parsed as
-JSON with exactly the fields above, its address an IP literal and its port in range;
-a record that fails is skipped with a warning. A peer learned this way can at worst
-waste time: everything it sends is checked against the store's torrent.
+bounded JSON with exactly the fields above, its address an IP literal on ``p2p.networks``
+(:class:`~bootseer.p2p.trust.Networks`) and its port in range, and its ``auth`` the
+cluster key's tag of all of it and the job it is filed under (:mod:`bootseer.p2p.trust`);
+a record that fails is skipped with a warning. So only a node's agent names a member,
+and only where the operator's networks are.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import itertools
 import json
 import logging
@@ -35,10 +38,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from bootseer.boundedjson import loads
 from bootseer.errors import BootseerError
 from bootseer.store import Store
 
 from .peer import Peer
+from .trust import Trust
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +58,7 @@ MAX_MEMBERS = 4096
 JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")
 #: A node's name (``agent.node_name``).
 NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-_FIELDS = {"node", "address", "port", "time"}
+_FIELDS = {"node", "address", "port", "time", "wants", "auth"}
 _HEX = re.compile(r"[0-9a-f]{64}")
 #: Longest :func:`gather` waits for the members a scheduler said would start: the nodes
 #: of a restart warm within seconds of each other; one that does not come costs the
@@ -104,16 +109,17 @@ def peers_dir(job: str) -> str:
     return posixpath.join(PREFIX, quote(_name(job, "job", JOB), safe="._-"), "peers")
 
 
-def announce(store: Store, job: str, node: str, peer: Peer,
+def announce(store: Store, trust: Trust, job: str, node: str, peer: Peer,
              wants: Iterable[str] = ()) -> str:
-    """Publish (or replace) this node's record for ``job``, wanting the URLs ``wants``;
-    returns its key."""
+    """Publish (or replace) this node's record for ``job``, wanting the URLs ``wants``,
+    tagged with the cluster's key; returns its key."""
     key = posixpath.join(peers_dir(job), _name(node, "node", NODE) + ".json")
     names = sorted({interest(url) for url in wants})
     if len(names) > MAX_WANTS:
         raise BootseerError(f"a node may want at most {MAX_WANTS} objects of a job")
     record = {"node": node, "address": peer.address, "port": peer.port, "time": time.time(),
               "wants": names}
+    record["auth"] = _tag(trust, job, record).hex()
     store.put(key, json.dumps(record).encode())
     return key
 
@@ -126,13 +132,14 @@ def withdraw(store: Store, job: str, node: str) -> None:
         pass
 
 
-def members(store: Store, job: str) -> list[Peer]:
+def members(store: Store, trust: Trust, job: str) -> list[Peer]:
     """Every valid peer record of ``job``, as sorted peers (one per address)."""
-    return [m.peer for m in roster(store, job)]
+    return [m.peer for m in roster(store, trust, job)]
 
 
-def roster(store: Store, job: str) -> list[Member]:
-    """Every valid record of ``job``, sorted by peer (one per address)."""
+def roster(store: Store, trust: Trust, job: str) -> list[Member]:
+    """Every valid record of ``job`` (authenticated, on the networks), sorted by peer
+    (one per address)."""
     prefix = peers_dir(job) + "/"
     found: dict[str, Member] = {}
     for count, info in enumerate(store.list(prefix)):
@@ -141,8 +148,9 @@ def roster(store: Store, job: str) -> list[Member]:
                         MAX_MEMBERS)
             break
         try:
-            member = _parse(info.key[len(prefix):], store.get(info.key, MAX_RECORD_BYTES))
-        except (BootseerError, ValueError, RecursionError) as exc:  # SizeLimitError, JSON
+            member = _parse(info.key[len(prefix):], store.get(info.key, MAX_RECORD_BYTES),
+                            job, trust)
+        except (BootseerError, ValueError) as exc:  # SizeLimitError, JSON, a forgery
             log.warning("job %s: skipping peer record %s: %s", job, info.key, exc)
             continue
         except FileNotFoundError:  # withdrawn while we listed
@@ -151,8 +159,8 @@ def roster(store: Store, job: str) -> list[Member]:
     return sorted(found.values())
 
 
-def gather(store: Store, job: str, expected: int | None, timeout: float = GATHER_WAIT,
-           poll: float = GATHER_POLL) -> list[Member]:
+def gather(store: Store, trust: Trust, job: str, expected: int | None,
+           timeout: float = GATHER_WAIT, poll: float = GATHER_POLL) -> list[Member]:
     """The job's members once ``expected`` of them have announced (or ``timeout``
     passed: then those there, with a warning); with ``expected`` None, those there now.
 
@@ -176,14 +184,21 @@ def gather(store: Store, job: str, expected: int | None, timeout: float = GATHER
             break
         time.sleep(min(poll, left))
         poll = min(poll * 2, GATHER_POLL_MAX)
-    return roster(store, job)
+    return roster(store, trust, job)
 
 
-def _parse(name: str, data: bytes) -> Member:
-    record: Any = json.loads(data)
-    if not isinstance(record, dict) or set(record) - {"wants"} != _FIELDS:
-        raise ValueError(f"fields must be exactly {sorted(_FIELDS)} and wants")
-    wants = record.get("wants", [])
+def _tag(trust: Trust, job: str, record: dict[str, Any]) -> bytes:
+    """The key's tag of a record and the job it is filed under."""
+    return trust.key.tag("peer-record", job, record["node"], record["address"],
+                         record["port"], repr(float(record["time"])),
+                         ",".join(record["wants"]))
+
+
+def _parse(name: str, data: bytes, job: str, trust: Trust) -> Member:
+    record: Any = loads(data, limit=MAX_RECORD_BYTES, what="a peer record")
+    if not isinstance(record, dict) or set(record) != _FIELDS:
+        raise ValueError(f"fields must be exactly {sorted(_FIELDS)}")
+    wants = record["wants"]
     if not isinstance(wants, list) or len(wants) > MAX_WANTS or \
             not all(isinstance(w, str) and _HEX.fullmatch(w) for w in wants):
         raise ValueError(f"wants must be at most {MAX_WANTS} sha256 hex names")
@@ -192,4 +207,11 @@ def _parse(name: str, data: bytes) -> Member:
     if not isinstance(record["address"], str) or \
             not isinstance(record["time"], (int, float)) or isinstance(record["time"], bool):
         raise ValueError("address must be a string and time a number")
-    return Member(Peer.of(record["address"], record["port"]), frozenset(wants))
+    peer = Peer.of(record["address"], record["port"])
+    auth = record["auth"]
+    if not isinstance(auth, str) or not _HEX.fullmatch(auth) or \
+            not hmac.compare_digest(bytes.fromhex(auth), _tag(trust, job, record)):
+        raise ValueError("not authenticated by the cluster's peer key (p2p.key_file)")
+    if not trust.networks.allows(peer.address):
+        raise ValueError(f"{peer.address} is not on p2p.networks")
+    return Member(peer, frozenset(wants))

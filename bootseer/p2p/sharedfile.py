@@ -6,24 +6,28 @@ must first read all of it from the store, and a node that waited for that would 
 whole read longer than a node reading it alone. So the nodes of a job hash it together,
 each reading only its own share once:
 
-1. Member ``k`` of the ``N`` members (the swarm's order, :meth:`Swarm.members`) reads the
-   pieces it would read from the store in the swarm anyway (``p % N == k``) into a spool
-   file, hashes each (:func:`~bootseer.p2p.torrents.piece_hash`) and publishes those
-   hashes, create-only, as ``p2p/files/ab/<id>.layers/<N>-<k>``.
-2. It waits for the other members' hashes. A member whose hashes have not come when
-   ``2 x`` this node's own read plus ``piece_grace`` has passed is taken for gone: this
-   node reads and hashes that share too (and publishes it, so others need not).
+1. The first ``H`` of the ``N`` members (the swarm's order, :meth:`Swarm.members`; ``H``
+   at most MAX_HASHERS and the piece count, so a file has at most that many records and
+   none is empty) hash: member ``k`` reads the pieces ``p % H == k`` into a spool file,
+   hashes each (:func:`~bootseer.p2p.torrents.piece_hash`) and publishes those hashes
+   with the cluster key's tag, create-only, as ``p2p/files/ab/<id>.layers/<H>-<k>``.
+2. Each member waits for the other shares' hashes. A share whose hashes have not come
+   when ``2 x`` this node's own read plus ``piece_grace`` has passed (a member that does
+   not hash: since the last share came) is taken for lost: this node reads and hashes
+   it too (and publishes it, so others need not).
 3. All hashes in order are the piece layer: the torrent (``p2p/files/ab/<id>``,
-   :func:`~bootseer.p2p.torrents.build_from_layer`) is the same bytes on every node and
-   published create-only; a later restart of the same checkpoint loads it and skips
-   steps 1 and 2.
+   :func:`~bootseer.p2p.torrents.build_from_layer`, tagged too) is the same bytes on
+   every node and published create-only; a later restart of the same checkpoint loads it
+   and skips steps 1 and 2.
 4. The swarm fetches the file; this node's share comes from its spool, not the store.
 
 ``<id>`` is the sha256 of the object's URL, size and mtime: a rewritten checkpoint is a
-new identity. The hashes are the store's (written by the job's own agents, never taken
-from a peer); the swarm checks every piece, the store's included, against them, so a
-wrong hash record fails the fetch (and the torrent built from it is removed), it never
-lets a wrong byte in.
+new identity. The hashes are the store's, but believed only with the tag of the key the
+operator gave the job's agents (:mod:`bootseer.p2p.trust`): a store writer or a peer
+cannot choose them. A record or torrent without a good tag, or of the wrong size, fails
+the fetch with :class:`ShareError` (the file's records are removed and it is read from
+the store); the swarm checks every piece, the store's included, against the torrent, so
+no unverified byte reaches a reader or a cache.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import hashlib
+import hmac
 import logging
 import os
 import time
@@ -43,6 +48,7 @@ from bootseer.errors import BootseerError, IntegrityError
 from bootseer.store import Store
 
 from .peer import Peer
+from .trust import TAG_BYTES, PeerKey, Trust
 
 if TYPE_CHECKING:
     from .swarm import Swarm
@@ -57,11 +63,14 @@ MIN_SHARED_SIZE = 1 << 20
 SHARE_READS = 4
 #: How often a node looks for the other members' hashes (one listing of the store).
 POLL = 0.2
+#: Most members that hash a file, hence hash records one file has: a job's hundredth
+#: node would add a record and a store listing for 1% of the file.
+MAX_HASHERS = 64
 
 
 class ShareError(IntegrityError):
-    """A share's hashes are unusable (wrong length): they are removed, and the object is
-    read from the store."""
+    """A file's hashes or torrent are unusable (wrong length, not tagged with the cluster
+    key): they are removed, and the object is read from the store."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,13 @@ class SharedFile:
     def read_range(self, offset: int, length: int) -> bytes:
         return self.store.read_range(self.key, offset, length)
 
+    @property
+    def readable_by_all(self) -> bool:
+        """Whether every user may read the object at its source (its store says so): the
+        only files whose bytes may go to the job's other nodes, whoever runs there."""
+        access = self.store.access(self.key)
+        return access is not None and bool(access.mode & 0o004)
+
 
 def shared_torrent(swarm: Swarm, file: SharedFile, peers: tuple[Peer, ...], spool: Path,
                    piece_grace: float) -> tuple[Torrent, set[int]] | None:
@@ -97,18 +113,52 @@ def shared_torrent(swarm: Swarm, file: SharedFile, peers: tuple[Peer, ...], spoo
     if file.size < MIN_SHARED_SIZE:
         return None
     try:
-        return torrents.load(file.records, file.identity, file.size, addressed=False), set()
+        return load_torrent(file, swarm.trust), set()
     except FileNotFoundError:
         pass
     members = swarm.members(peers)
     if len(members) < 2:
         return None
+    key = swarm.trust.key
     piece = torrents.piece_size_for(file.size)
-    layer, held = _hash_together(file, members.index(swarm.address), len(members), piece,
-                                 spool, piece_grace)
+    layer, held = _hash_together(file, key, members.index(swarm.address), len(members),
+                                 piece, spool, piece_grace)
+    publish_torrent(file, key, piece, layer)
+    return load_torrent(file, swarm.trust), held
+
+
+def publish_torrent(file: SharedFile, key: PeerKey, piece: int, layer: bytes) -> None:
+    """The file's torrent from its piece hashes, tagged with the cluster key, published
+    create-only (every honest node builds the same bytes)."""
+    from . import torrents
+
     data = torrents.build_from_layer(file.identity, file.size, piece, layer)
+    data = torrents.with_tag(data, _torrent_tag(key, file, piece, layer))
     torrents.publish(file.records, file.identity, data, addressed=False)
-    return torrents.load(file.records, file.identity, file.size, addressed=False), held
+
+
+def load_torrent(file: SharedFile, trust: Trust) -> Torrent:
+    """The file's published torrent, checked and tagged with the cluster key;
+    ``FileNotFoundError`` if none, :class:`ShareError` if it is not the job's."""
+    from . import torrents
+
+    try:
+        torrent = torrents.load(file.records, file.identity, file.size, addressed=False)
+    except torrents.TorrentError as exc:
+        raise ShareError(f"{file.url}: {exc}") from exc
+    tag = torrents.tag_of(torrent.data)
+    if tag is None or not hmac.compare_digest(
+            tag, _torrent_tag(trust.key, file, torrent.piece_size, torrent.layer)):
+        raise ShareError(f"{file.url}: its torrent is not tagged with the cluster's peer "
+                         f"key: not this job's nodes'")
+    return torrent
+
+
+def _torrent_tag(key: PeerKey, file: SharedFile, piece: int, layer: bytes) -> bytes:
+    """The tag of a file's torrent: its identity, size and piece layer (which the torrent's
+    merkle root is checked against on load)."""
+    return key.tag("file-torrent", file.identity, file.size, piece,
+                   hashlib.sha256(layer).digest())
 
 
 def forget(file: SharedFile) -> None:
@@ -141,31 +191,38 @@ def _layers_prefix(file: SharedFile) -> str:
     return torrents.key(file.identity, addressed=False) + ".layers/"
 
 
-def _hash_together(file: SharedFile, me: int, members: int, piece: int, spool: Path,
-                   piece_grace: float) -> tuple[bytes, set[int]]:
+def _hash_together(file: SharedFile, key: PeerKey, me: int, members: int, piece: int,
+                   spool: Path, piece_grace: float) -> tuple[bytes, set[int]]:
     """Steps 1 and 2 of the module docstring: the piece layer, and the pieces read."""
     pieces = -(-file.size // piece)
+    hashers = min(members, MAX_HASHERS, pieces)
     prefix = _layers_prefix(file)
     hashes: dict[int, bytes] = {}
     held: set[int] = set()
     fd = os.open(spool, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         began = time.monotonic()
-        _hash_share(file, fd, me, members, piece, pieces, prefix, hashes, held)
+        if me < hashers:
+            _hash_share(file, key, fd, me, hashers, piece, pieces, prefix, hashes, held)
         deadline = time.monotonic() + 2 * (time.monotonic() - began) + piece_grace
-        waiting = set(range(members)) - {me}
+        waiting = set(range(hashers)) - {me}
         while waiting:
             # One listing per look, not a read per member: N nodes wait at once.
             present = {info.key for info in file.records.list(prefix)}
             for k in sorted(waiting):
-                key = f"{prefix}{members}-{k}"
-                if key in present and _load_share(file, key, k, members, pieces, hashes):
+                name = f"{prefix}{hashers}-{k}"
+                if name in present and _load_share(file, key, name, k, hashers, pieces,
+                                                   hashes):
                     waiting.discard(k)
+                    if me >= hashers:  # a share came: the hashers are at work
+                        now = time.monotonic()
+                        deadline = max(deadline, now + 2 * (now - began) + piece_grace)
             if waiting and time.monotonic() >= deadline:
-                log.info("p2p: %s: no hashes from members %s; reading their shares",
-                         file.url, sorted(waiting))
+                log.info("p2p: %s: no hashes for shares %s; reading them", file.url,
+                         sorted(waiting))
                 for k in sorted(waiting):
-                    _hash_share(file, fd, k, members, piece, pieces, prefix, hashes, held)
+                    _hash_share(file, key, fd, k, hashers, piece, pieces, prefix, hashes,
+                                held)
                 waiting.clear()
             elif waiting:
                 time.sleep(POLL)
@@ -174,12 +231,16 @@ def _hash_together(file: SharedFile, me: int, members: int, piece: int, spool: P
     return b"".join(hashes[p] for p in range(pieces)), held
 
 
-def _hash_share(file: SharedFile, fd: int, k: int, members: int, piece: int, pieces: int,
-                prefix: str, hashes: dict[int, bytes], held: set[int]) -> None:
-    """Read member ``k``'s pieces into the spool, hash them, publish the hashes."""
+def _share_tag(key: PeerKey, file: SharedFile, k: int, hashers: int, data: bytes) -> bytes:
+    return key.tag("share", file.identity, hashers, k, data)
+
+
+def _hash_share(file: SharedFile, key: PeerKey, fd: int, k: int, hashers: int, piece: int,
+                pieces: int, prefix: str, hashes: dict[int, bytes], held: set[int]) -> None:
+    """Read share ``k``'s pieces into the spool, hash them, publish the hashes tagged."""
     from . import torrents
 
-    share = range(k, pieces, members)
+    share = range(k, pieces, hashers)
 
     def one(p: int) -> bytes:
         offset = p * piece
@@ -191,29 +252,36 @@ def _hash_share(file: SharedFile, fd: int, k: int, members: int, piece: int, pie
                                                thread_name_prefix="p2p-share") as pool:
         mine = list(pool.map(one, share))
     held.update(share)
-    key = f"{prefix}{members}-{k}"
+    name = f"{prefix}{hashers}-{k}"
+    data = b"".join(mine)
     try:
-        file.records.put(key, b"".join(mine), overwrite=False)
+        file.records.put(name, data + _share_tag(key, file, k, hashers, data),
+                         overwrite=False)
         hashes.update(zip(share, mine, strict=True))
     except FileExistsError:
         # Another node hashed this share first: the store's record is what every node
-        # builds the torrent from (the same bytes if it is honest; if not, every node's
-        # fetch fails alike, against the store's bytes).
-        _load_share(file, key, k, members, pieces, hashes)
+        # builds the torrent from (the same bytes: both are tagged with the one key).
+        _load_share(file, key, name, k, hashers, pieces, hashes)
 
 
-def _load_share(file: SharedFile, key: str, k: int, members: int, pieces: int,
-                hashes: dict[int, bytes]) -> bool:
-    """Member ``k``'s hashes into ``hashes``; False if not published yet."""
-    share = range(k, pieces, members)
+def _load_share(file: SharedFile, key: PeerKey, name: str, k: int, hashers: int,
+                pieces: int, hashes: dict[int, bytes]) -> bool:
+    """Share ``k``'s hashes into ``hashes``; False if not published yet,
+    :class:`ShareError` if the record is not the job's (size, tag)."""
+    share = range(k, pieces, hashers)
+    size = 32 * len(share) + TAG_BYTES
     try:
-        data = file.records.get(key, 32 * len(share))
+        data = file.records.get(name, size)
     except FileNotFoundError:
         return False
     except BootseerError as exc:  # larger than the share's hashes
-        raise ShareError(f"{key}: {exc}") from exc
-    if len(data) != 32 * len(share):
-        raise ShareError(f"{key}: {len(data)} bytes, not the {len(share)} hashes of "
-                         f"member {k}'s share")
-    hashes.update((p, data[32 * i:32 * i + 32]) for i, p in enumerate(share))
+        raise ShareError(f"{name}: {exc}") from exc
+    if len(data) != size:
+        raise ShareError(f"{name}: {len(data)} bytes, not the {len(share)} hashes of "
+                         f"share {k} and their tag")
+    body, tag = data[:-TAG_BYTES], data[-TAG_BYTES:]
+    if not hmac.compare_digest(tag, _share_tag(key, file, k, hashers, body)):
+        raise ShareError(f"{name}: not tagged with the cluster's peer key: not this "
+                         f"job's nodes' hashes")
+    hashes.update((p, body[32 * i:32 * i + 32]) for i, p in enumerate(share))
     return True

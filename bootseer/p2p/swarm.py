@@ -8,8 +8,12 @@ the job:
 * **No discovery but ours.** No DHT, no local peer discovery, no UPnP/NAT-PMP, no
   trackers, no peer exchange, no metadata exchange (the session has no ``ut_metadata``
   or ``ut_pex`` plugin): it dials only the peers a caller names (the job's rendezvous
-  records or the scheduler's list, :mod:`bootseer.p2p.rendezvous`) and answers only
-  those that know a torrent it holds. It listens on one address:port, TCP only.
+  records or the scheduler's list, :mod:`bootseer.p2p.rendezvous`) that are on
+  ``p2p.networks``, and answers only those that know a torrent it holds as the
+  cluster's key makes it (:mod:`bootseer.p2p.trust`: keyed info-hashes, encryption
+  forced). It listens on one address:port: TCP for peers, and the UDP socket libtorrent
+  always binds beside it (for uTP and UDP trackers, both off here: nothing is served
+  on it). An IP filter refuses every address outside ``p2p.networks`` both ways.
 * **Nothing unverified is kept.** Every piece, from a peer or from the store, is checked
   by libtorrent against the torrent's SHA-256 merkle tree, which came from the store
   (:mod:`bootseer.p2p.torrents`); a peer whose data fails is banned at once (v2 hashes
@@ -73,6 +77,7 @@ from bootseer.errors import BootseerError, IntegrityError
 from .blobfetch import FetchResult
 from .peer import Peer
 from .torrents import Torrent, piece_hash
+from .trust import Trust
 
 log = logging.getLogger(__name__)
 
@@ -177,9 +182,14 @@ def parse_listen(text: str) -> tuple[str, int]:
 class Swarm:
     """A libtorrent session for one node (see the module docstring)."""
 
-    def __init__(self, config: P2PConfig) -> None:
+    def __init__(self, config: P2PConfig, trust: Trust | None = None) -> None:
         self.config = config
+        #: The cluster's key and networks (from the config unless given).
+        self.trust = trust or Trust.from_config(config)
         host, port = parse_listen(config.listen)
+        if not self.trust.networks.allows(host):
+            raise SwarmError(f"p2p.listen: {host} is not in p2p.networks, or is an "
+                             f"address peers are never dialed on (loopback, link-local)")
         iface = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         # flags=0: none of the default plugins (ut_metadata, ut_pex); smart_ban only.
         self._ses = lt.session({
@@ -189,6 +199,12 @@ class Swarm:
             "enable_upnp": False, "enable_natpmp": False,
             "enable_incoming_utp": False, "enable_outgoing_utp": False,
             "dht_bootstrap_nodes": "",
+            # Only peers that know a torrent's keyed info-hash get through the encrypted
+            # handshake (MSE proves it without sending it); the payload is RC4 too.
+            "out_enc_policy": int(lt.enc_policy.pe_forced),
+            "in_enc_policy": int(lt.enc_policy.pe_forced),
+            "allowed_enc_level": int(lt.enc_level.pe_rc4),
+            "prefer_rc4": True,
             "upload_rate_limit": int(config.upload_rate),
             # All of a job's peers cooperate: no tit-for-tat, every peer is served.
             "unchoke_slots_limit": -1,
@@ -222,7 +238,10 @@ class Swarm:
         self._lock = threading.Lock()
         self._transfers: dict[str, _Transfer] = {}  # by hex digest (= torrent name)
         self._removing: dict[str, _Transfer] = {}
-        self._blocked = lt.ip_filter()
+        self._blocked = lt.ip_filter()  # p2p.networks only, less the banned
+        for first, last, allowed in self.trust.networks.rules():
+            self._blocked.add_rule(first, last, 0 if allowed else 1)  # 1: blocked
+        self._ses.set_ip_filter(self._blocked)
         self._banned: set[str] = set()
         self._counters: dict[str, int] = {}
         self._stats_fresh = threading.Event()
@@ -272,7 +291,8 @@ class Swarm:
         of ``N`` owns pieces ``p % N == k``): ``peers`` and this node once, at its
         current port (a record of an earlier start is stale)."""
         me = self.address
-        return sorted({p for p in peers if p.address != me.address} | {me})
+        return sorted({p for p in peers if p.address != me.address and
+                       self.trust.networks.allows(p.address)} | {me})
 
     def seed(self, torrent: Torrent, path: Path, peers: Sequence[Peer] = ()) -> bool:
         """Offer the blob in ``path`` (complete and verified: a node cache entry) to peers
@@ -285,10 +305,7 @@ class Swarm:
                 return False
         transfer = self._add(torrent, path, seeding=True)
         transfer.until = time.monotonic() + self.config.seed_time
-        me = self.address
-        for peer in peers:
-            if peer != me:
-                transfer.handle.connect_peer((peer.address, peer.port))
+        self._dial(transfer, peers, {}, set())
         return True
 
     def read(self, torrent: Torrent, path: Path, offset: int, length: int,
@@ -318,7 +335,8 @@ class Swarm:
         if transfer.seeding:  # the whole object is here already
             return _pread(transfer.path, offset, length)
         handle, me = transfer.handle, self.address
-        members = self.members(peers) if share else sorted(set(peers) - {me})
+        members = self.members(peers) if share else \
+            sorted(p for p in set(peers) - {me} if self.trust.networks.allows(p.address))
         if not members:
             raise SwarmError(f"read of {torrent.digest}: no member to read it from")
         first = offset // torrent.piece_size
@@ -401,11 +419,13 @@ class Swarm:
 
     def _dial(self, transfer: _Transfer, peers: Sequence[Peer], connected: dict[str, int],
               dialing: set[str]) -> None:
-        """Connect ``transfer`` to the ``peers`` it is not connected to (nor banned)."""
+        """Connect ``transfer`` to the ``peers`` it is not connected to (nor banned, nor
+        off ``p2p.networks``): the one place the swarm dials."""
         me = self.address
         for peer in peers:
             if peer != me and peer.address not in connected and peer.address not in dialing \
-                    and peer.address not in self._banned:
+                    and peer.address not in self._banned \
+                    and self.trust.networks.allows(peer.address):
                 transfer.handle.connect_peer((peer.address, peer.port))
 
     def _checked(self, transfer: _Transfer, offset: int, length: int,
@@ -524,9 +544,7 @@ class Swarm:
                         progress[address] = (count, now)
             if now - dialed_at >= REDIAL:
                 dialed_at = now
-                for member in others:
-                    if member.address not in connected and member.address not in self._banned:
-                        handle.connect_peer((member.address, member.port))
+                self._dial(transfer, others, connected, dialing)
             # Settled: every member connected for a tick (so their piece lists arrived),
             # or CONNECT_WAIT passed with no handshake under way, or piece_grace passed.
             if settled_at is None and status.state in _READY and (
@@ -656,7 +674,7 @@ class Swarm:
                 leaving = current or self._removing.get(torrent.hex)
                 if leaving is None:
                     params = lt.add_torrent_params()
-                    params.ti = lt.torrent_info(torrent.info)
+                    params.ti = torrent.keyed(self.trust)
                     params.save_path = str(path.parent)
                     params.renamed_files = {0: path.name}
                     params.flags = _SEED_FLAGS if seeding else _FETCH_FLAGS

@@ -48,6 +48,8 @@ from bootseer.limits import (
 )
 from bootseer.store import BlobStore, Store
 
+from .trust import Trust
+
 log = logging.getLogger(__name__)
 
 PREFIX = "p2p/torrents/sha256"
@@ -101,6 +103,15 @@ class Torrent:
         """(offset, length) of ``piece`` in the blob."""
         offset = piece * self.piece_size
         return offset, min(self.piece_size, self.size - offset)
+
+    def keyed(self, trust: Trust) -> lt.torrent_info:
+        """This torrent as the cluster's swarms hold it: its info dictionary with the
+        key's tag of its info-hash (:meth:`Trust.swarm_tag`), so that only key holders
+        can name it in a handshake. The pieces, hence every check, are this torrent's."""
+        decoded = lt.bdecode(self.data)
+        public = self.info.info_hashes().v2.to_bytes()
+        decoded[b"info"][b"bootseer auth"] = trust.swarm_tag(public)
+        return lt.torrent_info(lt.bencode(decoded))
 
 
 def key(digest: str, *, addressed: bool = True) -> str:
@@ -235,6 +246,24 @@ def build_from_store(blobs: BlobStore, digest: str, workdir: Path) -> bytes:
         return build(digest, size, Path(name))
     finally:
         os.unlink(name)
+
+
+#: A torrent's top-level key for a tag of Bootseer's (:mod:`bootseer.p2p.sharedfile`):
+#: outside the info dictionary, so the info-hash and every piece check stay the torrent's.
+TAG_KEY = b"bootseer tag"
+
+
+def with_tag(data: bytes, tag: bytes) -> bytes:
+    """The bencoded torrent ``data`` carrying ``tag``."""
+    decoded = lt.bdecode(data)
+    decoded[TAG_KEY] = tag
+    return lt.bencode(decoded)
+
+
+def tag_of(data: bytes) -> bytes | None:
+    """The tag a (checked) torrent carries, None if none."""
+    tag = lt.bdecode(data).get(TAG_KEY)
+    return tag if isinstance(tag, bytes) else None
 
 
 def publish(store: Store, digest: str, data: bytes, *, addressed: bool = True) -> bool:

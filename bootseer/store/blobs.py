@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from bootseer import boundedjson
 from bootseer.errors import IntegrityError, InvalidRangeError
 from bootseer.limits import check_size
 from bootseer.store.base import DigestCheckedStream, RangedFile, Store, check_key, chunks_of
@@ -90,7 +91,7 @@ class Ref:
     @classmethod
     def decode(cls, name: str, data: bytes) -> Ref:
         try:
-            body = json.loads(data)
+            body = boundedjson.loads(data, limit=MAX_REF_BYTES, what=f"reference {name!r}")
             return cls(name, _check_digest(body["digest"]), int(body["size"]),
                        dict(body.get("meta") or {}), float(body.get("created", 0.0)))
         except (ValueError, KeyError, TypeError) as exc:

@@ -22,7 +22,7 @@ from pathlib import Path
 from bootseer_dev import netns
 from bootseer_dev.cluster.process import ProcessRecord, launch, log_tail, why_not_running
 
-from .spec import METRICS_PORT, P2P_PORT, LabSpec
+from .spec import LAB_NET, METRICS_PORT, P2P_PORT, LabSpec
 from .state import LabState
 
 __all__ = ["AgentStartError", "NodeFiles", "agent_env", "agent_health", "start_agents",
@@ -90,7 +90,22 @@ def _write_config(spec: LabSpec, i: int, files: NodeFiles) -> None:
            "enabled = true\n"
            f"listen = {json.dumps(f'{spec.node(i).address}:{P2P_PORT}')}\n"
            f"seed_after_start = {spec.seed_after_start}\n"
+           f"key_file = {json.dumps(str(_peer_key(spec)))}\n"
+           f"networks = {json.dumps([str(LAB_NET)])}\n"
+           # the lab's checkpoints may be shared between the nodes of a job
+           f"checkpoints = {json.dumps([spec.checkpoint_prefix()] if spec.datanodes else [])}\n"
            if spec.p2p else ""))
+
+
+def _peer_key(spec: LabSpec) -> Path:
+    """The lab's peer key (``p2p.key_file``), the same for every node: made once, 0600."""
+    path = spec.state_dir / "p2p.key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with open(fd, "wb") as f:
+            f.write(os.urandom(32))
+    return path
 
 
 def agent_env(client_env: dict[str, str]) -> dict[str, str]:
