@@ -38,10 +38,11 @@ def node(dirs, python_layout, tmp_path: Path):  # noqa: F811
     sock = tmp_path / "run" / "agent.sock"
     env = {"BOOTSEER_STORE": f"file://{dirs['store']}",
            "BOOTSEER_CACHE_DIR": str(dirs["agent-cache"]),
-           # The operator's grants: containers of every image record, and may mount the
-           # checkpoints under the test's own ckpt/ directory.
+           # The operator's grants: containers of every image record, may mount the
+           # checkpoints under the test's own ckpt/ directory, and may join job "train".
            "BOOTSEER_IMAGE_RECORD_IMAGES": "*",
-           "BOOTSEER_CHECKPOINT_ALLOWED": f"file://{tmp_path}/ckpt/"}
+           "BOOTSEER_CHECKPOINT_ALLOWED": f"file://{tmp_path}/ckpt/",
+           "BOOTSEER_AGENT_JOBS": "train"}
     procs = [start_agent(sock, env)]
 
     def restart() -> None:
