@@ -18,9 +18,11 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -530,6 +532,125 @@ def test_a_node_that_did_not_stage_the_checkpoint_reads_it_from_those_that_did(
           f"{sent / 2**20:.2f} MiB meanwhile; fallbacks {fallbacks:.0f}")
     assert served >= 2 * CKPT_SHARD_BYTES, (served, fallbacks)
     assert sent <= 0.1 * 2 * CKPT_SHARD_BYTES, sent  # stats and listings, not the bytes
+
+
+#: Run on a node as a store writer without the key would: over each file of the checkpoint
+#: directory argv[1], a torrent of other bytes under the file's name (URL, size, mtime), and
+#: a peer record of job argv[2] that wants the checkpoint, naming argv[3]; the forged bytes
+#: and torrents go to the directory argv[4] too, for the attacker's seeder; prints the files.
+FORGE = """
+import json, os, sys, time
+from bootseer.config import load_config
+from bootseer.p2p import rendezvous, torrents
+from bootseer.p2p.sharedfile import SharedFile
+from bootseer.store import open_configured_store
+from bootseer.stripedfs.checkpoint_cache import object_url
+from bootseer.stripedfs.files import CheckpointSource
+from bootseer.stripedfs.stage import checkpoint_files
+config = load_config().config
+records = open_configured_store(config)
+store, files = checkpoint_files(CheckpointSource(config), sys.argv[1])
+forged = []
+for info in files:
+    url = object_url(store, info.key)
+    file = SharedFile(store, records, info.key, url, info.size, info.mtime)
+    bad = os.urandom(info.size)
+    piece = torrents.piece_size_for(info.size)
+    layer = b"".join(torrents.piece_hash(bad[i:i + piece], piece)
+                     for i in range(0, info.size, piece))
+    torrent = torrents.build_from_layer(file.identity, info.size, piece, layer)
+    records.put(torrents.key(file.identity, addressed=False), torrent)
+    for name, data in ((file.identity[7:], bad), (file.identity[7:] + ".torrent", torrent)):
+        with open(os.path.join(sys.argv[4], name), "wb") as out:
+            out.write(data)
+        os.chmod(os.path.join(sys.argv[4], name), 0o644)
+    forged.append({"url": url, "key": info.key, "size": info.size, "mtime": info.mtime})
+address, port = sys.argv[3].rsplit(":", 1)
+records.put(rendezvous.peers_dir(sys.argv[2]) + "/evil.json", json.dumps({
+    "node": "evil", "address": address, "port": int(port), "time": time.time(),
+    "wants": [rendezvous.interest(sys.argv[1])], "auth": "0" * 64}).encode())
+print(json.dumps(forged))
+"""
+
+
+#: The attacker's seeder (no key): a libtorrent session on argv[1] (ADDRESS:PORT) serving
+#: the forged files of the directory argv[3] (seed mode, as the torrents say) until the file
+#: argv[2] exists; prints "ready", then the bytes it uploaded and the peers it ever had.
+SEEDER = """
+import glob, os, sys, time
+import libtorrent as lt
+ses = lt.session({"listen_interfaces": sys.argv[1], "enable_dht": False,
+                  "enable_lsd": False, "enable_upnp": False, "enable_natpmp": False}, 0)
+handles = []
+for path in glob.glob(os.path.join(sys.argv[3], "*.torrent")):
+    params = lt.add_torrent_params()
+    params.ti = lt.torrent_info(path)
+    params.save_path = sys.argv[3]
+    params.flags = lt.torrent_flags.seed_mode
+    handles.append(ses.add_torrent(params))
+while not ses.is_listening():
+    time.sleep(0.01)
+print("ready", flush=True)
+peers = 0
+while not os.path.exists(sys.argv[2]):
+    peers = max(peers, sum(h.status().num_peers for h in handles))
+    time.sleep(0.1)
+print(sum(h.status().total_payload_upload for h in handles), peers)
+"""
+
+
+def test_a_store_writer_cannot_make_nodes_serve_forged_checkpoint_bytes(lab) -> None:
+    """The attack as it was made: torrents over forged bytes published under the names of
+    a checkpoint's files, and a peer record that wants the checkpoint and names the
+    attacker's address. The job's warm stages the true bytes on every node (`ckpt get`
+    reads them), and, with the forgery published again, a fresh node's agent answers a
+    checkpoint mount's demand read with nothing (the server reads the store): no forged
+    byte reaches a copy or a reader, and no node dials the attacker."""
+    from bootseer.agents.client import AgentClient
+    from bootseer.store.base import ObjectInfo
+
+    lab.restart_agents(list(range(NODES)))  # cold caches
+    url = f"{lab.spec.checkpoint_prefix()}{CKPT}"
+    job, attacker = "p2pw-forged", f"{lab.spec.node(NODES - 1).address}:6999"
+    made = lab.spec.state_dir / "forged"
+    made.mkdir(exist_ok=True)
+    forge = [PY, "-c", FORGE, url, job, attacker, str(made)]
+    evil = Path(tempfile.mkdtemp(prefix="bootseer-evil-"))  # nobody's seeder reads it
+    try:
+        forged = json.loads(_ok(lab.run(0, forge)))
+        assert len(forged) == 2
+        shutil.copytree(made, evil, dirs_exist_ok=True)
+        evil.chmod(0o755)
+        stop = evil / "stop"
+        seeder = subprocess.Popen(  # another uid, on the attacker's address
+            [*netns.enter_argv(lab.spec.node(NODES - 1).netns), "setpriv",
+             "--reuid=65534", "--regid=65534", "--clear-groups", PY, "-c", SEEDER, attacker,
+             str(stop), str(evil)], stdout=subprocess.PIPE, text=True)
+        assert seeder.stdout is not None and seeder.stdout.readline() == "ready\n"
+        try:
+            summaries, _ = _warm_all(lab, job, parts=("--checkpoint", url),
+                                     last_parts=("--env", ENV_KEY))
+        finally:
+            stop.touch()
+        # Never dialed, never served: its record is not the key's.
+        assert seeder.communicate(timeout=30)[0].split() == ["0", "0"]
+    finally:
+        shutil.rmtree(evil)
+    source = lab.spec.state_dir / "ckpt-src"
+    for i in range(NODES - 1):
+        assert summaries[i]["complete"], summaries[i]
+        got = lab.spec.state_dir / f"got{i}"
+        _ok(lab.run(i, [PY, "-m", "bootseer", "ckpt", "get", url, str(got)]))
+        for n in range(2):
+            assert (got / f"shard{n}.bin").read_bytes() == \
+                (source / f"shard{n}.bin").read_bytes()
+    forged = json.loads(_ok(lab.run(0, forge)))  # again, for the fresh node's reads
+    with AgentClient(lab.node_files(NODES - 1).socket) as client:
+        for item in forged:
+            info = ObjectInfo(item["key"], item["size"], item["mtime"])
+            assert client.peer_read_file(job, item["url"], info, 0, 1 << 20) is None
+    metrics = [_metrics(lab, i) for i in range(NODES)]
+    assert all(m.get("bootseer_p2p_banned_peers", 0) == 0 for m in metrics), metrics
 
 
 def test_with_p2p_off_every_node_reads_the_store_and_nothing_listens(lab) -> None:
