@@ -81,6 +81,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import uvloop
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from bootseer import __version__, boundedjson
 from bootseer.agents import fields, jobreport
@@ -610,7 +611,22 @@ def _restrict(socket_path: Path, group: str) -> None:
     os.chown(socket_path, -1, gid)
 
 
+class _UnparsedRequestsInOneLine(logging.Filter):
+    """aiohttp logs a request it cannot parse (a request line over 8 KiB, a bad header)
+    at ERROR with its traceback: anyone who may connect, the socket's group, could fill
+    root's log so. Such a request is the client's fault: one line, at WARNING."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg, record.args = f"{record.getMessage()}: {exc.message}", ()
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 async def _serve(agent: Agent, socket_path: Path) -> None:
+    logging.getLogger("aiohttp.server").addFilter(_UnparsedRequestsInOneLine())
     runner = web.AppRunner(agent.app(), handle_signals=False)
     await runner.setup()
     socket_path.parent.mkdir(parents=True, exist_ok=True)

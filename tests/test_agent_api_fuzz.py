@@ -176,10 +176,11 @@ def test_posted_bodies_get_4xx_and_leave_nothing(agent, request) -> None:
                              st.text(max_size=20) | HOSTILE_STRINGS, max_size=3))
 def test_releases_of_anything_get_4xx(agent, mount_id, query) -> None:
     client, containers = agent.client, agent.containers
-    before = _state(client, containers)
+    before, logged = _state(client, containers), agent.log.stat().st_size
     answer = client.delete(f"/v1/mounts/{quote(mount_id, safe='')}", params=query)
     assert 400 <= answer.status_code < 500, (mount_id, query, answer.text)
     _nothing_new(client, containers, before)
+    _no_traceback(agent, logged)  # a request line aiohttp cannot parse: one line logged
 
 
 @FUZZ
