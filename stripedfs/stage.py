@@ -122,11 +122,10 @@ def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int = 8
             if info.size > cache.max_bytes:
                 raise StagingError(f"{info.size} bytes do not fit in the checkpoint cache "
                                    f"({cache.max_bytes} bytes, checkpoint.cache_size)")
-            file = SharedFile(store, records, info.key, file_url, info.size, info.mtime) \
-                if fanout is not None and records is not None else None
-            if fanout is not None and file is not None and file.readable_by_all:
+            if fanout is not None and records is not None:
+                file = SharedFile(store, records, info.key, file_url, info.size, info.mtime)
                 shared = _share(cache, file, info, keep, fanout, on_progress=on_progress,
-                                before_fetch=before_fetch)
+                                before_fetch=before_fetch) if file.readable_by_all else None
                 if shared is not None:
                     return info.size, shared
             record = _copy(cache, store, info, set(keep), concurrency=concurrency,
