@@ -1030,3 +1030,37 @@ def test_fuzzed_hash_records_and_torrents_are_refused_cleanly(
     finally:
         tracemalloc.stop()
     assert hashes == {} and peak < 4 << 20, peak
+
+
+def test_the_peer_key_and_networks_are_refused_unless_safe(tmp_path: Path) -> None:
+    """The key file is the operator's: a missing one, a link, a directory, one another user
+    owns or may read, or one too short starts no swarm, saying how to make one."""
+    from bootseer.errors import ConfigError
+    from bootseer.p2p.trust import PeerKeyError
+
+    good = tmp_path / "p2p.key"
+    good.write_bytes(os.urandom(32))
+    good.chmod(0o600)
+    assert PeerKey.load(good).tag("x", 1) == PeerKey.load(good).tag("x", 1)
+    link, short, shared, theirs = (tmp_path / n for n in ("link", "short", "shared", "theirs"))
+    link.symlink_to(good)
+    short.write_bytes(b"k" * 31)
+    shared.write_bytes(os.urandom(32))
+    theirs.write_bytes(os.urandom(32))
+    for path, mode in ((short, 0o600), (shared, 0o640), (theirs, 0o600)):
+        path.chmod(mode)
+    os.chown(theirs, 65534, 65534)
+    for bad, why in ((tmp_path / "none", "no peer key"), (link, "not a link"),
+                     (tmp_path, "regular file"), (short, "31 bytes"),
+                     (shared, "readable by its owner only"),
+                     (theirs, "readable by its owner only")):
+        with pytest.raises(PeerKeyError, match=why):
+            PeerKey.load(bad)
+    with pytest.raises(ConfigError, match="p2p.networks is empty"):
+        Trust.from_config(P2PConfig(enabled=True, key_file=good))
+    with pytest.raises(ConfigError, match="p2p.networks"):
+        Networks.parse(["10.0.0.0/33"])
+    nets = Networks.parse(["10.0.3.0/24", "fd00::/64"])
+    assert [nets.allows(a) for a in ("10.0.3.7", "10.0.4.1", "fd00::9", "fe80::1",
+                                     "127.0.0.1", "::ffff:10.0.3.7", "host")] == \
+        [True, False, True, False, False, True, False]
