@@ -1,13 +1,14 @@
 # Bootseer — the two commands of the README, and the benchmarks.
 #   make demo   set up and run the main job end to end on the embedded local store
 #   make test   set up everything (apt packages when root, Python packages) and run the suite
+#   make test-fast  the unit tier only (tests/unit): no root, no apt, no services, < 1 minute
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint system-deps venv clean bench-ckpt bench-hdfs bench-blocksize bench-image \
-	bench-image-cuda bench-env bench-env-cuda bench-restart bench-p2p-read
+.PHONY: demo test test-fast lint system-deps venv clean bench-ckpt bench-hdfs bench-blocksize \
+	bench-image bench-image-cuda bench-env bench-env-cuda bench-restart bench-p2p-read
 
 $(STAMP): pyproject.toml dev/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +27,12 @@ system-deps:
 demo: system-deps venv
 	bash scripts/demo.sh
 
+# Every tier; the slowest tests and the seconds of every file close the output.
 test: system-deps venv lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
+
+test-fast: venv
+	$(BIN)/python -m pytest tests/unit
 
 lint: venv
 	$(BIN)/ruff check --no-cache .

@@ -1,26 +1,62 @@
-"""Shared fixtures and helpers for the Bootseer test suite."""
+"""Shared fixtures and hooks for the Bootseer test suite.
+
+The tests come in three tiers, one directory each; a test's tier marker comes from its
+directory (``-m unit``, ``-m "not system"``):
+
+* ``unit/``: no root, no services, no network, no FUSE, no servers in subprocesses; the
+  whole tier runs in under a minute as a normal user (``make test-fast``).
+* ``integration/``: one real component: HDFS, FUSE, runc, an engine, pip.
+* ``system/``: the node agent with engines, the fleet lab, p2p clusters.
+
+Helpers shared by test modules live in ``support/`` (imported as ``support.<module>``),
+fixtures here and in a tier's own conftest; a test module never imports another.
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests import store_contract as a module
+sys.path.insert(0, str(Path(__file__).parent))  # test modules import support.* from here
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
+from support.ci import IN_CI, require  # noqa: E402 (needs the path above)
+from support.durations import FileDurations  # noqa: E402
+from support.peers import LOCAL_PEER_NET, LOCAL_PEERS  # noqa: E402
+
+TIERS = ("unit", "integration", "system")
+#: Fixtures that start HDFS: the shared cluster, and the fleet lab (its nodes' HDFS).
+HDFS_FIXTURES = ("hdfs_cluster", "lab")
+TESTS = Path(__file__).parent
 
 
-def wait_until(condition: Callable[[], object], seconds: float = 10.0) -> None:
-    """Poll ``condition`` until it holds; fail the test after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets its directory's tier marker; a test that starts HDFS through a fixture
+    (directly or through another one) gets ``hdfs``, so ``-m "not hdfs"`` starts none."""
+    for item in items:
+        tier = Path(item.path).relative_to(TESTS).parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test lives under one of {TIERS}")
+        item.add_marker(tier)
+        if any(name in HDFS_FIXTURES for name in getattr(item, "fixturenames", ())):
+            item.add_marker("hdfs")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(FileDurations(), "file-durations")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """In CI a skipped test is a failure: a component that cannot start must be loud."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    if IN_CI and skipped and exitstatus == 0:
+        reporter.write_line(f"CI=true: {len(skipped)} test(s) skipped; failing the run",
+                            red=True)
+        session.exitstatus = 1
 
 
 @pytest.fixture(autouse=True)
@@ -35,14 +71,31 @@ def _isolated_config(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
             monkeypatch.delenv(name)
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """In CI a skipped test is a failure: a component that cannot start must be loud."""
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    skipped = reporter.stats.get("skipped", []) if reporter else []
-    if IN_CI and skipped and exitstatus == 0:
-        reporter.write_line(f"CI=true: {len(skipped)} test(s) skipped; failing the run",
-                            red=True)
-        session.exitstatus = 1
+@pytest.fixture
+def dirs(tmp_path: Path):
+    """A test's working directories, made empty: ``store`` (a ``file://`` store), ``cache``
+    (the caller's cache), ``agent-cache`` (the node agent's), ``image`` (images written
+    there), ``mnt`` (a mount point: unmounted afterwards if still mounted), ``ref`` (a
+    reference extraction) and ``run`` (sockets)."""
+    paths = {name: tmp_path / name
+             for name in ("store", "cache", "agent-cache", "image", "mnt", "ref", "run")}
+    for path in paths.values():
+        path.mkdir()
+    yield paths
+    from bootseer.mounts import is_mounted
+
+    if is_mounted(paths["mnt"]):
+        subprocess.run(["umount", "-l", str(paths["mnt"])], check=False)
+
+
+@pytest.fixture
+def nothing_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Run in an empty working directory and check it is still empty afterwards."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    yield work
+    assert list(work.iterdir()) == []
 
 
 @pytest.fixture(scope="session")
@@ -67,25 +120,14 @@ def hdfs_cluster(tmp_path_factory: pytest.TempPathFactory):
     cluster.stop()
 
 
-#: In-process swarms listen on addresses of a link of their own: a swarm never dials
-#: loopback.
-LOCAL_PEER_NET = "198.19.254.0/24"
-LOCAL_PEERS = tuple(f"198.19.254.{i}" for i in range(1, 5))
-
-
 @pytest.fixture(scope="session")
 def local_peer_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A link (``bsp2p<pid>``, one end of a veth pair: this kernel has no dummy links)
     holding LOCAL_PEERS in this namespace, for swarms in the test's own process, and a
     peer key for them; the pair is removed at the end."""
-    import subprocess
-
     link = f"bsp2p{os.getpid()}"[:13]  # its own: concurrent runs keep their addresses
-    if os.geteuid() != 0:
-        reason = "in-process swarms need root to add a dummy link for their addresses"
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
+    require(os.geteuid() != 0 and "adding a link for their addresses needs root",
+            "in-process swarms")
     subprocess.run(["ip", "link", "add", link, "type", "veth", "peer", "name", link + "1"],
                    check=True)
     try:

@@ -1,0 +1,501 @@
+"""One conformance suite for the one FUSE layer: every tree on every way of mounting it.
+
+Both trees Bootseer serves (:class:`ImageTree`, a lazy image; :class:`CheckpointTree`, a
+store directory) are served by the one server (:mod:`bootseer.fuse.server`) on the real
+kernel, mounted each way a server gets its connection: by the node agent (``mount_fd``,
+the connection outliving its servers), by the server itself as root (mount(2)), and
+through ``fusermount3`` (the way unprivileged users mount). On every combination the
+mount equals its source and refuses what writes; where the agent holds the connection, a
+killed server is taken over by a new one (only requests it had read fail; queued ones,
+retried page reads and open files carry on), and unmounting ends a server.
+
+The test process plays the node agent: it mounts and keeps the fd, and runs each server
+as a subprocess of this file (``python test_fuse_conformance.py serve ...``) that it can
+SIGKILL. Needs root and /dev/fuse.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bootseer.mounts import is_mounted, unmount
+from bootseer.store import BlobStore, open_store
+from bootseer.store.local import LocalStore
+
+MIB = 1 << 20
+FILES = {f"/data/d{i % 3}/f{i}.bin": random.Random(i).randbytes(1000 + 37_000 * i)
+         for i in range(12)}
+BIG = random.Random(99).randbytes(5 * MIB + 777)
+#: Every file of the test trees, by path.
+CONTENT = {**FILES, "/data/big.bin": BIG, "/data/empty": b""}
+KINDS = ("image", "checkpoint")
+
+
+class SlowStore(LocalStore):
+    """Every read of a key starting with ``prefix`` first creates ``marker`` (the test's
+    cue that a fetch is under way), then stalls: the server is killed in the middle of it."""
+
+    def __init__(self, url: str, prefix: str, marker: Path) -> None:
+        super().__init__(url)
+        self.prefix, self.marker = prefix, marker
+
+    def _stall(self, key: str) -> None:
+        if key.startswith(self.prefix):
+            self.marker.touch()
+            time.sleep(600)
+
+    def _read_range(self, key: str, offset: int, length: int) -> bytes:
+        self._stall(key)
+        return super()._read_range(key, offset, length)
+
+    def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
+        self._stall(key)
+        super().read_range_into(key, offset, buffer)
+
+
+def make_tree(kind: str, store_path: str, image: str, cache: str, slow: str):
+    """The tree a server of ``kind`` serves (what ``bootseer image mount`` and ``bootseer
+    ckpt mount`` build)."""
+    from bootseer.nodecache import NodeCache
+    from bootseer.prefetch.imagetree import ImageTree
+    from bootseer.prefetch.lazyimage import LazyImage
+    from bootseer.stripedfs.tree import CheckpointTree
+
+    prefix = "packs/" if kind == "image" else "data/big.bin"
+    store = SlowStore(store_path, prefix, Path(slow)) if slow else open_store(store_path)
+    if kind == "image":
+        return ImageTree(LazyImage(BlobStore(store), image, NodeCache(Path(cache), 1 << 30)))
+    return CheckpointTree(store, ttl=30.0)
+
+
+def serve_main(kind: str, store: str, image: str, cache: str, how: str, target: str,
+               state: str, slow: str) -> None:
+    """A server process: ``how`` is a connection's fd number (held by the caller, as the
+    agent holds it), ``self`` (mount(2) here) or ``fusermount`` (fusermount3 mounts)."""
+    import logging
+
+    from bootseer.fuse import connection
+    from bootseer.fuse.server import serve, serve_at
+
+    logging.basicConfig(level=logging.INFO, format="server %(process)d: %(message)s")
+    tree = make_tree(kind, store, image, cache, slow)
+    if how == "self":
+        serve_at(tree, Path(target), "bootseer-test")
+    elif how == "fusermount":
+        fd = connection.fusermount_fd(Path(target), "bootseer-test")
+        serve(tree, fd)
+    else:
+        serve(tree, int(how), takeover_state=Path(state))
+
+
+class Connection:
+    """A mount of a test tree and its server processes. ``how="agent"``: a connection
+    mounted by fd that this process holds, as the agent does; else the server mounts."""
+
+    def __init__(self, root: Path, kind: str, store: Path, image: str,
+                 how: str = "agent") -> None:
+        from bootseer.fuse.connection import mount_fd
+
+        self.kind, self.store, self.image, self.how = kind, store, image, how
+        self.cache, self.mnt, self.state = root / "cache", root / "mnt", root / "takeover.json"
+        self.cache.mkdir(parents=True)
+        self.mnt.mkdir()
+        self.fd = mount_fd(self.mnt, "bootseer-test") if how == "agent" else None
+        self.servers: list[subprocess.Popen] = []
+
+    def start(self, slow: Path | None = None) -> subprocess.Popen:
+        how = str(self.fd) if self.fd is not None else self.how
+        server = subprocess.Popen(
+            [sys.executable, __file__, "serve", self.kind, str(self.store), self.image,
+             str(self.cache), how, str(self.mnt), str(self.state), str(slow or "")],
+            pass_fds=() if self.fd is None else (self.fd,), stdin=subprocess.DEVNULL)
+        self.servers.append(server)
+        if self.fd is None:  # the server mounts: wait for it
+            deadline = time.monotonic() + 30
+            while not is_mounted(self.mnt):
+                assert server.poll() is None and time.monotonic() < deadline, "no mount"
+                time.sleep(0.01)
+        return server
+
+    def close(self) -> None:
+        if is_mounted(self.mnt):
+            subprocess.run(["umount", "-l", str(self.mnt)], check=False)
+        for server in self.servers:
+            if server.poll() is None:
+                server.kill()
+            server.wait()
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+@pytest.fixture
+def connect(tmp_path: Path):
+    """connect(kind, store, image) → a mounted Connection; all are unmounted and closed."""
+    made: list[Connection] = []
+
+    def make(kind: str, store: Path, image: str = "files", how: str = "agent") -> Connection:
+        made.append(Connection(tmp_path / f"conn{len(made)}", kind, store, image, how))
+        return made[-1]
+
+    yield make
+    for connection in made:
+        connection.close()
+
+
+def convert_layers(root: Path, layers: list[bytes], name: str, block_size: int = MIB) -> Path:
+    """Convert an OCI image of ``layers`` into a new store under ``root``; return the store."""
+    from support.oci import OCI_LAYER_GZIP, write_image, write_layout
+
+    from bootseer.prefetch.convert import convert
+    from bootseer.prefetch.image_source import open_image
+
+    (root / "image").mkdir(parents=True)
+    store = root / "store"
+    store.mkdir()
+    layout = write_layout(root / "image",
+                          [write_image(root / "image", layers, [OCI_LAYER_GZIP] * len(layers))])
+    convert(open_image(layout), BlobStore(open_store(str(store))), name=name,
+            block_size=block_size)
+    return store
+
+
+def files_image(root: Path) -> Path:
+    from support.layers import dir_, layer, reg
+
+    members = [dir_("data"), *(dir_(f"data/d{i}") for i in range(3)),
+               *(reg(path.lstrip("/"), data) for path, data in FILES.items()),
+               reg("data/big.bin", BIG), reg("data/empty")]
+    return convert_layers(root, [layer(*members)], "files")
+
+
+def checkpoint_dir(root: Path) -> Path:
+    """The same files as :func:`files_image`, as a checkpoint directory in a store."""
+    for path, data in CONTENT.items():
+        (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (root / path.lstrip("/")).write_bytes(data)
+    return root
+
+
+def source(kind: str, root: Path) -> Path:
+    """The store holding the test tree of ``kind``."""
+    return files_image(root) if kind == "image" else checkpoint_dir(root / "store")
+
+
+def describe(mnt: Path) -> dict[str, tuple[int, bytes | None]]:
+    """Every path below ``mnt``: its file type and, for a regular file, its bytes."""
+    found = {}
+    for directory, dirs, files in os.walk(mnt):
+        for name in dirs + files:
+            path = Path(directory, name)
+            mode = path.lstat().st_mode
+            found["/" + str(path.relative_to(mnt))] = (
+                stat.S_IFMT(mode), path.read_bytes() if stat.S_ISREG(mode) else None)
+    return found
+
+
+def expected() -> dict[str, tuple[int, bytes | None]]:
+    tree = {path: (stat.S_IFREG, data) for path, data in CONTENT.items()}
+    for path in CONTENT:
+        parent = os.path.dirname(path)
+        while parent != "/":
+            tree[parent] = (stat.S_IFDIR, None)
+            parent = os.path.dirname(parent)
+    return tree
+
+
+def refuses_writes(mnt: Path) -> None:
+    """Everything that would change the tree fails, EROFS (the mount is read-only)."""
+    attempts: list[Callable[[], object]] = [
+        lambda: open(mnt / "new", "w"), lambda: open(mnt / "data/empty", "r+b"),
+        lambda: os.mkdir(mnt / "dir"), lambda: os.unlink(mnt / "data/empty"),
+        lambda: os.rename(mnt / "data/empty", mnt / "data/moved"),
+        lambda: os.chmod(mnt / "data/empty", 0o777),
+        lambda: os.truncate(mnt / "data/big.bin", 0),
+        lambda: os.symlink("x", mnt / "link"),
+        lambda: os.setxattr(mnt / "data/empty", "user.x", b"1"),
+    ]
+    for attempt in attempts:
+        with pytest.raises(OSError) as info:
+            attempt()
+        assert info.value.errno == errno.EROFS
+
+
+@pytest.mark.parametrize("how", ["agent", "self", "fusermount"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_mount_equals_its_source_and_refuses_writes(tmp_path: Path, connect, kind: str,
+                                                         how: str) -> None:
+    conn = connect(kind, source(kind, tmp_path / "src"), how=how)
+    conn.start()
+    assert describe(conn.mnt) == expected()
+    refuses_writes(conn.mnt)
+    with pytest.raises(FileNotFoundError):
+        os.stat(conn.mnt / "no" / "such")
+    with pytest.raises(NotADirectoryError):
+        os.listdir(conn.mnt / "data/empty")
+    with pytest.raises(IsADirectoryError):
+        (conn.mnt / "data").read_bytes()
+    with pytest.raises(OSError) as info:
+        os.readlink(conn.mnt / "data/empty")
+    assert info.value.errno == errno.EINVAL
+    assert os.statvfs(conn.mnt).f_namemax == 255
+    assert os.lstat(conn.mnt / "data").st_mode & 0o555 == 0o555  # readable, searchable
+    mount_options = next(line.split()[3] for line in open("/proc/mounts")
+                         if line.split()[1] == str(conn.mnt))
+    assert {"ro", "nosuid", "nodev"} <= set(mount_options.split(","))
+
+
+@pytest.mark.parametrize("how", ["mount_fd", "fusermount_fd"])
+def test_a_hostile_source_name_cannot_add_mount_options(tmp_path: Path, how: str) -> None:
+    """A checkpoint URL becomes the mount's source name; with fusermount3 it travels in the
+    option list, where a comma would start an option of its own (``suid``, ``dev``)."""
+    from bootseer.fuse import connection
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    fd = getattr(connection, how)(mnt, "bootseer:hdfs://nn/x,suid,dev,allow_other=1\\,exec")
+    try:
+        source, options = next((line.split()[0], line.split()[3]) for line in
+                               open("/proc/mounts") if line.split()[1] == str(mnt))
+        assert {"ro", "nosuid", "nodev"} <= set(options.split(","))
+        assert not {"suid", "dev"} & set(options.split(","))
+        assert "," not in source
+    finally:
+        os.close(fd)  # no server: the connection ends, so the unmount cannot wait
+        unmount(mnt)
+
+
+def test_an_unprivileged_user_mounts_through_fusermount() -> None:
+    """A user without CAP_SYS_ADMIN: fusermount3 mounts and hands the connection over; the
+    same server serves it, and the user's own ``fusermount3 -u`` ends it. This machine's
+    /dev/fuse is root's alone (0600), so the test runs in a mount namespace of its own
+    whose /dev/fuse is a node of the same device open to all, as on a stock host."""
+    root = Path(tempfile.mkdtemp(prefix="bootseer-fusermount-"))
+    try:
+        os.chmod(root, 0o755)
+        store = checkpoint_dir(root / "store")
+        (root / "mnt").mkdir()
+        shutil.chown(root / "mnt", "nobody", "nogroup")
+        script = (f"mknod -m 0666 {root}/fuse c 10 229 && mount --bind {root}/fuse /dev/fuse "
+                  f"{reveal_python(root)} && exec setpriv --reuid nobody --regid nogroup "
+                  f"--clear-groups {sys.executable} {__file__} unprivileged {store} "
+                  f"{root / 'mnt'}")
+        run = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                              script], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.split() == ["mounted", "read", "unmounted"], run.stdout
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def reveal_python(root: Path) -> str:
+    """Shell steps (for a private mount namespace) that let any user run this Python: where
+    it lives below a directory only root may enter (pyenv under /root), that directory is
+    covered by an open tmpfs holding just the Python installation, bound from below."""
+    prefix = Path(sys.base_prefix).resolve()
+    closed = next((a for a in reversed(prefix.parents) if not os.stat(a).st_mode & 0o001),
+                  None)
+    if closed is None:
+        return ""
+    keep, inside = root / "python", prefix.relative_to(closed)
+    return (f"&& mkdir {keep} && mount --bind {prefix} {keep} "
+            f"&& mount -t tmpfs -o mode=0755 tmpfs {closed} && mkdir -p {closed / inside} "
+            f"&& mount --bind {keep} {closed / inside}")
+
+
+def unprivileged_main(store: str, mnt: str) -> None:
+    """As an unprivileged user: serve ``store`` at ``mnt`` through fusermount3, read a file
+    through the mount, unmount it; say each step."""
+    assert os.geteuid() != 0
+    server = subprocess.Popen([sys.executable, __file__, "serve", "checkpoint", store, "", "",
+                               "fusermount", mnt, "", ""], stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not is_mounted(Path(mnt)):
+        assert server.poll() is None and time.monotonic() < deadline, "no mount"
+        time.sleep(0.01)
+    print("mounted")
+    assert Path(mnt, "data/d1/f1.bin").read_bytes() == FILES["/data/d1/f1.bin"]
+    print("read")
+    subprocess.run(["fusermount3", "-u", mnt], check=True)
+    assert server.wait(timeout=10) == 0
+    print("unmounted")
+
+
+def read(path: Path) -> bytes | OSError:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        return exc
+
+
+def test_mount_equals_tar_extraction(tmp_path: Path, connect) -> None:
+    """The multi-layer image (whiteouts, opaque dirs, hard links, xattrs, devices, ...)."""
+    from support.layers import describe_disk, extract_like_a_runtime, multi_layer_image
+
+    layers = multi_layer_image()
+    store = convert_layers(tmp_path / "src", layers, "multi")
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    extract_like_a_runtime(layers, ref, tmp_path / "src")
+    conn = connect("image", store, "multi")
+    conn.start()
+    on_mount, mount_groups = describe_disk(conn.mnt)
+    on_disk, disk_groups = describe_disk(ref)
+    assert sorted(on_mount) == sorted(on_disk)
+    for path in on_disk:
+        assert on_mount[path] == on_disk[path], path
+    assert mount_groups == disk_groups
+    device = os.stat(conn.mnt).st_dev
+    bdi = Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
+    assert bdi.read_text().strip() == "1024"  # raised by mount_fd, kept through INIT
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_new_server_takes_over_and_queued_reads_succeed(tmp_path: Path, connect,
+                                                          kind: str) -> None:
+    conn = connect(kind, source(kind, tmp_path / "src"))
+    first = conn.start()
+    paths = sorted(FILES)
+    for path in paths[:4]:
+        assert (conn.mnt / path.lstrip("/")).read_bytes() == FILES[path]
+    assert conn.state.exists()  # the INIT answer, for whoever comes next
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    results: dict[str, bytes | OSError] = {}
+    readers = [threading.Thread(target=lambda p=p: results.update({p: read(conn.mnt / p[1:])}))
+               for p in paths[4:]]
+    for reader in readers:
+        reader.start()
+    time.sleep(0.5)
+    assert all(reader.is_alive() for reader in readers)  # queued in the kernel, not failed
+    assert is_mounted(conn.mnt)
+    conn.start()
+    for reader in readers:
+        reader.join(timeout=30)
+    assert results == {p: FILES[p] for p in paths[4:]}
+    for path in paths[:4]:  # what the first server answered is still there
+        assert (conn.mnt / path.lstrip("/")).read_bytes() == FILES[path]
+
+
+def answer_the_first_flush(conn: Connection) -> None:
+    """Close a file while a server runs. Opens cost no request (OPEN is answered ENOSYS), so
+    the kernel does not know to skip FLUSH on close until it has sent one and been told
+    ENOSYS. Until then, a file of the mount held open by this process across the fork of
+    the next server would deadlock: the child's close-on-exec waits for that server."""
+    assert (conn.mnt / "data/empty").read_bytes() == b""
+
+
+def kill_while_fetching(server: subprocess.Popen, marker: Path,
+                        reading: Callable[[], bytes | int]) -> tuple[threading.Thread, list]:
+    """Run ``reading`` in a thread on a ``server`` that stalls in the fetch of its block
+    (started with ``slow=marker``); SIGKILL the server in the middle of that fetch. Returns
+    the thread and its result (once done)."""
+    result: list[bytes | int | OSError] = []
+
+    def run() -> None:
+        try:
+            result.append(reading())
+        except OSError as exc:
+            result.append(exc)
+
+    reader = threading.Thread(target=run)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while not marker.exists():
+        assert time.monotonic() < deadline and reader.is_alive(), result
+        time.sleep(0.01)
+    server.send_signal(signal.SIGKILL)
+    server.wait()
+    return reader, result
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_request_in_flight_when_its_server_dies_fails(tmp_path: Path, connect,
+                                                        kind: str) -> None:
+    """The kernel ends the requests a dead server had read with ECONNABORTED; an O_DIRECT
+    read is such a request (nothing retries it). The next read after takeover succeeds on
+    the same open file: its handle was the dead server's, and the new one re-creates it."""
+    conn = connect(kind, source(kind, tmp_path / "src"))
+    marker = tmp_path / "fetching"
+    slow = conn.start(slow=marker)
+    answer_the_first_flush(conn)
+    fd = os.open(conn.mnt / "data/big.bin", os.O_RDONLY | os.O_DIRECT)
+    try:
+        buffer = mmap.mmap(-1, MIB)  # page-aligned, as O_DIRECT wants
+        reader, result = kill_while_fetching(slow, marker, lambda: os.preadv(fd, [buffer], 0))
+        reader.join(timeout=30)
+        assert isinstance(result[0], OSError) and result[0].errno == errno.ECONNABORTED, result
+        conn.start()
+        assert os.preadv(fd, [buffer], 0) == MIB and buffer[:] == BIG[:MIB]
+    finally:
+        os.close(fd)
+    assert (conn.mnt / "data/big.bin").read_bytes() == BIG
+
+
+def test_a_buffered_read_in_flight_when_its_server_dies_is_retried(tmp_path: Path,
+                                                                   connect) -> None:
+    """A page cache read whose READ died with the server is retried by the kernel (it reads
+    a page that did not come in once more, synchronously): the new request waits in the
+    queue for the next server, so the reader sees no error at all. (The image's mount;
+    checkpoint mounts bypass the page cache, as the test above shows.)"""
+    conn = connect("image", files_image(tmp_path / "src"))
+    marker = tmp_path / "fetching"
+    slow = conn.start(slow=marker)
+    answer_the_first_flush(conn)
+    reader, result = kill_while_fetching(slow, marker,
+                                         lambda: (conn.mnt / "data/big.bin").read_bytes())
+    reader.join(timeout=1)
+    assert reader.is_alive() and not result  # waiting for a server, not failed
+    conn.start()
+    reader.join(timeout=30)
+    assert result == [BIG]
+
+
+@pytest.mark.parametrize("how", ["agent", "self"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_unmount_ends_the_server(tmp_path: Path, connect, kind: str, how: str) -> None:
+    conn = connect(kind, source(kind, tmp_path / "src"), how=how)
+    server = conn.start()
+    assert (conn.mnt / "data/d1/f1.bin").read_bytes() == FILES["/data/d1/f1.bin"]
+    unmount(conn.mnt)
+    assert server.wait(timeout=10) == 0
+    assert not is_mounted(conn.mnt)
+
+
+def test_real_debian_python_image_runs_in_runc(tmp_path: Path, connect) -> None:
+    """debootstrap minbase + python3: python3 -c in runc on an overlay over the mount."""
+    from bootseer.prefetch.container import overlay_mount, run_rootfs
+    from bootseer.prefetch.convert import convert
+    from bootseer.prefetch.image_source import open_image
+    from bootseer_dev.image import build_image
+
+    layout = build_image(with_python=True)  # cached after the first build (~35 s)
+    store = tmp_path / "store"
+    store.mkdir()
+    convert(open_image(layout), BlobStore(open_store(str(store))), name="py")
+    conn = connect("image", store, "py")
+    conn.start()
+    with overlay_mount(conn.mnt, tmp_path / "upper", tmp_path / "work",
+                       tmp_path / "rootfs") as root:
+        run = run_rootfs(root, ["python3", "-c",
+                                "import json, sqlite3, sys; print(6 * 7, sys.version_info[0])"])
+    assert (run.returncode, run.stdout.strip()) == (0, "42 3"), run.stderr
+
+
+if __name__ == "__main__":
+    {"serve": serve_main, "unprivileged": unprivileged_main}[sys.argv[1]](*sys.argv[2:])

@@ -1,0 +1,414 @@
+"""Capture, pack and restore on real trees: every change kind, byte-identical restores,
+hostile and corrupt snapshots refused with nothing switched in, crashes mid-restore."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import zstandard
+from support.snapshots import tree_state
+
+from bootseer.errors import IntegrityError
+from bootseer.snapshot.manifest import (
+    FIRST_SHARDS,
+    REF_PREFIX,
+    Manifest,
+    Shard,
+    SnapEntry,
+    UnsafeSnapshotError,
+)
+from bootseer.snapshot.restore import CRASH_ENV, FirstShards, load_manifest, restore
+from bootseer.snapshot.run import Tuning, capture_command
+from bootseer.store import BlobStore, open_store
+from bootseer.store.blobs import STREAM_READ, ChunkTable
+
+BIG = os.urandom(3 << 20)  # spans several shards of SHARD_SIZE
+SHARD_SIZE = 1 << 20
+T0 = 1_600_000_000_123_456_789  # base mtimes, in ns
+
+# Every kind of change, made by a real process: argv[1:] are the target directories.
+MUTATE = r"""
+import os, sys
+for root in sys.argv[1:]:
+    j = lambda *p: os.path.join(root, *p)
+    open(j("new.txt"), "w").write("new\n")
+    open(j("empty"), "w").close()
+    open(j("keep", "modified.txt"), "w").write("modified content\n")
+    os.chmod(j("keep", "mode.txt"), 0o600)
+    os.utime(j("keep", "touched.txt"), ns=(1_700_000_000_000_000_001,) * 2)
+    os.unlink(j("gone.txt"))
+    os.unlink(j("gone-tree", "a", "f")); os.rmdir(j("gone-tree", "a")); os.rmdir(j("gone-tree"))
+    os.makedirs(j("pkg", "sub")); open(j("pkg", "sub", "mod.py"), "w").write("X = 42\n")
+    os.symlink("../keep/same.txt", j("pkg", "link"))
+    os.unlink(j("old-link")); os.symlink("/elsewhere/abs", j("old-link"))
+    os.link(j("new.txt"), j("pkg", "new-hardlink"))
+    os.link(j("keep", "same.txt"), j("keep", "same-hardlink"))
+    os.unlink(j("file-to-dir")); os.mkdir(j("file-to-dir"))
+    open(j("file-to-dir", "x"), "w").write("x")
+    os.unlink(j("dir-to-link", "f")); os.rmdir(j("dir-to-link"))
+    os.symlink("keep", j("dir-to-link"))
+    open(j("big.bin"), "wb").write(open(os.environ["BIG_FILE"], "rb").read())
+    os.mkdir(j("ro")); open(j("ro", "f"), "w").write("ro\n"); os.chmod(j("ro"), 0o555)
+"""
+
+
+def make_base(root: Path) -> None:
+    """The state before the command, identical (mtimes included) every time it is made."""
+    for rel, data in {"keep/modified.txt": "original\n", "keep/mode.txt": "m\n",
+                      "keep/touched.txt": "t\n", "keep/same.txt": "same\n", "gone.txt": "g\n",
+                      "gone-tree/a/f": "f\n", "file-to-dir": "fd\n",
+                      "dir-to-link/f": "dl\n"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(data)
+    os.symlink("keep/same.txt", root / "old-link")
+    for path in sorted(root.rglob("*"), reverse=True) + [root]:
+        os.utime(path, ns=(T0, T0), follow_symlinks=False)
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    big = tmp_path / "big.src"
+    big.write_bytes(BIG)
+    monkeypatch.setenv("BIG_FILE", str(big))
+    blobs = BlobStore(open_store(f"file://{tmp_path / 'store'}"))
+    targets = [tmp_path / "node" / "a", tmp_path / "node" / "b"]
+    for t in targets:
+        t.mkdir(parents=True)
+        make_base(t)
+    return blobs, targets
+
+
+def capture(blobs: BlobStore, targets: list[Path], key: str = "k1") -> Manifest:
+    outcome = capture_command(blobs, key, [sys.executable, "-c", MUTATE, *map(str, targets)],
+                              targets, environ=os.environ,
+                              tuning=Tuning(shard_size=SHARD_SIZE, concurrency=2))
+    assert outcome.exit_code == 0 and outcome.published
+    return outcome.manifest
+
+
+def reset(targets: list[Path]) -> None:
+    for t in targets:
+        subprocess.run(["chmod", "-R", "u+w", str(t)], check=True)
+        subprocess.run(["rm", "-rf", str(t)], check=True)
+        t.mkdir()
+        make_base(t)
+
+
+def test_capture_records_every_kind_of_change(env) -> None:
+    blobs, targets = env
+    m = capture(blobs, targets[:1])
+    kinds = {e.path: e.kind for e in m.entries}
+    assert kinds["new.txt"] == "file" and kinds["empty"] == "file"
+    assert {"keep/modified.txt", "keep/mode.txt", "keep/touched.txt"} <= kinds.keys()
+    assert kinds["pkg/link"] == kinds["old-link"] == kinds["dir-to-link"] == "symlink"
+    assert kinds["file-to-dir"] == "dir" and kinds["ro"] == "dir"
+    links = {e.path: e.link for e in m.entries if e.kind == "hardlink"}
+    # a group's first name in tree order leads it
+    assert links == {"pkg/new-hardlink": "new.txt", "keep/same.txt": "keep/same-hardlink"}
+    assert {d.path for d in m.deleted} == {"gone.txt", "gone-tree"}
+    assert "pkg/sub/__pycache__" in kinds  # bytecode compiled before the snapshot
+    assert len(m.shards) >= 2 and m.targets == (str(targets[0]),)
+    assert "keep/same.txt" in kinds  # its ctime changed with the new hard link
+    assert load_manifest(blobs, "k1") == m
+
+
+def test_restore_is_byte_identical_and_idempotent(env) -> None:
+    blobs, targets = env
+    capture(blobs, targets)
+    expected = {t: tree_state(t) for t in targets}
+    reset(targets)
+    result = restore(blobs, load_manifest(blobs, "k1"), concurrency=3)
+    assert {t: tree_state(t) for t in targets} == expected
+    assert result.shards >= 2
+    restore(blobs, load_manifest(blobs, "k1"))  # over its own result: nothing changes
+    assert {t: tree_state(t) for t in targets} == expected
+    # no staging or old trees are left behind, only the (empty) lock files
+    leftovers = [p.name for p in targets[0].parent.iterdir()]
+    assert sorted(leftovers) == [".a.bootseer-lock", ".b.bootseer-lock", "a", "b"]
+
+
+def _spy_opens(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """Every ``BlobStore.open``: the digest, and whether its first read began at once."""
+    opened: list[tuple[str, bool]] = []
+    real = BlobStore.open
+
+    def spy(self, digest: str, *, start: bool = False):
+        opened.append((digest, start))
+        return real(self, digest, start=start)
+
+    monkeypatch.setattr(BlobStore, "open", spy)
+    return opened
+
+
+def test_the_shards_a_reference_names_are_opened_before_the_manifest_is_decoded(
+        env, monkeypatch) -> None:
+    """The reference names the first shards a restore reads; it opens them, their first
+    read begun, as soon as it has the manifest's bytes, and takes those streams instead of
+    opening the shards again."""
+    blobs, targets = env
+    manifest = capture(blobs, targets)
+    expected = {t: tree_state(t) for t in targets}
+    in_order = [manifest.shards[n].digest for n in manifest.read_order()]
+    assert len(in_order) > 2
+    assert blobs.get_ref(REF_PREFIX + "k1").meta["first_shards"] == in_order[:FIRST_SHARDS]
+    assert [manifest.shards[n].input_bytes for n in manifest.read_order()] == sorted(
+        (s.input_bytes for s in manifest.shards), reverse=True)
+    reset(targets)
+    opened = _spy_opens(monkeypatch)
+    opened_at_decode: list[int] = []
+    decode = Manifest.decode
+
+    def spy_decode(cls, data: bytes, origin: str) -> Manifest:
+        opened_at_decode.append(len(opened))
+        return decode(data, origin)
+
+    monkeypatch.setattr(Manifest, "decode", classmethod(spy_decode))
+    with FirstShards(2) as first:
+        loaded = load_manifest(blobs, "k1", None, first)
+        assert opened == [(d, True) for d in in_order[:2]] and opened_at_decode == [2]
+        restore(blobs, loaded, concurrency=2, first=first)
+    assert {t: tree_state(t) for t in targets} == expected
+    assert sorted(opened) == sorted([(d, True) for d in in_order[:2]]
+                                    + [(d, False) for d in in_order[2:]])
+
+
+@pytest.mark.parametrize("hint", ["stranger", "not a list", "garbage"])
+def test_first_shards_that_are_not_the_manifests_cost_one_read_each_and_change_nothing(
+        env, monkeypatch, hint) -> None:
+    """The ``first_shards`` hint is only a hint: whatever a reference names there (a large
+    blob the manifest does not list, a digest not in the store, a path, a number), the
+    restore is the manifest's, and a blob it names costs one read of its start at most."""
+    blobs, targets = env
+    manifest = capture(blobs, targets)
+    expected = {t: tree_state(t) for t in targets}
+    stranger = blobs.put(os.urandom(3 * STREAM_READ + 1)).digest
+    names = {"stranger": [stranger, manifest.shards[0].digest],
+             "not a list": stranger,
+             "garbage": ["../../etc/passwd", 7, None, "sha256:" + "0" * 64, "sha256:xyz"]}
+    ref = blobs.get_ref(REF_PREFIX + "k1")
+    blobs.set_ref(ref.name, ref.digest, {**ref.meta, "first_shards": names[hint]})
+    reset(targets)
+    reads: list[tuple[int, int]] = []
+    real_read = blobs.store.read_range_into
+
+    def spy_read(key: str, offset: int, buffer: memoryview) -> None:
+        if key == BlobStore.blob_key(stranger):
+            reads.append((offset, len(buffer)))
+        real_read(key, offset, buffer)
+
+    monkeypatch.setattr(blobs.store, "read_range_into", spy_read)
+    with FirstShards(4) as first:
+        restore(blobs, load_manifest(blobs, "k1", None, first), first=first)
+    assert {t: tree_state(t) for t in targets} == expected
+    assert reads in ([], [(0, STREAM_READ)])  # none if the restore closed it first
+    if hint != "stranger":
+        assert reads == []
+
+
+def test_a_corrupt_shard_opened_early_is_refused_like_any_other(env, tmp_path) -> None:
+    blobs, targets = env
+    manifest = capture(blobs, targets)
+    reset(targets)
+    before = {t: tree_state(t) for t in targets}
+    first_digest = manifest.shards[manifest.read_order()[0]].digest
+    path = _shard_file(tmp_path / "store", first_digest)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with FirstShards(4) as first, pytest.raises(IntegrityError, match=first_digest):
+        restore(blobs, load_manifest(blobs, "k1", None, first), first=first)
+    assert {t: tree_state(t) for t in targets} == before
+
+
+def test_restoring_under_another_prefix_is_refused(env) -> None:
+    blobs, targets = env
+    m = capture(blobs, targets[:1])
+    with pytest.raises(Exception, match="another prefix .* relocation"):
+        restore(blobs, m, targets=(str(targets[1]),))
+
+
+def _shard_file(store: Path, digest: str) -> Path:
+    hexd = digest.removeprefix("sha256:")
+    return store / "blobs" / "sha256" / hexd[:2] / hexd
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_corrupt_shard_is_detected_and_nothing_is_switched_in(env, tmp_path, damage) -> None:
+    blobs, targets = env
+    m = capture(blobs, targets)
+    reset(targets)
+    before = {t: tree_state(t) for t in targets}
+    path = _shard_file(tmp_path / "store", m.shards[-1].digest)
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        data = data[: len(data) // 2]
+    path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="corrupt"):
+        restore(blobs, load_manifest(blobs, "k1"))
+    assert {t: tree_state(t) for t in targets} == before
+    assert not [p for p in targets[0].parent.iterdir() if "bootseer-new" in p.name]
+
+
+def _tar_shard(blobs: BlobStore, members: list[tuple[tarfile.TarInfo, bytes]],
+               cut: int | None = None) -> Shard:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data else None)
+    packed = zstandard.ZstdCompressor().compress(raw.getvalue())[:cut]
+    info = blobs.put(packed)
+    return Shard(info.digest, info.size, 0)
+
+
+def _file(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info, data
+
+
+def _entry(path: str, data: bytes, **kw) -> SnapEntry:
+    fields = dict(target=0, path=path, kind="file", mode=0o644, uid=0, gid=0, mtime_ns=T0,
+                  size=len(data), digest="sha256:" + hashlib.sha256(data).hexdigest(), shard=0)
+    return SnapEntry(**(fields | kw))
+
+
+def _publish(blobs: BlobStore, m: Manifest) -> None:
+    blobs.set_ref(REF_PREFIX + m.key, blobs.put(m.encode()).digest)
+
+
+def hostile_cases(target: str, outside: str, blobs: BlobStore):
+    good = _tar_shard(blobs, [_file("0/ok", b"ok")])
+    evil = _tar_shard(blobs, [_file("0/lnk/evil", b"evil")])
+    escape = _tar_shard(blobs, [_file("0/ok", b"ok"), _file("0/../../evil", b"evil")])
+    return {
+        "dotdot": ([_entry("../evil", b"evil")], [], good, "'..'"),
+        "absolute": ([_entry("/etc/evil", b"evil")], [], good, "absolute"),
+        "below-own-symlink": ([_entry("lnk", b"", kind="symlink", link=outside, size=0,
+                                      digest=None), _entry("lnk/evil", b"evil")], [], evil,
+                              "below the symlink"),
+        "below-existing-symlink": ([_entry("lnk/evil", b"evil")], [], evil, "is a symlink"),
+        "delete-through-symlink": ([], [(0, "lnk/victim")], good, "is a symlink"),
+        "hardlink-out": ([_entry("ok", b"ok"), _entry("h", b"", kind="hardlink",
+                                                      link="../../etc/passwd", shard=None)],
+                         [], good, "not a file of the snapshot"),
+        "member-not-in-manifest": ([_entry("ok", b"ok")], [], escape,
+                                   "does not place there"),
+    }
+
+
+@pytest.mark.parametrize("case", ["dotdot", "absolute", "below-own-symlink",
+                                  "below-existing-symlink", "delete-through-symlink",
+                                  "hardlink-out", "member-not-in-manifest"])
+def test_hostile_snapshots_are_refused_and_write_nothing(tmp_path, case) -> None:
+    from bootseer.snapshot.manifest import Deletion
+
+    blobs = BlobStore(open_store(f"file://{tmp_path / 'store'}"))
+    target, outside = tmp_path / "t", tmp_path / "outside"
+    target.mkdir()
+    outside.mkdir()
+    (outside / "victim").write_text("victim")
+    (target / "lnk").symlink_to(outside)
+    entries, deleted, shard, message = hostile_cases(str(target), str(outside), blobs)[case]
+    m = Manifest("evil", (str(target),), tuple(entries),
+                 tuple(Deletion(t, p) for t, p in deleted), (shard,))
+    _publish(blobs, m)
+    before = tree_state(target)
+    with pytest.raises(UnsafeSnapshotError, match=message):
+        restore(blobs, load_manifest(blobs, "evil"))
+    assert sorted(os.listdir(outside)) == ["victim"] and tree_state(target) == before
+    assert not (tmp_path / "evil").exists()
+    assert set(os.listdir(tmp_path)) - {".t.bootseer-lock"} == {"outside", "store", "t"}
+
+
+def test_entries_below_a_non_directory_are_found_at_any_depth_and_neighbours_are_not() -> None:
+    """The manifest check sorts paths: what lies below ``p`` sorts between ``p/`` and
+    ``p0``; names that only sort near ``p`` (``p-x``, ``p.x``, ``p0``) are not below it."""
+    def manifest(*entries: SnapEntry) -> Manifest:
+        return Manifest("m", ("/t",), (_entry(".", b"", kind="dir", shard=None),
+                                       *entries), (), (Shard("sha256:" + "0" * 64, 1, 1),))
+
+    lnk = _entry("lnk", b"", kind="symlink", link="/elsewhere")
+    with pytest.raises(UnsafeSnapshotError, match="'lnk/a/b' lies below the symlink 'lnk'"):
+        manifest(lnk, _entry("lnk/a/b", b"x")).check("m")
+    with pytest.raises(UnsafeSnapshotError, match="below the file 'f'"):
+        manifest(_entry("f", b"x"), _entry("f/inner", b"y")).check("m")
+    manifest(_entry("f", b"x"), _entry("f-x", b"x"), _entry("f.x", b"x"),
+             _entry("f0", b"x"), _entry("fx", b"x"), lnk, _entry("lnk.d", b"", kind="dir",
+                                                                 shard=None),
+             _entry("lnk.d/a", b"x")).check("m")
+
+
+def test_a_shard_whose_stream_is_cut_is_refused(tmp_path) -> None:
+    blobs = BlobStore(open_store(f"file://{tmp_path / 'store'}"))
+    target = tmp_path / "t"
+    data = os.urandom(200_000)
+    cut = _tar_shard(blobs, [_file("0/f", data)], cut=5000)
+    _publish(blobs, Manifest("cut", (str(target),), (_entry("f", data),), (), (cut,)))
+    with pytest.raises(IntegrityError, match="truncated or corrupt"):
+        restore(blobs, load_manifest(blobs, "cut"))
+    assert not target.exists() and set(os.listdir(tmp_path)) == {".t.bootseer-lock", "store"}
+
+
+def test_a_shard_replaced_in_the_store_with_a_matching_chunk_table_is_refused(tmp_path) -> None:
+    """Whoever can write the store can replace a shard and write a chunk table that fits
+    the new bytes (a table is checked for damage only): the shard's whole digest, checked
+    at its end, refuses it, and nothing is switched in."""
+    blobs = BlobStore(open_store(f"file://{tmp_path / 'store'}"))
+    target = tmp_path / "t"
+    data = os.urandom(200_000)
+    shard = _tar_shard(blobs, [_file("0/f", data)])
+    _publish(blobs, Manifest("k", (str(target),), (_entry("f", data),), (), (shard,)))
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_file("0/f", data[::-1])[0], io.BytesIO(data[::-1]))  # same size
+    forged = zstandard.ZstdCompressor().compress(raw.getvalue())
+    _shard_file(tmp_path / "store", shard.digest).write_bytes(forged)
+    table = ChunkTable(shard.digest, len(forged), blobs.chunk_size,
+                       (hashlib.sha256(forged).digest(),))
+    hexd = shard.digest.removeprefix("sha256:")
+    (tmp_path / "store" / "chunks" / "sha256" / hexd[:2] / hexd).write_bytes(table.encode())
+    blobs = BlobStore(open_store(f"file://{tmp_path / 'store'}"))  # no table cached
+    assert blobs.read_range(shard.digest, 0, 10) == forged[:10]  # the table fits
+    with pytest.raises(IntegrityError, match="replaced"):
+        restore(blobs, load_manifest(blobs, "k"))
+    assert not target.exists() and set(os.listdir(tmp_path)) == {".t.bootseer-lock", "store"}
+
+
+RESTORE_SCRIPT = """
+import sys
+from bootseer.store import BlobStore, open_store
+from bootseer.store.blobs import STREAM_READ, ChunkTable
+from bootseer.snapshot.restore import load_manifest, restore
+blobs = BlobStore(open_store(sys.argv[1]))
+restore(blobs, load_manifest(blobs, "k1"))
+"""
+
+
+@pytest.mark.parametrize("point", ["staged", "exchanged", "switched-one"])
+def test_a_restore_killed_midway_leaves_whole_states_and_a_retry_completes(env, tmp_path,
+                                                                           point) -> None:
+    blobs, targets = env
+    capture(blobs, targets)
+    restored = {t: tree_state(t) for t in targets}
+    reset(targets)
+    previous = {t: tree_state(t) for t in targets}
+    killed = subprocess.run([sys.executable, "-c", RESTORE_SCRIPT, blobs.store.url],
+                            env=os.environ | {CRASH_ENV: point}, timeout=60)
+    assert killed.returncode == -9
+    after_crash = {t: tree_state(t) for t in targets}
+    expect = {"staged": [previous, previous], "exchanged": [restored, previous],
+              "switched-one": [restored, previous]}[point]
+    for number, t in enumerate(targets):
+        assert after_crash[t] == expect[number][t], (point, t)
+    restore(blobs, load_manifest(blobs, "k1"))
+    assert {t: tree_state(t) for t in targets} == restored
+    assert not [p for p in targets[0].parent.iterdir() if "-new" in p.name or "-old" in p.name]
