@@ -26,7 +26,6 @@ def run_tool(*cmd: str | Path, env: dict[str, str] | None = None, check: bool = 
     return result
 
 
-
 def write_bundle(path: Path, rootfs: Path, argv: list[str], env: dict[str, str],
                  annotations: dict[str, str]) -> Path:
     path.mkdir(parents=True)

@@ -38,7 +38,6 @@ def bootseer(*args: str, store: Path, cache: Path, check: bool = True,
     return result
 
 
-
 def recorded_big_image(d: dict[str, Path]) -> str:
     """The 6 MiB test image with a hot list (blocks 1, 3, 4 of /data/big.bin) for "train"."""
     bootseer("image", "convert", str(big_image(d["image"])), "--name", "big", *MIB_BLOCKS,

@@ -22,7 +22,6 @@ def bootseer(*args: str, store: Path, check: bool = True, env: dict[str, str] | 
     return result
 
 
-
 def tiny_wheel(directory: Path) -> Path:
     """A pure-Python wheel, written by hand: pip installs it with no index and no build."""
     wheel = directory / "tiny-1.0-py3-none-any.whl"
@@ -35,7 +34,6 @@ def tiny_wheel(directory: Path) -> Path:
         for name, text in {**files, "tiny-1.0.dist-info/RECORD": record}.items():
             zf.writestr(name, text)
     return wheel
-
 
 
 def tree_state(root: Path) -> dict[str, tuple]:
@@ -63,7 +61,6 @@ def tree_state(root: Path) -> dict[str, tuple]:
         row[6] = tuple(sorted(inodes.get(row[6], []))) if row[4] else None
         state[rel] = tuple(row)
     return state
-
 
 
 def published_venv(tmp_path: Path) -> tuple[str, Path, tuple[str, ...]]:

@@ -9,7 +9,6 @@ from pathlib import Path
 NOBODY = (65534, 65534)  # nobody, in nogroup: the agent socket's group in these tests
 
 
-
 def as_nobody(*argv: str | Path, env: dict[str, str] | None = None,
               exec_from_shell: bool = True) -> subprocess.CompletedProcess:
     """``argv`` run by ``nobody``. ``exec_from_shell``: exec'd by a shell that is already

@@ -26,7 +26,6 @@ def agent(dirs, tmp_path: Path):
         proc.wait()
 
 
-
 @pytest.fixture(scope="module")
 def lazy(tmp_path_factory) -> dict[str, Path]:
     """The store with lazy image "py", and the image's base layer unpacked (the root of
@@ -49,7 +48,6 @@ def lazy(tmp_path_factory) -> dict[str, Path]:
             "sock": root / "run" / "agent.sock", "root": root}
 
 
-
 @pytest.fixture(scope="module")
 def dockerd(lazy):
     """dockerd with private roots and socket, no firewall or bridge changes, and the
@@ -64,7 +62,6 @@ def dockerd(lazy):
     engine.docker("import", lazy["base_layer"], "plain:1")
     yield engine.host
     engine.stop()
-
 
 
 @pytest.fixture(scope="module")
