@@ -30,4 +30,3 @@ def test_a_mount_server_sees_blocks_a_warm_added_after_it_started(tmp_path: Path
         assert stats["blocks_fetched"] == 0 and stats["cache_hits"] > 0, stats
     finally:
         bootseer("image", "umount", str(dirs["mnt"]), store=dirs["store"], cache=dirs["cache"])
-

@@ -33,4 +33,3 @@ def write_bundle(path: Path, rootfs: Path, argv: list[str], env: dict[str, str],
     config["annotations"] = annotations
     (path / "config.json").write_text(json.dumps(config, indent=2))
     return path
-

@@ -66,4 +66,3 @@ def synthetic_lab(counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
              for case in ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer",
                           "bootseer_p2p")}
     return {"caps": caps, "per_node_bytes": size, "cases": cases}
-

@@ -12,4 +12,3 @@ def audited_users(cluster, command: str, path: str) -> set[str]:
         if fields.get("cmd") == command and fields.get("src") == path:
             users.add(fields["ugi"].split(" ")[0])
     return users
-

@@ -72,4 +72,3 @@ def published_venv(tmp_path: Path) -> tuple[str, Path, tuple[str, ...]]:
     run = ("env", "run", "--path", str(venv), "--", "sh", "-c", install)
     key = bootseer(*run, store=store).stdout.strip()
     return key, venv, run
-

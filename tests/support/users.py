@@ -20,4 +20,3 @@ def as_nobody(*argv: str | Path, env: dict[str, str] | None = None,
                            *shell, *map(str, argv)], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "HOME": "/", **(env or {})},
                           stdin=subprocess.DEVNULL)
-

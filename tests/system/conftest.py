@@ -103,4 +103,3 @@ def podman(lazy):
     podman("rm", "--all", "--force", check=False)
     podman("image", "rm", "--all", "--force", check=False)
     run_tool("umount", "-R", root / "graph" / "overlay", check=False)
-

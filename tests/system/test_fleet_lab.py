@@ -383,4 +383,3 @@ def test_down_after_up_was_killed_half_way(tmp_path) -> None:
                            str(state_dir)], env=env, capture_output=True, text=True, timeout=60)
     assert down.returncode == 0 and down.stdout.strip() == "down", down.stderr
     _assert_nothing_left(before, state_dir, inodes)
-
