@@ -2,8 +2,8 @@
 
 One 2-DataNode cluster per module (start-up ~5 s), in a tmp state dir on free non-default
 ports, so it never collides with a cluster someone else runs on the machine. Nothing is
-mocked. If the cluster cannot start, the tests fail under CI=true and skip (with the
-reason, visible under -ra) elsewhere.
+mocked. If the cluster cannot start, the tests fail. (The spec's units and checks:
+``unit/test_devcluster_units.py``.)
 """
 
 from __future__ import annotations
@@ -23,11 +23,7 @@ import pytest
 from bootseer_dev.cluster import (
     Cluster,
     ClusterSpec,
-    LinkCap,
-    SpecError,
     parse_link,
-    parse_rate,
-    parse_size,
     tc_available,
 )
 from bootseer_dev.cluster.cluster import _port_free
@@ -153,18 +149,6 @@ def _tc_lines(cluster: Cluster) -> list[str]:
     rec = json.loads((cluster.state_dir / "tc.json").read_text()) \
         if (cluster.state_dir / "tc.json").exists() else {"classes": []}
     return [ln for ln in out.stdout.splitlines() if any(f" {c} " in ln for c in rec["classes"])]
-
-
-# --------------------------------------------------------------------------- pure parsing
-def test_units_parse_sizes_and_rates():
-    assert parse_size("1m") == MiB and parse_size("64k") == 65536 and parse_size("4096") == 4096
-    assert parse_rate("40mbit") == 5e6 and parse_rate("40MB/s") == 40e6
-    assert parse_rate("20MiB/s") == 20 * MiB
-    assert parse_link("40MB/s,2ms") == LinkCap(40e6, 0.002)
-    with pytest.raises(ValueError):
-        parse_rate("40mbps")  # ambiguous: tc reads megaBYTES, people mean megabits
-    with pytest.raises(SpecError):
-        ClusterSpec(block_size=1000, state_dir=Path("/nonexistent"))  # not a multiple of 512
 
 
 # --------------------------------------------------------------------------- real cluster
