@@ -13,8 +13,8 @@ properties, so a backend must provide exactly these and little else:
 
 Following fsspec, the abstract surface is small (``stat``, ``_read_range``, ``open_writer``,
 ``delete``, ``list``); conveniences (``get``, ``put``, ``exists``, ``open``) are built on it
-here once, so every backend gets them and the contract tests in ``tests/store_contract.py``
-cover all of them.
+here once, so every backend gets them and the contract tests in
+``tests/support/store_contract.py`` cover all of them.
 """
 
 from __future__ import annotations
