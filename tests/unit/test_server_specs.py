@@ -160,3 +160,38 @@ def test_a_server_that_fails_is_reported_with_its_log(config: Config, tmp_path: 
     spec = ImageServerSpec.of(config, "no-such-image", tmp_path / "m")
     with pytest.raises(BootseerError, match="image no-such-image failed: .*error: "):
         spawn_server(spec, tmp_path / "server.log", timeout=60)
+
+
+def test_a_spare_gets_ready_then_serves_the_spec_it_is_handed(config: Config,
+                                                              tmp_path: Path) -> None:
+    """A spare is started with the node's configuration only; handed a spec, a connection
+    and a log, it serves that spec as a server started for it would (here: an image that
+    does not exist, so it fails, and says why in the log it was handed)."""
+    import os
+    import time
+
+    from bootseer.agents.spare import SparePool
+
+    pool = SparePool(config, tmp_path / "spares.log", 1)
+    pool.fill()
+    pool.size = 0  # no refill: the test owns the one spare
+    try:
+        deadline = time.monotonic() + 60
+        while pool.ready() < 1:
+            assert time.monotonic() < deadline, (tmp_path / "spares.log").read_text()
+            time.sleep(0.05)
+        spare = pool.take()
+        assert spare is not None
+        connection, other = os.pipe()  # any file: the server fails before it serves
+        spec = ImageServerSpec.of(config, "no-such-image", tmp_path / "m", fuse_fd=connection,
+                                  info=tmp_path / "info.json")
+        try:
+            with pytest.raises(BootseerError, match="image no-such-image failed: .*error: "):
+                spawn_server(spec, tmp_path / "server.log", timeout=60, spare=spare)
+        finally:
+            os.close(connection)
+            os.close(other)
+        assert spare.process.returncode is not None  # the spare itself ran it, and ended
+        assert "no-such-image" in (tmp_path / "server.log").read_text()
+    finally:
+        pool.close()
