@@ -57,6 +57,7 @@ from bootseer.jsonfile import write_json
 from bootseer.mounts import is_mounted, unmount, wait_for_file
 from bootseer.prefetch.serverspec import ImageServerSpec, stats_path
 from bootseer.ready import READY_FILE_ENV, SIGNAL_DIR
+from bootseer.serve import ServerSpec
 from bootseer.snapshot.key import IMAGE_ID_ENV
 from bootseer.store.local import pid_alive
 from bootseer.stripedfs.serverspec import CheckpointServerSpec
@@ -377,7 +378,7 @@ class MountManager:
             raise
         return _Container(request, mount, created, image, checkpoints)
 
-    def _open(self, spec: ImageServerSpec | CheckpointServerSpec, log_path: Path) -> Served:
+    def _open(self, spec: ServerSpec, log_path: Path) -> Served:
         """A connection served by a spare, if one is there (it is ahead of a fresh start)."""
         return Served.open(spec, log_path, self.spares.take())
 
