@@ -12,17 +12,11 @@ its engine's namespace, :func:`bootseer.agents.mountapi.mount_key`)::
     signal/   bound at /run/bootseer in the container: ready file, phase marks
     state.json  what a restarted agent needs to adopt the mount
 
-The agent mounts each FUSE connection itself (:func:`bootseer.fuse.connection.mount_fd`):
-the image's and each checkpoint directory's, and keeps their /dev/fuse files; a server
-process serves a clone of each. That is what makes a mount
-outlive its server: a server that dies is seen by the watcher within
-:data:`WATCH_INTERVAL` and replaced by one that takes the connection over. Only the
-requests the dead server had read and not answered fail (``ECONNABORTED``; page reads
-are retried by the kernel); those still queued are answered by the new server, so the
-running container reads on. Servers are processes of their own session, so an agent
-that dies or restarts leaves containers served; the next agent adopts them from
-``state.json`` and takes its copy of the connection's file back from the server
-(``pidfd_getfd``), so it can replace that server too.
+The image's connection and each checkpoint directory's are served connections
+(:class:`bootseer.agents.served.Served`), supervised alike: the agent holds each
+connection's /dev/fuse file, so a server that dies is seen by the watcher within
+:data:`WATCH_INTERVAL` and replaced by one that takes the connection over, and the running
+container reads on; an agent that restarts adopts them from ``state.json``.
 
 When the container stops (``DELETE``), the overlay and the lazy mount go, the server ends
 the recording and writes its report, and the start's record is completed: phases the
@@ -38,37 +32,35 @@ Checkpoint URLs arrive here already allowed and normalised by the agent's policy
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bootseer.agents.mountapi import ContainerMount, MountRequest, check_id
 from bootseer.agents.policy import RecordingPolicy
 from bootseer.agents.priority import Priority, PriorityGate
+from bootseer.agents.served import Served, reap
 from bootseer.agents.spare import SparePool
 from bootseer.agents.timeline import StartRecord, container_phases
 from bootseer.config import Config
 from bootseer.errors import BootseerError
-from bootseer.fuse.connection import mount_fd
 from bootseer.jsonfile import write_json
 from bootseer.mounts import is_mounted, unmount, wait_for_file
+from bootseer.prefetch.serverspec import ImageServerSpec, stats_path
 from bootseer.ready import READY_FILE_ENV, SIGNAL_DIR
+from bootseer.serve import ServerSpec
 from bootseer.snapshot.key import IMAGE_ID_ENV
 from bootseer.store.local import pid_alive
+from bootseer.stripedfs.serverspec import CheckpointServerSpec
 
 log = logging.getLogger(__name__)
 
@@ -84,47 +76,35 @@ class MountMismatch(BootseerError):
 
 
 @dataclass
-class _Mounted:
-    """One container's mount as the agent tracks it (persisted as ``state.json``)."""
+class _Container:
+    """One container's mount as the agent tracks it (persisted as ``state.json``): its
+    image's connection and one per checkpoint directory, by name."""
 
     request: MountRequest
     mount: ContainerMount
-    pid: int  # the FUSE server
-    server_fd: int  # the connection's /dev/fuse file, by its number in the server
     created: float
-    server_deaths: int = 0
-    failed: bool = False  # the server died and could not be replaced
-    #: The FUSE server of each checkpoint mount, by name (``bootseer ckpt mount``).
-    checkpoints: dict[str, _Server] = field(default_factory=dict)
+    image: Served
+    checkpoints: dict[str, Served] = field(default_factory=dict)
     #: The signal directory's mtime at the watcher's last look (not kept in state.json:
     #: a new agent looks again, and a phase's first time wins).
     signal_mtime: float = 0.0
 
+    def connections(self) -> list[Served]:
+        return [self.image, *self.checkpoints.values()]
+
     def to_json(self) -> dict[str, Any]:
         return {"request": self.request.to_json(), "mount": self.mount.to_json(),
-                "pid": self.pid, "server_fd": self.server_fd, "created": self.created,
-                "server_deaths": self.server_deaths, "failed": self.failed,
-                "checkpoints": {name: asdict(server)
-                                for name, server in self.checkpoints.items()}}
+                "created": self.created, "image": self.image.to_json(),
+                "checkpoints": {name: served.to_json()
+                                for name, served in self.checkpoints.items()}}
 
     @classmethod
-    def from_json(cls, body: dict[str, Any]) -> _Mounted:
+    def from_json(cls, body: dict[str, Any]) -> _Container:
         return cls(MountRequest.from_json(body["request"]),
-                   ContainerMount.from_json(body["mount"]), int(body["pid"]),
-                   int(body["server_fd"]), float(body["created"]),
-                   int(body.get("server_deaths", 0)), bool(body.get("failed")),
-                   {str(name): _Server(**server)
-                    for name, server in (body.get("checkpoints") or {}).items()})
-
-
-@dataclass
-class _Server:
-    """A checkpoint mount's server, as the agent tracks it."""
-
-    pid: int
-    fd: int  # the connection's /dev/fuse file, by its number in the server (and here)
-    deaths: int = 0
-    failed: bool = False
+                   ContainerMount.from_json(body["mount"]), float(body["created"]),
+                   Served.from_json(body["image"]),
+                   {str(name): Served.from_json(served)
+                    for name, served in body["checkpoints"].items()})
 
 
 class _Claims:
@@ -157,8 +137,8 @@ class MountManager:
                  gate: PriorityGate | None = None, *, spare_servers: int = 0,
                  peer_reads: bool = False) -> None:
         self.config = config
-        #: Whether the image servers of a job's containers read packs through the agent's
-        #: swarm (p2p on): ``--peer-job``.
+        #: Whether the servers of a job's containers read through the agent's swarm (p2p
+        #: on): their specs' ``peer_job``.
         self.peer_reads = peer_reads
         self.gate = gate or PriorityGate()
         self._claims: dict[str, _Claims] = {}
@@ -167,18 +147,12 @@ class MountManager:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)  # also when an older agent made it 0755
         self._record = record  # into the timeline (and the metrics): the agent's
-        self._mounts: dict[str, _Mounted] = {}
-        self._fds: dict[str, int] = {}  # this agent's copy of each connection's file
-        #: The same for each checkpoint mount, by (mount key, name).
-        self._checkpoint_fds: dict[tuple[str, str], int] = {}
+        self._mounts: dict[str, _Container] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
-        #: How servers run Bootseer: this agent's store (and its cache, by environment).
-        self._bootseer = [sys.executable, "-m", "bootseer", "--store", config.store]
-        self._server_env = {**os.environ, "BOOTSEER_CACHE_DIR": str(config.cache_dir)}
         #: Servers started ahead of need; filled by :meth:`start_spares`.
-        self.spares = SparePool(self._bootseer, self._server_env,
-                                config.cache_dir / "logs" / "spare-servers.log", spare_servers)
+        self.spares = SparePool(config, config.cache_dir / "logs" / "spare-servers.log",
+                                spare_servers)
 
     def start_spares(self) -> None:
         """Start the spare servers (in the background: the first mounts do not wait)."""
@@ -193,23 +167,21 @@ class MountManager:
             if key in self._mounts:
                 return self._mounts[key].mount
             created = time.time()
-            mounted, fd = self._mount(request, created)
+            container = self._mount(request, created)
             try:
-                self._mounts[key] = mounted
-                self._fds[key] = fd
-                self._save(mounted)
+                self._mounts[key] = container
+                self._save(container)
                 self._record(StartRecord(key, job=request.job, image=request.image,
                                          workload=request.workload, runtime=request.runtime,
                                          phases={"created": created,
                                                  "image_ready": time.time()}))
             except BaseException:  # nothing of a refused mount stays behind
                 self._mounts.pop(key, None)
-                self._fds.pop(key, None)
-                self._teardown(self.root / key, mounted.pid, fd)
+                self._teardown(self.root / key, container.connections())
                 raise
             claims = self._claims[key] = _Claims(self.gate)
             claims.set(Priority.STARTING, True)  # until the watcher sees the prefetch end
-        return mounted.mount
+        return container.mount
 
     def release(self, container_id: str, exit_code: int | None = None,
                 rootfs: str | None = None) -> StartRecord:
@@ -219,10 +191,10 @@ class MountManager:
         caller releases the container's own mount."""
         check_id(container_id)
         with self._lock_for(container_id):
-            mounted = self._mounts.get(container_id)
-            if mounted is None:
+            container = self._mounts.get(container_id)
+            if container is None:
                 raise UnknownMount(f"no container {container_id} has a mount here")
-            if rootfs is not None and os.path.normpath(rootfs) != mounted.mount.rootfs:
+            if rootfs is not None and os.path.normpath(rootfs) != container.mount.rootfs:
                 raise MountMismatch(f"container {container_id}'s root is not {rootfs}: "
                                     f"not releasing another container's mount")
             del self._mounts[container_id]
@@ -231,25 +203,20 @@ class MountManager:
                 claims.clear()
             directory = self.root / container_id
             exited = time.time()
-            fd = self._fds.pop(container_id, None)
-            if fd is not None and not pid_alive(mounted.pid):
-                os.close(fd)  # no server: end the connection, so unmounting cannot wait
-                fd = None
-            unmount(Path(mounted.mount.rootfs))
-            self._unmount_checkpoints(directory, container_id, mounted.checkpoints)
-            unmount(directory / "lower")  # the server sees the connection end, reports
-            report = self._report(directory, mounted.pid)
-            if fd is not None:
-                os.close(fd)
-            phases = container_phases(directory / "signal", mounted.created, exited)
+            unmount(Path(container.mount.rootfs))
+            for served in container.checkpoints.values():
+                served.close()
+            container.image.close(wait=None)  # the server sees the connection end, reports
+            report = self._report(directory, container.image.pid)
+            phases = container_phases(directory / "signal", container.created, exited)
             phases["exited"] = exited
             detail: dict[str, Any] = {"image": report} if report else {}
             if exit_code is not None:
                 detail["exit_code"] = exit_code
-            if mounted.server_deaths:
-                detail["server_deaths"] = mounted.server_deaths
-                detail["server_failed"] = mounted.failed
-            restarts = sum(server.deaths for server in mounted.checkpoints.values())
+            if container.image.deaths:
+                detail["server_deaths"] = container.image.deaths
+                detail["server_failed"] = container.image.failed
+            restarts = sum(served.deaths for served in container.checkpoints.values())
             if restarts:
                 detail["checkpoint_server_deaths"] = restarts
             shutil.rmtree(directory, ignore_errors=True)
@@ -259,16 +226,12 @@ class MountManager:
 
     def list(self) -> list[dict[str, Any]]:
         with self._lock:
-            mounts = list(self._mounts.values())
-        return [{"id": m.request.key, "container": m.request.id, "image": m.request.image,
-                 "rootfs": m.mount.rootfs,
-                 "pid": m.pid, "serving": pid_alive(m.pid), "created": m.created,
-                 "server_deaths": m.server_deaths, "failed": m.failed,
-                 "checkpoints": {name: {"pid": server.pid, "serving": pid_alive(server.pid),
-                                        "server_deaths": server.deaths,
-                                        "failed": server.failed}
-                                 for name, server in m.checkpoints.items()}}
-                for m in mounts]
+            containers = list(self._mounts.values())
+        return [{"id": c.request.key, "container": c.request.id, "image": c.request.image,
+                 "rootfs": c.mount.rootfs, "created": c.created, **c.image.status(),
+                 "checkpoints": {name: served.status()
+                                 for name, served in c.checkpoints.items()}}
+                for c in containers]
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -277,40 +240,25 @@ class MountManager:
         clear what is left of containers whose mounts are gone."""
         for state in sorted(self.root.glob("*/state.json")):
             try:
-                mounted = _Mounted.from_json(json.loads(state.read_text()))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+                container = _Container.from_json(json.loads(state.read_text()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 log.warning("ignoring %s: %s", state, exc)
                 continue
-            if mounted.request.key != state.parent.name:
-                log.warning("ignoring %s: it describes container %s", state,
-                            mounted.request.key)
+            key = container.request.key
+            if key != state.parent.name:
+                log.warning("ignoring %s: it describes container %s", state, key)
                 continue
-            if is_mounted(Path(mounted.mount.rootfs)):
-                fd = _take_fd(mounted.pid, mounted.server_fd) if pid_alive(mounted.pid) else None
-                if fd is None:  # server and agent both gone: so is the connection
-                    mounted.failed = True
-                    log.error("container %s: its mount's server is gone and the connection "
-                              "with it; the container's reads of its image fail",
-                              mounted.request.key)
-                else:
-                    self._fds[mounted.request.key] = fd
-                for name, server in mounted.checkpoints.items():
-                    taken = _take_fd(server.pid, server.fd) if pid_alive(server.pid) else None
-                    if taken is None:
-                        server.failed = True
-                        log.error("container %s: checkpoint mount %s lost its server and "
-                                  "its connection", mounted.request.key, name)
-                    else:
-                        self._checkpoint_fds[(mounted.request.key, name)] = taken
-                self._mounts[mounted.request.key] = mounted
-                log.info("adopted container %s's mount (server pid %d)", mounted.request.key,
-                         mounted.pid)
-            else:
-                log.info("container %s's mount is gone: removing its directory",
-                         mounted.request.key)
-                self._unmount_checkpoints(state.parent, mounted.request.key, {})
-                unmount(state.parent / "lower")
-                shutil.rmtree(state.parent, ignore_errors=True)
+            if not is_mounted(Path(container.mount.rootfs)):
+                log.info("container %s's mount is gone: removing its directory", key)
+                _clear(state.parent)
+                continue
+            for served in container.connections():
+                if not served.adopt():
+                    log.error("container %s: the server of %s is gone and the connection "
+                              "with it; the container's reads of it fail", key,
+                              served.spec.what)
+            self._mounts[key] = container
+            log.info("adopted container %s's mount (server pid %d)", key, container.image.pid)
 
     async def watch(self, stop: asyncio.Event, pool: Executor | None = None) -> None:
         """Look at every server each :data:`WATCH_INTERVAL` until ``stop`` is set, on
@@ -326,94 +274,59 @@ class MountManager:
 
     def _look(self) -> None:
         with self._lock:
-            mounts = list(self._mounts.values())
-        for mounted in mounts:
-            _reap(mounted.pid)
-            alive = pid_alive(mounted.pid)
-            self._claim(mounted, alive)
-            self._report_phases(mounted)
-            if not alive and not mounted.failed:
-                self._replace_server(mounted)
-            for name, server in list(mounted.checkpoints.items()):
-                _reap(server.pid)
-                if not pid_alive(server.pid) and not server.failed:
-                    self._replace_checkpoint_server(mounted, name)
+            containers = list(self._mounts.values())
+        for container in containers:
+            self._claim(container, container.image.serving())
+            self._report_phases(container)
+            for served in container.connections():
+                if not served.serving() and not served.failed:
+                    self._take_over(container, served)
 
-    def _report_phases(self, mounted: _Mounted) -> None:
+    def _report_phases(self, container: _Container) -> None:
         """Record the phases the workload marked since the last look (when the signal
         directory changed), so a running start's timeline, and its job's report, show
         them before the container exits."""
-        signal = self.root / mounted.request.key / "signal"
+        signal = self.root / container.request.key / "signal"
         try:
             mtime = signal.stat().st_mtime
         except OSError:
             return  # released meanwhile
-        if mtime == mounted.signal_mtime:
+        if mtime == container.signal_mtime:
             return
-        mounted.signal_mtime = mtime
-        phases = container_phases(signal, mounted.created, time.time())
+        container.signal_mtime = mtime
+        phases = container_phases(signal, container.created, time.time())
         if phases:
-            self._record(StartRecord(mounted.request.key, phases=phases))
+            self._record(StartRecord(container.request.key, phases=phases))
 
-    def _replace_checkpoint_server(self, mounted: _Mounted, name: str) -> None:
-        """A checkpoint mount's server died: start one that takes its connection over.
-        Reads the dead server had taken fail (``ECONNABORTED``); files stay open, and the
-        new server re-creates their readers on their next read."""
-        container_id = mounted.request.key
-        with self._lock_for(container_id):
-            server = mounted.checkpoints.get(name)
-            if self._mounts.get(container_id) is not mounted or server is None or \
-                    pid_alive(server.pid):
+    def _take_over(self, container: _Container, served: Served) -> None:
+        """A server died: start one that takes its connection over. Reads the dead server
+        had taken fail (``ECONNABORTED``); a checkpoint's files stay open, and the new
+        server re-creates their readers on their next read."""
+        key = container.request.key
+        with self._lock_for(key):
+            if self._mounts.get(key) is not container or pid_alive(served.pid):
                 return  # released, or replaced, meanwhile
-            server.deaths += 1
-            fd = self._checkpoint_fds.get((container_id, name))
             try:
-                if fd is None:
-                    raise BootseerError("the connection is gone")
-                server.pid, server.fd = self._start_checkpoint_server(
-                    mounted.request, self.root / container_id, name, fd, takeover=True)
-                log.warning("container %s: the server of checkpoint mount %s died; pid %d "
-                            "took its connection over", container_id, name, server.pid)
+                served.take_over()
+                log.warning("container %s: the server of %s died; pid %d took its "
+                            "connection over", key, served.spec.what, served.pid)
             except (BootseerError, OSError) as exc:
-                server.failed = True
-                log.error("container %s: the server of checkpoint mount %s died and cannot "
-                          "be replaced: %s", container_id, name, exc)
-            self._save(mounted)
+                served.failed = True
+                log.error("container %s: the server of %s died and cannot be replaced: %s",
+                          key, served.spec.what, exc)
+            self._save(container)
 
-    def _replace_server(self, mounted: _Mounted) -> None:
-        """A server died: start one that takes its connection over."""
-        container_id = mounted.request.key
-        with self._lock_for(container_id):
-            if self._mounts.get(container_id) is not mounted or pid_alive(mounted.pid):
-                return  # released meanwhile
-            mounted.server_deaths += 1
-            directory = self.root / container_id
-            fd = self._fds.get(container_id)
-            try:
-                if fd is None or not is_mounted(directory / "lower"):
-                    raise BootseerError("the connection is gone")
-                mounted.pid, mounted.server_fd = self._start_server(
-                    mounted.request, directory, fd, takeover=True)
-                log.warning("container %s: the FUSE server of image %s died; pid %d took "
-                            "its connection over", container_id, mounted.request.image,
-                            mounted.pid)
-            except (BootseerError, OSError) as exc:
-                mounted.failed = True
-                log.error("container %s: the FUSE server of image %s died and cannot be "
-                          "replaced: %s", container_id, mounted.request.image, exc)
-            self._save(mounted)
+    def _claim(self, container: _Container, alive: bool) -> None:
+        """Hold the priorities the image's server needs now, from its statistics file."""
+        from bootseer.prefetch.session import MountStats
 
-    def _claim(self, mounted: _Mounted, alive: bool) -> None:
-        """Hold the priorities the mount's server needs now, from its statistics file."""
-        from bootseer.prefetch.session import MountStats, stats_path
-
-        claims = self._claims.setdefault(mounted.request.key, _Claims(self.gate))
+        claims = self._claims.setdefault(container.request.key, _Claims(self.gate))
         if not alive:
             claims.clear()
             return
         try:
             stats = MountStats.load(stats_path(self.config.cache_dir,
-                                               self.root / mounted.request.key / "lower"))
+                                               self.root / container.request.key / "lower"))
         except (OSError, ValueError, TypeError):
             return  # not written yet: keep what is held
         claims.set(Priority.STARTING, stats.prefetch is not None and not stats.prefetch.done)
@@ -423,26 +336,33 @@ class MountManager:
 
     # -- the work ------------------------------------------------------------------------
 
-    def _mount(self, request: MountRequest, created: float) -> tuple[_Mounted, int]:
-        """The container's mounts and the server; also the connection's file."""
+    def _mount(self, request: MountRequest, created: float) -> _Container:
+        """The container's connections, served, and its overlay."""
         from bootseer.prefetch.container import mount_overlay
         from bootseer.prefetch.session import MountInfo
 
         directory = self.root / request.key
         if directory.exists():  # a failed earlier attempt: start clean
-            self._teardown(directory, None, None)
+            _clear(directory)
         directory.mkdir(mode=0o700)
         parts = {name: directory / name for name in ("lower", "upper", "work", "rootfs",
                                                       "signal")}
         for path in parts.values():
             path.mkdir()
-        fd = pid = None
+        opened: list[Served] = []
         try:
-            fd = mount_fd(parts["lower"], "bootseer-image")
-            pid, server_fd = self._start_server(request, directory, fd, takeover=False)
+            image = self._open(self._image_spec(request, directory), directory / "server.log")
+            opened.append(image)
             info = MountInfo.load(directory / "info.json")
             mount_overlay(parts["lower"], parts["upper"], parts["work"], parts["rootfs"])
-            checkpoints = self._mount_checkpoints(request, directory)
+            checkpoints: dict[str, Served] = {}
+            if request.checkpoints:
+                (directory / "checkpoints").mkdir()
+            for name in request.checkpoints or {}:
+                (directory / "checkpoints" / name).mkdir()
+                checkpoints[name] = self._open(self._checkpoint_spec(request, directory, name),
+                                               directory / f"checkpoint-{name}.log")
+                opened.append(checkpoints[name])
             image_config = info.config.get("config") or {}
             if not isinstance(image_config, dict):
                 raise BootseerError(f"image {request.image}: its config is not an object")
@@ -454,135 +374,55 @@ class MountManager:
                 checkpoints_dir=str(directory / "checkpoints") if request.checkpoints
                 else None)
         except BaseException:
-            self._teardown(directory, pid, fd)
+            self._teardown(directory, opened)
             raise
-        return _Mounted(request, mount, pid, server_fd, created, checkpoints=checkpoints), fd
+        return _Container(request, mount, created, image, checkpoints)
 
-    def _teardown(self, directory: Path, pid: int | None, fd: int | None) -> None:
-        """Remove every mount and file of a container that must not stay (a refused or
-        failed mount). The server exits when it sees its mount go; it is waited for
-        (killed after :data:`TEARDOWN_WAIT`), because it writes its report into the
-        directory on the way out."""
-        if fd is not None:  # first: with no server left, this ends the connection, and
-            os.close(fd)  # the unmount cannot wait for a server that never comes
-        unmount(directory / "rootfs")
-        self._unmount_checkpoints(directory, directory.name, {})
-        unmount(directory / "lower")
-        if pid is not None:
-            _wait_or_kill(pid, TEARDOWN_WAIT)
-        shutil.rmtree(directory, ignore_errors=True)
+    def _open(self, spec: ServerSpec, log_path: Path) -> Served:
+        """A connection served by a spare, if one is there (it is ahead of a fresh start)."""
+        return Served.open(spec, log_path, self.spares.take())
 
-    def _mount_checkpoints(self, request: MountRequest, directory: Path) -> dict[str, _Server]:
-        """One striped checkpoint mount per name under ``checkpoints/``, each a connection
-        this agent holds, served like the image's (a dead server is replaced in place)."""
-        if not request.checkpoints:
-            return {}
-        (directory / "checkpoints").mkdir()
-        servers: dict[str, _Server] = {}
-        try:
-            for name, url in request.checkpoints.items():
-                target = directory / "checkpoints" / name
-                target.mkdir()
-                fd = mount_fd(target, f"bootseer:{url}")
-                self._checkpoint_fds[(request.key, name)] = fd
-                servers[name] = _Server(
-                    *self._start_checkpoint_server(request, directory, name, fd,
-                                                   takeover=False))
-        except BaseException:
-            self._unmount_checkpoints(directory, request.key, servers)
-            raise
-        return servers
-
-    def _start_checkpoint_server(self, request: MountRequest, directory: Path, name: str,
-                                 fd: int, *, takeover: bool) -> tuple[int, int]:
-        """A server for checkpoint mount ``name``; the first one is waited for until it
-        has listed the store directory. A job's server reads through the job's peers."""
-        from bootseer.stripedfs.server import ServerOptions
-
-        cfg = self.config.checkpoint
-        ready = directory / f"checkpoint-{name}.ready"
-        url = request.checkpoints[name]
-        peers = self.peer_reads and request.job is not None
-        options = ServerOptions(mode=cfg.mount_mode, memory=cfg.mount_memory, fuse_fd=fd,
-                                takeover_state=directory / f"checkpoint-{name}.fuse.json",
-                                ready_file=ready, peer_job=request.job if peers else None,
-                                agent_socket=self.config.agent.socket if peers else None)
-        argv = options.argv(self._bootseer, url, directory / "checkpoints" / name)
-        return self._spawn(argv, directory / f"checkpoint-{name}.log", fd,
-                           None if takeover else ready, f"checkpoint {url}")
-
-    def _unmount_checkpoints(self, directory: Path, key: str,
-                             servers: dict[str, _Server]) -> None:
-        """Unmount every checkpoint mount (a connection without a live server is closed
-        first, so the unmount cannot wait for it) and let the servers go."""
-        base = directory / "checkpoints"
-        names = {target.name for target in base.iterdir()} if base.is_dir() else set()
-        for name in sorted(names | set(servers)):
-            fd = self._checkpoint_fds.pop((key, name), None)
-            server = servers.get(name)
-            if fd is not None and (server is None or not pid_alive(server.pid)):
-                os.close(fd)
-                fd = None
-            unmount(directory / "checkpoints" / name)
-            if fd is not None:
-                os.close(fd)
-            if server is not None:
-                _wait_or_kill(server.pid, TEARDOWN_WAIT)
-
-    def _start_server(self, request: MountRequest, directory: Path, fd: int, *,
-                      takeover: bool) -> tuple[int, int]:
-        """A FUSE server for the image connection of ``fd``; the first one (not
-        ``takeover``) is waited for until it has loaded the image (``info.json``). A
-        server that takes over never records (the start's first reads went unseen)."""
-        from bootseer.prefetch.recording import ReadyWhen
-        from bootseer.prefetch.session import SessionOptions
-
-        cfg = self.config.image
+    def _image_spec(self, request: MountRequest, directory: Path) -> ImageServerSpec:
+        """How the image's servers run: the first one records as the policy says (a
+        server that takes over never does), and is waited for until it has loaded the
+        image (``info.json``). A job's server reads through the job's peers."""
         mode = self.recording.effective(request.image, request.record, request.runtime)
         record = None
-        if not takeover and mode != "never":
-            record = ReadyWhen(directory / "signal" / "ready", None, cfg.record_timeout)
-        options = SessionOptions(
-            workload=request.workload, prefetch=cfg.prefetch, record=record,
-            record_auto=mode == "auto", info=directory / "info.json",
-            report=directory / "report.json", fuse_fd=fd,
-            takeover_state=directory / "fuse.json",
-            peer_job=request.job if self.peer_reads else None,
-            agent_socket=self.config.agent.socket if self.peer_reads and request.job else None)
-        argv = options.argv(self._bootseer, request.image, directory / "lower")
-        return self._spawn(argv, directory / "server.log", fd,
-                           None if takeover else directory / "info.json",
-                           f"image {request.image}")
+        if mode != "never":
+            from bootseer.prefetch.recording import ReadyWhen
 
-    def _spawn(self, argv: list[str], log_path: Path, fd: int, ready: Path | None,
-               what: str) -> tuple[int, int]:
-        """Start a server process of its own session serving connection ``fd`` (a spare,
-        if one is there, for a first server: one with ``ready``); wait until it creates
-        ``ready`` (if given), failing with its log's tail if it exits. Its pid, and the
-        connection's number in it."""
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW |
-                         os.O_CLOEXEC, 0o600)
-        with open(log_fd, "ab") as log_file:
-            spare = self.spares.take() if ready is not None else None
-            server_fd = spare.hand_over(argv[3:], fd, log_fd, SERVER_START_TIMEOUT) \
-                if spare is not None else None  # argv[3:]: past `python -m bootseer`
-            if spare is not None and server_fd is not None:
-                child = spare.process
-            else:
-                server_fd = fd
-                child = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                    start_new_session=True, pass_fds=(fd,), env=self._server_env)
-        deadline = time.monotonic() + SERVER_START_TIMEOUT
-        while ready is not None and not ready.exists():
-            if child.poll() is not None or time.monotonic() > deadline:
-                child.kill()
-                child.wait()
-                log_text = log_path.read_text(errors="replace")
-                raise BootseerError(f"the mount server of {what} failed: "
-                                    f"{log_text.strip()[-800:]}")
-            time.sleep(0.01)
-        return child.pid, server_fd
+            record = ReadyWhen(directory / "signal" / "ready", None,
+                               self.config.image.record_timeout)
+        peers = self.peer_reads and request.job is not None
+        return ImageServerSpec.of(
+            self.config, request.image, directory / "lower", workload=request.workload,
+            record=record, record_auto=mode == "auto", info=directory / "info.json",
+            report=directory / "report.json", takeover_state=directory / "fuse.json",
+            peer_job=request.job if self.peer_reads else None,
+            agent_socket=self.config.agent.socket if peers else None)
+
+    def _checkpoint_spec(self, request: MountRequest, directory: Path,
+                         name: str) -> CheckpointServerSpec:
+        """How the servers of checkpoint mount ``name`` run: the first one is waited for
+        until it has listed the store directory. A job's server reads through the job's
+        peers."""
+        peers = self.peer_reads and request.job is not None
+        return CheckpointServerSpec.of(
+            self.config, request.checkpoints[name], directory / "checkpoints" / name,
+            takeover_state=directory / f"checkpoint-{name}.fuse.json",
+            ready_file=directory / f"checkpoint-{name}.ready",
+            peer_job=request.job if peers else None,
+            agent_socket=self.config.agent.socket if peers else None)
+
+    def _teardown(self, directory: Path, connections: list[Served]) -> None:
+        """Remove every mount and file of a container that must not stay (a refused or
+        failed mount). Each server exits when it sees its mount go; it is waited for
+        (killed after a while), because the image's writes its report into the directory
+        on the way out."""
+        unmount(directory / "rootfs")
+        for served in reversed(connections):
+            served.close()
+        _clear(directory)
 
     def _report(self, directory: Path, pid: int) -> dict[str, Any] | None:
         """The server's final statistics (written after it stored the recording)."""
@@ -595,10 +435,10 @@ class MountManager:
             log.warning("no report from the mount server of %s: %s", directory.name, exc)
             return None
         finally:
-            _reap(pid)
+            reap(pid)
 
-    def _save(self, mounted: _Mounted) -> None:
-        write_json(self.root / mounted.request.key / "state.json", mounted.to_json(),
+    def _save(self, container: _Container) -> None:
+        write_json(self.root / container.request.key / "state.json", container.to_json(),
                    mode=0o600)
 
     def _lock_for(self, container_id: str) -> threading.Lock:
@@ -606,58 +446,13 @@ class MountManager:
             return self._locks.setdefault(container_id, threading.Lock())
 
 
-#: Seconds a torn-down mount's server may take to exit before it is killed.
-TEARDOWN_WAIT = 30.0
-#: Seconds a first server may take to load its image or list its checkpoint directory.
-SERVER_START_TIMEOUT = 120.0
-
-
-def _wait_or_kill(pid: int, timeout: float) -> None:
-    """Wait for the server ``pid`` to exit; SIGKILL it after ``timeout`` seconds."""
-    deadline, killed = time.monotonic() + timeout, False
-    while pid_alive(pid):
-        _reap(pid)
-        if time.monotonic() > deadline:
-            if killed:  # not even SIGKILL ended it: stop waiting, say so
-                log.error("server %d did not die after SIGKILL", pid)
-                return
-            log.warning("server %d did not exit within %.0f s; killing it", pid, timeout)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            deadline, killed = time.monotonic() + 5.0, True
-        time.sleep(0.02)
-    _reap(pid)
-
-
-def _take_fd(pid: int, number: int) -> int | None:
-    """A copy of file ``number`` of process ``pid`` (``pidfd_getfd``, Linux 5.6), if it is
-    a FUSE connection: how a restarted agent gets back the connection of a mount it
-    adopts. None if the process or the file is gone."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        return None
-    try:
-        fd = ctypes.CDLL(None, use_errno=True).syscall(_SYS_PIDFD_GETFD, pidfd, number, 0)
-        if fd < 0:
-            log.warning("pidfd_getfd(%d, %d): %s", pid, number,
-                        os.strerror(ctypes.get_errno()))
-            return None
-        if os.readlink(f"/proc/self/fd/{fd}") != "/dev/fuse":
-            os.close(fd)
-            return None
-        return fd
-    finally:
-        os.close(pidfd)
-
-
-_SYS_PIDFD_GETFD = 438  # x86_64 and aarch64 alike (the unified syscall table)
-
-
-def _reap(pid: int) -> None:
-    """Collect a server that was this agent's child and has exited (no zombies)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
+def _clear(directory: Path) -> None:
+    """Unmount whatever a container's directory still has mounted (its overlay, its
+    checkpoint mounts, its lazy image: those of a mount no connection is known for) and
+    remove it."""
+    unmount(directory / "rootfs")
+    checkpoints = directory / "checkpoints"
+    for target in sorted(checkpoints.iterdir()) if checkpoints.is_dir() else ():
+        unmount(target)
+    unmount(directory / "lower")
+    shutil.rmtree(directory, ignore_errors=True)

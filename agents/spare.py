@@ -1,15 +1,16 @@
 """Spare servers: a mount server's process started before a container needs it.
 
-A mount's servers (the lazy image's, each checkpoint directory's) are ``bootseer``
-processes. Starting one costs a second or two of CPU: the interpreter, Bootseer's imports,
-and for ``hdfs://`` a JVM and its NameNode connection. Spent at mount time, all of it lies
-on the container's start, and when many containers start at once on few cores it is most
-of their start. A spare pays it beforehand, the way nydus keeps a daemon ready to take a
-connection over: started by the agent with the agent's store, it imports the servers'
-code, connects to the store, then waits on a socket for the command line it is to run
-(what :meth:`bootseer.agents.mounts.MountManager._spawn` would have started) with the
-FUSE connection it is to serve and the log it is to write; then it runs that command, in
-its own process, exactly as ``bootseer ARGV`` would.
+A mount's servers (the lazy image's, each checkpoint directory's) are processes of
+:mod:`bootseer.agents.runserver`. Starting one costs a second or two of CPU: the
+interpreter, Bootseer's imports, and for ``hdfs://`` a JVM and its NameNode connection.
+Spent at mount time, all of it lies on the container's start, and when many containers
+start at once on few cores it is most of their start. A spare pays it beforehand, the way
+nydus keeps a daemon ready to take a connection over: started by the agent with the
+agent's configuration, it imports the servers' code, connects to the store, then waits on
+a socket for the spec it is to serve (what :func:`bootseer.serve.spawn_server` would have
+started a process for) with the FUSE connection it is to serve and the log it is to
+write; then it serves that spec, in its own process, exactly as a server started for it
+would.
 
 A spare serves once. While it waits it runs at the lowest priority (nice 19, and the same
 for its autogroup, since it is a session of its own), so getting ready never slows a start
@@ -22,19 +23,24 @@ start a server the ordinary way.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import socket
 import subprocess
+import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootseer import typedjson
+from bootseer.config import Config
+from bootseer.serve import MAX_SPEC, RUNNER, ServerSpec, decode
+
 log = logging.getLogger(__name__)
 
-#: Largest request a spare reads: a server's command line.
-MAX_REQUEST = 64 << 10
 #: The byte a spare sends once it is ready (imports done, store connected).
 READY = b"R"
 #: Nice value of a waiting spare.
@@ -58,17 +64,15 @@ class Spare:
         except OSError:  # nothing yet (BlockingIOError), or gone
             return False
 
-    def hand_over(self, argv: list[str], fuse_fd: int, log_fd: int,
+    def hand_over(self, spec: bytes, fuse_fd: int, log_fd: int,
                   timeout: float) -> int | None:
-        """Give the spare ``argv`` (a ``bootseer`` command line without the interpreter
-        and ``-m bootseer``), the FUSE connection and the log. The connection's number in
-        the spare (what a restarted agent takes back with ``pidfd_getfd``); None if it
-        did not take them within ``timeout`` (it died, say): the caller then starts a
-        server the ordinary way."""
+        """Give the spare ``spec`` (:func:`bootseer.serve.encode`'s), the FUSE connection
+        and the log. The connection's number in the spare (what a restarted agent takes
+        back with ``pidfd_getfd``); None if it did not take them within ``timeout`` (it
+        died, say): the caller then starts a server the ordinary way."""
         set_priority(0, self.process.pid)  # if it is still getting ready, it is needed now
         try:
-            socket.send_fds(self.control, [json.dumps({"argv": argv}).encode()],
-                            [fuse_fd, log_fd])
+            socket.send_fds(self.control, [spec], [fuse_fd, log_fd])
             self.control.settimeout(timeout)
             answer = b""
             while not answer.endswith(b"\n") and len(answer) < 32:
@@ -92,12 +96,11 @@ class Spare:
 
 
 class SparePool:
-    """Up to ``size`` spares of ``bootseer`` (the agent's command prefix, with its store),
-    started with ``env``; their output before a hand-over goes to ``log_path``."""
+    """Up to ``size`` spares for the node ``config`` describes (its store, its caches);
+    their output before a hand-over goes to ``log_path``."""
 
-    def __init__(self, bootseer: list[str], env: dict[str, str], log_path: Path,
-                 size: int) -> None:
-        self.bootseer, self.env, self.log_path, self.size = bootseer, env, log_path, size
+    def __init__(self, config: Config, log_path: Path, size: int) -> None:
+        self.config, self.log_path, self.size = config, log_path, size
         self._spares: list[Spare] = []
         self._lock = threading.Lock()
 
@@ -150,29 +153,33 @@ class SparePool:
         try:
             with open(fd, "ab") as out, theirs:
                 process = subprocess.Popen(
-                    [*self.bootseer, "spare", "--control-fd", str(theirs.fileno())],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True, pass_fds=(theirs.fileno(),), env=self.env)
+                    [sys.executable, "-m", RUNNER, "spare", "--control-fd",
+                     str(theirs.fileno())],
+                    stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True, pass_fds=(theirs.fileno(),))
         except BaseException:
             ours.close()
             raise
+        assert process.stdin is not None
+        with contextlib.suppress(OSError), process.stdin:  # died at once: seen as not alive
+            process.stdin.write(json.dumps(typedjson.to_json(self.config)).encode())
         ours.setblocking(True)
         return Spare(process, ours)
 
 
-def serve_spare(control_fd: int, warm_up) -> list[str] | None:
+def serve_spare(control_fd: int, warm_up: Callable[[], None]) -> ServerSpec | None:
     """The spare's side: lower its priority, ``warm_up()`` (imports, store connection),
     say it is ready, wait for a hand-over, and take it: the FUSE connection and the log
     put in place, the normal priority back, the connection's number told to the agent.
-    The command line to run, its ``--fuse-fd`` naming the received connection; None if
-    the agent went away first."""
+    The spec to serve, its ``fuse_fd`` naming the received connection; None if the agent
+    went away first."""
     set_priority(SPARE_NICE)
     control = socket.socket(fileno=control_fd)
     warm_up()
     with contextlib.suppress(OSError):
         control.sendall(READY)
     try:
-        message, fds, _, _ = socket.recv_fds(control, MAX_REQUEST, 2)
+        message, fds, _, _ = socket.recv_fds(control, MAX_SPEC, 2)
     except OSError:
         control.close()
         return None
@@ -182,9 +189,14 @@ def serve_spare(control_fd: int, warm_up) -> list[str] | None:
         control.close()
         return None
     fuse_fd, log_fd = fds
-    argv = [str(a) for a in json.loads(message)["argv"]]
-    if "--fuse-fd" in argv:
-        argv[argv.index("--fuse-fd") + 1] = str(fuse_fd)
+    try:
+        spec = dataclasses.replace(decode(message), fuse_fd=fuse_fd)
+    except ValueError as exc:
+        log.error("a spare was handed no spec it can serve: %s", exc)
+        for fd in fds:
+            os.close(fd)
+        control.close()
+        return None
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)
@@ -192,7 +204,7 @@ def serve_spare(control_fd: int, warm_up) -> list[str] | None:
     with contextlib.suppress(OSError):
         control.sendall(f"{fuse_fd}\n".encode())
     control.close()
-    return argv
+    return spec
 
 
 def set_priority(nice: int, pid: int = 0) -> None:

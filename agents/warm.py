@@ -29,6 +29,7 @@ from bootseer.config import Config
 from bootseer.nodecache import NodeCache
 from bootseer.p2p import Fanout, Peer
 from bootseer.p2p.rendezvous import MAX_MEMBERS
+from bootseer.prefetch.config import PrefetchConfig
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.warm import WarmResult, warm_image
 from bootseer.snapshot.stage import StageResult, shard_cache, stage_snapshot
@@ -122,8 +123,7 @@ def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
         turn()
         image = warm_image(blobs, image_cache, request.image, request.workload,
                            all_blocks=request.all_blocks,
-                           concurrency=config.image.prefetch_concurrency,
-                           request_size=config.image.prefetch_request_size, lazy=lazy,
+                           prefetch=PrefetchConfig.from_config(config), lazy=lazy,
                            fanout=fanout, on_plan=on_plan, on_progress=on_progress,
                            before_fetch=before_fetch)
     snapshots = shard_cache(config.cache_dir, config.snapshot.cache_size)

@@ -88,8 +88,10 @@ class ImageConfig:
 
     cache_size: ByteSize = ByteSize(10 << 30)  # local block cache cap (LRU beyond it)
     prefetch: bool = True  # prefetch a mounted image's hot list, if it has one
-    prefetch_concurrency: int = 4  # prefetch reads in flight at once
-    prefetch_request_size: ByteSize = ByteSize(8 << 20)  # bytes per prefetch read, at most
+    #: Prefetch reads in flight, and bytes per prefetch read at most; unset: the defaults
+    #: of :class:`bootseer.prefetch.config.PrefetchConfig`, where each is explained.
+    prefetch_concurrency: int | None = None
+    prefetch_request_size: ByteSize | None = None
     record_timeout: float = 300.0  # seconds after which a recording ends, ready or not
     #: Images (name prefixes; "*" for all) whose container starts may record the shared
     #: hot list, or force ``record=always``. A hot list steers every later start of the
@@ -136,6 +138,20 @@ class CheckpointConfig:
     #: Memory of one checkpoint-mount server for fetched and in-flight stripes, across all
     #: its open files: a FUSE server is a root process outside the container's cgroup.
     mount_memory: ByteSize = ByteSize(512 << 20)
+    #: The striped reader's knobs, for every checkpoint read of this node (mounts, the
+    #: checkpoint API, ``ckpt get``); each is explained, with its default, where it is
+    #: declared: :class:`bootseer.stripedfs.config.StripeConfig`. Unset: that default.
+    #: (``max_memory`` is a reading process's; a mount's server uses ``mount_memory``.)
+    stripe_size: ByteSize | None = None
+    max_concurrent_fetches: int | None = None
+    initial_read_window: ByteSize | None = None
+    sequential_window_multiplier: int | None = None
+    max_read_window: ByteSize | None = None
+    max_forward_seek_distance: ByteSize | None = None
+    max_backward_seek_distance: ByteSize | None = None
+    max_memory: ByteSize | None = None
+    max_attempts: int | None = None
+    retry_initial_delay: float | None = None
 
 
 @dataclass

@@ -1,9 +1,8 @@
-"""FUSE mounts served by a child process: start one, wait for it, tell if it is there, end it.
+"""FUSE mounts served by a child process: tell if one is there, wait for its server, end it.
 
-The FUSE server runs in a process of its own, started before it opens any store (so a
-JVM is never forked) and detached from the terminal; the caller returns once the kernel
-shows the mount. Liveness comes from ``/proc/mounts``, because ``os.path.ismount`` says
-False for a mount whose server died (the stat fails with ENOTCONN).
+A server is started by :func:`bootseer.serve.spawn_server`. Liveness comes from
+``/proc/mounts``, because ``os.path.ismount`` says False for a mount
+whose server died (the stat fails with ENOTCONN).
 """
 
 from __future__ import annotations
@@ -36,29 +35,8 @@ def server_log(directory: Path, what: str) -> Path:
     return path
 
 
-def spawn_mount(args: list[str], mountpoint: Path, what: str, timeout: float,
-                log_path: Path) -> int:
-    """Run ``args`` (a foreground FUSE server) detached, its output appended to
-    ``log_path``; return its PID once mounted."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW |
-                 os.O_CLOEXEC, 0o600)
-    with open(fd, "ab") as log_file:
-        child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log_file,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + timeout
-    while not is_mounted(mountpoint):
-        if child.poll() is not None:
-            raise BootseerError(f"the mount of {what} failed: "
-                                f"{log_path.read_text(errors='replace').strip()[-800:]}")
-        if time.monotonic() > deadline:
-            child.terminate()
-            raise BootseerError(f"{what} was not mounted within {timeout:.0f}s (log: {log_path})")
-        time.sleep(0.01)
-    return child.pid
-
-
 def wait_for_file(path: Path, pid: int, timeout: float) -> None:
-    """Wait for a server started by :func:`spawn_mount` to write ``path`` after its unmount
+    """Wait for a server (:func:`bootseer.serve.spawn_server`) to write ``path`` after its unmount
     (its last work, such as storing a recording, comes before); not for the process to exit,
     which for a JVM-hosting process can take a while longer."""
     deadline = time.monotonic() + timeout

@@ -4,8 +4,9 @@ The hot list says which blocks a start reads and in which order. The prefetcher 
 in that order and turns it into *requests*: runs of blocks that sit next to each other in
 one pack (the hot pack, when the list has one, else the image's own packs). The first
 request is small (:data:`FIRST_REQUEST`) and each next one may be twice as large, up to
-``request_size``: the blocks the start needs first arrive after a short read, the bulk
-comes in large ones. ``concurrency`` requests are in flight at once, issued in list order.
+:attr:`PrefetchConfig.request_size`: the blocks the start needs first arrive after a short
+read, the bulk comes in large ones. :attr:`PrefetchConfig.concurrency` requests are in
+flight at once, issued in list order.
 
 It shares the lazy image's in-flight table (:meth:`LazyImage.claim`, see
 :mod:`bootseer.prefetch.inflight`): a block a read is
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bootseer.prefetch.blocksource import FetchCounts, Piece, Run, adjacent_runs
+from bootseer.prefetch.config import PrefetchConfig
 from bootseer.prefetch.hotlist import HotList
 from bootseer.prefetch.lazyimage import LazyImage
 
@@ -74,14 +76,13 @@ def plan(image: LazyImage, hot: HotList, request_size: int) -> list[Run]:
 
 
 class Prefetcher:
-    def __init__(self, image: LazyImage, hot: HotList, *, concurrency: int = 4,
-                 request_size: int = 8 << 20,
+    def __init__(self, image: LazyImage, hot: HotList, *,
+                 config: PrefetchConfig | None = None,
                  on_progress: Callable[[int], None] | None = None,
                  before_fetch: Callable[[], None] | None = None) -> None:
-        if concurrency < 1:
-            raise ValueError("prefetch concurrency must be at least 1")
-        self.image, self.hot, self.concurrency = image, hot, concurrency
-        self.requests = plan(image, hot, request_size)
+        config = config or PrefetchConfig()
+        self.image, self.hot, self.concurrency = image, hot, config.concurrency
+        self.requests = plan(image, hot, config.request_size)
         self.on_progress = on_progress
         self.before_fetch = before_fetch  # may block: e.g. until more urgent fetches are done
         self.stats = PrefetchStats(

@@ -1,6 +1,7 @@
 """One lazy mount for one container start: prefetch its hot list, record it, serve it.
 
-This is what a FUSE server process runs (``bootseer image mount --foreground``): load the
+This is what a lazy image's FUSE server process runs, given its spec
+(:class:`bootseer.prefetch.serverspec.ImageServerSpec`, :mod:`bootseer.serve`): load the
 image, start prefetching the hot list of (image, workload) before the mount is even
 there, start a recording if asked, serve until unmounted, then end the recording and
 store it, and write a final report of what the start cost.
@@ -9,7 +10,6 @@ store it, and write a final report of what the start cost.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -21,15 +21,16 @@ from bootseer.errors import BootseerError
 from bootseer.fuse.server import PushCounts, RequestCounts, serve_at
 from bootseer.fuse.server import serve as serve_connection
 from bootseer.jsonfile import write_json
-from bootseer.nodecache import NodeCache
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.blocksource import PeerRead
-from bootseer.prefetch.hotlist import DEFAULT_WORKLOAD, HotList
+from bootseer.prefetch.config import PrefetchConfig
+from bootseer.prefetch.hotlist import HotList
 from bootseer.prefetch.imagetree import ImageTree
-from bootseer.prefetch.lazyimage import LazyImage, LazyStats, ManifestLoad
+from bootseer.prefetch.lazyimage import LazyImage, LazyStats, ManifestLoad, block_cache
 from bootseer.prefetch.prefetcher import Prefetcher, PrefetchStats
-from bootseer.prefetch.recording import ReadyWhen, Recording
-from bootseer.store import BlobStore
+from bootseer.prefetch.recording import Recording
+from bootseer.prefetch.serverspec import ImageServerSpec
+from bootseer.store import BlobStore, open_configured_store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,59 +48,13 @@ MAX_STATS_BYTES = 1 << 20
 RECORD_UNTIL = 3
 
 
-@dataclass(frozen=True)
-class SessionOptions:
-    workload: str = DEFAULT_WORKLOAD
-    prefetch: bool = True
-    prefetch_concurrency: int = 4
-    prefetch_request_size: int = 8 << 20
-    record: ReadyWhen | None = None  # None: do not record this start
-    #: Record only while the hot list has merged fewer than RECORD_UNTIL recordings.
-    record_auto: bool = False
-    info: Path | None = None  # what the caller needs of the image, written once it is loaded
-    stats: Path | None = None  # statistics so far as JSON, refreshed while mounted
-    report: Path | None = None  # final statistics as JSON, written when the mount ends
-    #: Serve this already-mounted /dev/fuse connection (held by the agent, so it survives
-    #: its server) instead of mounting one; ``takeover_state`` goes with it.
-    fuse_fd: int | None = None
-    takeover_state: Path | None = None
-    #: Read the image's packs through the node agent's swarm for this job (``serve``'s
-    #: ``peer_read``), the store when it cannot; the agent answers on ``agent_socket``.
-    peer_job: str | None = None
-    agent_socket: Path | None = None
-
-    def argv(self, bootseer: list[str], image: str, mountpoint: Path) -> list[str]:
-        """The command line of a server process (``bootseer image mount --foreground``)
-        that serves ``image`` at ``mountpoint`` with these options: the one place it is
-        built, for ``bootseer image mount`` and the node agent alike. ``bootseer`` is how
-        the caller runs Bootseer (with its store and config); prefetch request sizes and
-        the cache come from that configuration."""
-        args = [*bootseer, "image", "mount", "--foreground", "--workload", self.workload,
-                "--prefetch" if self.prefetch else "--no-prefetch"]
-        if self.record is not None:
-            args += ["--record-auto" if self.record_auto else "--record",
-                     "--record-timeout", str(self.record.timeout)]
-            if self.record.ready_file is not None:
-                args += ["--ready-file", str(self.record.ready_file)]
-            if self.record.marker is not None:
-                args += ["--ready-marker", str(self.record.marker)]
-        for flag, value in (("--report", self.report), ("--info", self.info),
-                            ("--fuse-fd", self.fuse_fd),
-                            ("--takeover-state", self.takeover_state),
-                            ("--peer-job", self.peer_job),
-                            ("--agent-socket", self.agent_socket)):
-            if value is not None:
-                args += [flag, str(value)]
-        return [*args, "--", image, str(mountpoint)]
-
-
-def start_prefetch(image: LazyImage, hot: HotList | None, *, concurrency: int,
-                   request_size: int) -> Prefetcher | None:
+def start_prefetch(image: LazyImage, hot: HotList | None,
+                   config: PrefetchConfig) -> Prefetcher | None:
     """Prefetch the image's hot list in the background, if it has one."""
     if hot is None or not hot.blocks:
         log.info("image %s has no hot list: nothing to prefetch", image.image_id)
         return None
-    return Prefetcher(image, hot, concurrency=concurrency, request_size=request_size).start()
+    return Prefetcher(image, hot, config=config).start()
 
 
 @dataclass(frozen=True)
@@ -214,62 +169,56 @@ def _fields(kind: type[T], body: dict[str, Any]) -> T:
     return kind(**{k: v for k, v in body.items() if k in names})
 
 
-def serve(blobs: BlobStore, image_name: str, cache: NodeCache, mountpoint: Path,
-          options: SessionOptions, peer_read: PeerRead | None = None) -> None:
-    """Serve the image at ``mountpoint`` (or on ``options.fuse_fd``) until unmounted;
-    ``peer_read`` (with ``options.peer_job``) reads packs through the node's peers."""
-    image = LazyImage(blobs, image_name, cache)
+def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
+    """Serve ``spec`` until unmounted; ``peer_read`` (with ``spec.peer_job``) reads packs
+    through the node's peers."""
+    blobs = BlobStore(open_configured_store(spec.config))
+    image = LazyImage(blobs, spec.image, block_cache(spec.config))
     image.source.peer_read = peer_read
     hot = None
-    if options.prefetch or options.record_auto:
-        hot = hotlist.load(blobs, image.image_id, options.workload, image.manifest)
+    if spec.prefetch or spec.record_auto:
+        hot = hotlist.load(blobs, image.image_id, spec.workload, image.manifest)
     prefetcher = None
-    if options.prefetch:
-        prefetcher = start_prefetch(image, hot, concurrency=options.prefetch_concurrency,
-                                    request_size=options.prefetch_request_size)
+    if spec.prefetch:
+        prefetcher = start_prefetch(image, hot, spec.prefetch_config)
     recording = None
-    record = options.record is not None and (
-        not options.record_auto or hot is None or hot.recordings < RECORD_UNTIL)
+    record = spec.record is not None and (
+        not spec.record_auto or hot is None or hot.recordings < RECORD_UNTIL)
     if record:
-        recording = Recording(image, options.workload, options.record).start()
-    if options.info is not None:
+        recording = Recording(image, spec.workload, spec.record).start()
+    if spec.info is not None:
         MountInfo(image.image_id, image.manifest.config, image.manifest.content_bytes,
-                  record).save(options.info)
+                  record).save(spec.info)
     stop_stats = threading.Event()
     requests, pushes = RequestCounts(), PushCounts()
-    if options.stats is not None:
-        stats_path = options.stats
+    if spec.stats is not None:
+        stats_file = spec.stats
 
         def refresh() -> None:
             while not stop_stats.wait(STATS_INTERVAL):
                 MountStats.of(image, prefetcher, recording, requests=requests,
-                              pushes=pushes).save(stats_path)
+                              pushes=pushes).save(stats_file)
 
-        stats_path.parent.mkdir(parents=True, exist_ok=True)
+        stats_file.parent.mkdir(parents=True, exist_ok=True)
         MountStats.of(image, prefetcher, recording, requests=requests,
-                      pushes=pushes).save(stats_path)
+                      pushes=pushes).save(stats_file)
         threading.Thread(target=refresh, name="stats", daemon=True).start()
     tree = ImageTree(image, hot=prefetcher.digests if prefetcher is not None else ())
     try:
-        if options.fuse_fd is not None:
-            serve_connection(tree, options.fuse_fd, takeover_state=options.takeover_state,
+        if spec.fuse_fd is not None:
+            serve_connection(tree, spec.fuse_fd, takeover_state=spec.takeover_state,
                              requests=requests, pushes=pushes)
         else:
-            serve_at(tree, mountpoint, "bootseer-image", requests=requests, pushes=pushes)
+            serve_at(tree, spec.mountpoint, spec.fsname, requests=requests, pushes=pushes)
     finally:
         stop_stats.set()
-        if options.stats is not None:
-            options.stats.unlink(missing_ok=True)
+        if spec.stats is not None:
+            spec.stats.unlink(missing_ok=True)
         if prefetcher is not None:
             prefetcher.stop()
         if recording is not None:
             recording.finish("exit")
-        if options.report is not None:
+        if spec.report is not None:
             MountStats.of(image, prefetcher, recording, final=True,
-                          requests=requests, pushes=pushes).save(options.report)
+                          requests=requests, pushes=pushes).save(spec.report)
 
-
-def stats_path(cache_dir: Path, mountpoint: Path) -> Path:
-    """Where the server of the mount at ``mountpoint`` keeps its statistics."""
-    key = hashlib.sha256(str(Path(mountpoint).absolute()).encode()).hexdigest()[:16]
-    return cache_dir / "mounts" / f"{key}.json"

@@ -30,6 +30,7 @@ from bootseer.nodecache import NodeCache
 from bootseer.p2p import Fanout, FetchResult
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.blockformat import PACK_PREFIX
+from bootseer.prefetch.config import PrefetchConfig
 from bootseer.prefetch.hotlist import HotBlock, HotList
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.prefetcher import Prefetcher
@@ -61,7 +62,7 @@ class WarmResult:
 
 
 def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
-               all_blocks: bool = False, concurrency: int = 4, request_size: int = 8 << 20,
+               all_blocks: bool = False, prefetch: PrefetchConfig | None = None,
                lazy: LazyImage | None = None, fanout: Fanout | None = None,
                on_plan: Callable[[int], None] | None = None,
                on_progress: Callable[[int], None] | None = None,
@@ -87,7 +88,7 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
                                for i in order))
     if wanted is None:
         wanted = HotList(lazy.image_id, workload, ())
-    prefetcher = Prefetcher(lazy, wanted, concurrency=concurrency, request_size=request_size,
+    prefetcher = Prefetcher(lazy, wanted, config=prefetch,
                             on_progress=on_progress, before_fetch=before_fetch)
     if on_plan:
         on_plan(prefetcher.stats.hot_bytes)

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+
+from bootseer.config import Config
+from bootseer.errors import ConfigError
 
 MIB = 1 << 20
 
 
 @dataclass(frozen=True)
 class StripeConfig:
-    """How a file is cut into stripes and how far ahead the reader fetches them."""
+    """How a file is cut into stripes and how far ahead the reader fetches them.
+
+    Each knob is settable in the config file's ``[checkpoint]`` table under its own name
+    (``checkpoint.stripe_size = "8m"``); :meth:`from_config` reads them.
+    """
 
     #: Bytes fetched by one ranged read. Big enough that a request's fixed cost (a
     #: NameNode lookup, a DataNode connection) is small next to its transfer, small enough
@@ -56,3 +64,13 @@ class StripeConfig:
             raise ValueError("need stripe_size <= initial_read_window <= max_read_window")
         if self.max_memory < 2 * self.stripe_size or self.max_attempts < 1:
             raise ValueError("max_memory must hold two stripes; max_attempts must be >= 1")
+
+    @classmethod
+    def from_config(cls, config: Config) -> StripeConfig:
+        """The knobs ``config``'s ``[checkpoint]`` table sets, defaults for the rest."""
+        table = config.checkpoint
+        knobs = {f.name: getattr(table, f.name) for f in dataclasses.fields(cls)}
+        try:
+            return cls(**{k: v for k, v in knobs.items() if v is not None})
+        except ValueError as exc:
+            raise ConfigError(f"checkpoint: {exc}") from exc

@@ -77,7 +77,7 @@ class StripedStorageReader(FileSystemReader):
                  max_bytes_in_flight: int = 1 << 30) -> None:
         super().__init__(".")
         self.url, self.source = url, source
-        self.config = config or StripeConfig()
+        self.config = config or source.stripes
         self.fs = _StoreFileSystem(source, url, self.config)
         self.path = ""
         self.max_bytes_in_flight = max_bytes_in_flight

@@ -81,6 +81,8 @@ class CheckpointSource:
     def __init__(self, config: Config, *, observer: ReadObserver | None = None) -> None:
         self.config, self.observer = config, observer
         self.copies = CheckpointCache.for_config(config)
+        #: The striped reader's knobs as the config file sets them (``[checkpoint]``).
+        self.stripes = StripeConfig.from_config(config)
 
     def store(self, url: str) -> Store:
         """The store rooted at ``url``, with the configured backend options."""
@@ -92,8 +94,9 @@ class CheckpointSource:
         return self.store(directory), name
 
     def open(self, store: Store, key: str, *, config: StripeConfig | None = None) -> Reader:
-        """:func:`open_reader` with this source's copies and observer."""
-        return open_reader(store, key, config=config, copies=self.copies,
+        """:func:`open_reader` with this source's copies and observer, and its
+        :attr:`stripes` unless ``config`` is given."""
+        return open_reader(store, key, config=config or self.stripes, copies=self.copies,
                            observer=self.observer)
 
     def open_url(self, url: str, *, config: StripeConfig | None = None) -> Reader:

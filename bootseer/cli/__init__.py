@@ -28,13 +28,6 @@ class AppContext:
     """What every subcommand gets: the effective config and, on demand, the store."""
 
     loaded: LoadedConfig
-    config_file: Path | None = None  # --config, for the commands this one runs
-
-    def bootseer_argv(self) -> list[str]:
-        """How this process runs ``bootseer`` for a child (a FUSE server): the same store
-        and config file, so the child's configuration is this one's."""
-        argv = [sys.executable, "-m", "bootseer", "--store", self.loaded.config.store]
-        return argv + (["--config", str(self.config_file)] if self.config_file else [])
 
     @cached_property
     def store(self) -> Store:
@@ -61,7 +54,6 @@ COMMANDS = {
     "job": "bootseer.cli.job_cmd:job",
     "ready": "bootseer.cli.warm_cmd:ready",
     "report": "bootseer.cli.report_cmd:report",
-    "spare": "bootseer.cli.agent_cmd:spare",
     "store": "bootseer.cli.store_cmd:store",
     "warm": "bootseer.cli.warm_cmd:warm",
 }
@@ -96,7 +88,7 @@ def cli(ctx: click.Context, store_url: str | None, config_file: Path | None, deb
     loaded = load_config(explicit_file=config_file, flags={"store": store_url})
     level = "DEBUG" if debug else loaded.config.log_level.upper()
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    ctx.obj = AppContext(loaded, config_file)
+    ctx.obj = AppContext(loaded)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,22 +22,3 @@ def agent(app: AppContext, socket_path: Path | None) -> None:
     root = logging.getLogger()
     root.setLevel(min(root.level, logging.INFO))  # a daemon says when it starts and stops
     run(app.loaded.config, socket_path)
-
-
-@click.command(hidden=True)
-@click.option("--control-fd", type=int, required=True)
-@pass_app
-def spare(app: AppContext, control_fd: int) -> None:
-    """A spare mount server, started by the node agent (see bootseer.agents.spare)."""
-    from bootseer.agents.spare import serve_spare
-    from bootseer.cli import main
-
-    def warm_up() -> None:
-        import bootseer.prefetch.session  # noqa: F401  (the servers' code)
-        import bootseer.stripedfs.server  # noqa: F401
-
-        app.store.exists("refs")  # connected: for hdfs://, the JVM is up
-
-    argv = serve_spare(control_fd, warm_up)
-    if argv is not None:
-        main(argv)

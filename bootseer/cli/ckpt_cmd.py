@@ -1,6 +1,6 @@
 """``bootseer ckpt``: mount checkpoint directories, and stage checkpoints in and out.
 
-``mount`` runs the FUSE server in a child process (:mod:`bootseer.mounts`) and returns
+``mount`` runs the FUSE server in a child process (:mod:`bootseer.serve`) and returns
 once the mount is live; ``--foreground`` serves in this process. ``put`` and ``get`` copy
 files or whole directories with several transfers at once and one progress bar; both open
 the store with the configured ``hdfs.*`` options, and ``get`` reads through the one
@@ -10,7 +10,6 @@ node by ``bootseer warm --checkpoint`` comes from its copy while it is current.
 
 from __future__ import annotations
 
-import functools
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,7 @@ import click
 
 from bootseer.cli import AppContext, pass_app
 from bootseer.config import ByteSize, FileMode, coerce
-from bootseer.mounts import check_mountpoint, server_log, spawn_mount, unmount
+from bootseer.mounts import check_mountpoint, server_log, unmount
 from bootseer.progress import byte_progress, console
 from bootseer.store import ObjectInfo, Store, open_configured_store
 from bootseer.stripedfs.files import CheckpointSource, Reader, split_url
@@ -35,7 +34,6 @@ def ckpt() -> None:
 
 @ckpt.command("mount")
 @click.argument("url")
-# Not click.Path: it stats the path, and with --fuse-fd that waits for this very server.
 @click.argument("mountpoint", type=Path)
 @click.option("--foreground", is_flag=True, help="Serve in this process until unmounted.")
 @click.option("--direct-io/--page-cache", default=True, show_default=True,
@@ -48,54 +46,28 @@ def ckpt() -> None:
                              "config checkpoint.mount_mode).")
 @click.option("--memory", help="Memory for stripes across all open files, e.g. 512m "
                                "(default: config checkpoint.mount_memory).")
-@click.option("--fuse-fd", type=int, hidden=True,
-              help="--foreground: serve this /dev/fuse connection, already mounted at "
-                   "MOUNTPOINT by the caller, who keeps it (the node agent).")
-@click.option("--takeover-state", type=click.Path(dir_okay=False, path_type=Path),
-              hidden=True, help="With --fuse-fd: the connection's negotiated parameters.")
-@click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), hidden=True,
-              help="With --fuse-fd: created once the store is open and listed.")
-@click.option("--peer-job", hidden=True,
-              help="--foreground: read stripes through the node agent's swarm for this job "
-                   "first (the agent's checkpoint mounts, with p2p.enabled).")
-@click.option("--agent-socket", type=click.Path(dir_okay=False, path_type=Path), hidden=True,
-              help="With --peer-job: the agent's socket (default: config agent.socket).")
 @pass_app
 def mount(app: AppContext, url: str, mountpoint: Path, foreground: bool, direct_io: bool,
-          metadata_ttl: float, timeout: float, mode: str | None, memory: str | None,
-          fuse_fd: int | None, takeover_state: Path | None, ready_file: Path | None,
-          peer_job: str | None, agent_socket: Path | None) -> None:
+          metadata_ttl: float, timeout: float, mode: str | None, memory: str | None) -> None:
     """Mount the store directory URL read-only at MOUNTPOINT, reads striped in parallel."""
-    cfg = app.loaded.config.checkpoint
-    file_mode = cfg.mount_mode if mode is None else coerce(FileMode, mode, "mode", "flag --mode")
-    memory_cap = cfg.mount_memory if memory is None else \
-        coerce(ByteSize, memory, "memory", "flag --memory")
-    if fuse_fd is not None and not (foreground and takeover_state and ready_file):
-        raise click.UsageError("--fuse-fd needs --foreground, --takeover-state, --ready-file")
-    if fuse_fd is None:
-        check_mountpoint(mountpoint)
-    from bootseer.stripedfs.server import ServerOptions
+    from bootseer.serve import spawn_server
+    from bootseer.stripedfs.serverspec import CheckpointServerSpec
 
-    options = ServerOptions(mode=file_mode, memory=memory_cap, metadata_ttl=metadata_ttl,
-                            direct_io=direct_io, fuse_fd=fuse_fd,
-                            takeover_state=takeover_state, ready_file=ready_file,
-                            peer_job=peer_job, agent_socket=agent_socket)
+    config = app.loaded.config
+    check_mountpoint(mountpoint)
+    spec = CheckpointServerSpec.of(
+        config, url, mountpoint.absolute(),
+        mode=None if mode is None else coerce(FileMode, mode, "mode", "flag --mode"),
+        memory=None if memory is None else coerce(ByteSize, memory, "memory", "flag --memory"),
+        metadata_ttl=metadata_ttl, direct_io=direct_io)
     if foreground:
-        from bootseer.stripedfs.server import serve
+        from bootseer.agents.runserver import run as run_server
 
-        peers = None
-        if peer_job is not None:
-            from bootseer.agents.client import PEER_READ_TIMEOUT, AgentClient
-
-            agent = AgentClient(agent_socket or app.loaded.config.agent.socket,
-                                answer_timeout=PEER_READ_TIMEOUT)
-            peers = functools.partial(agent.peer_read_file, peer_job)
-        serve(app.loaded.config, url, mountpoint, options, peers)
+        run_server(spec)
         return
-    log_path = server_log(app.loaded.config.cache_dir / "logs", "ckpt-mount")
-    pid = spawn_mount(options.argv(app.bootseer_argv(), url, mountpoint), mountpoint, url,
-                      timeout, log_path)
-    console.print(f"mounted {url} at {mountpoint} (pid {pid})")
+    started = spawn_server(spec, server_log(config.cache_dir / "logs", "ckpt-mount"),
+                           timeout=timeout)
+    console.print(f"mounted {url} at {mountpoint} (pid {started.pid})")
 
 
 @ckpt.command("umount")

@@ -1,14 +1,12 @@
 """``bootseer image``: convert images to the lazy format, mount them, list them.
 
-``mount`` serves an image through FUSE in a child process (:mod:`bootseer.mounts`); the
+``mount`` serves an image through FUSE in a child process (:mod:`bootseer.serve`); the
 mount's statistics (blocks and bytes fetched, cache hits) are readable as JSON from the
 statistics file the server refreshes twice a second (``bootseer image stats``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import logging
 import sys
@@ -21,19 +19,15 @@ import click
 from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
 from bootseer.jsonfile import write_json
-from bootseer.mounts import (
-    check_mountpoint,
-    is_mounted,
-    server_log,
-    spawn_mount,
-    unmount,
-)
+from bootseer.mounts import check_mountpoint, is_mounted, server_log, unmount
 from bootseer.prefetch.blockformat import DEFAULT_BLOCK_SIZE, IMAGE_REF_PREFIX
 from bootseer.prefetch.hotlist import DEFAULT_WORKLOAD
 from bootseer.prefetch.image_source import open_image
 from bootseer.prefetch.recording import ReadyWhen
-from bootseer.prefetch.session import RECORD_UNTIL, SessionOptions
+from bootseer.prefetch.serverspec import ImageServerSpec
+from bootseer.prefetch.session import RECORD_UNTIL
 from bootseer.progress import byte_progress, console
+from bootseer.serve import spawn_server
 from bootseer.units import format_size
 
 log = logging.getLogger(__name__)
@@ -80,45 +74,20 @@ def ls(app: AppContext) -> None:
         click.echo(f"{name[len(IMAGE_REF_PREFIX):]}\t{app.blobs.get_ref(name).digest}")
 
 
-def _session_flags(f):
-    """``mount``'s options of the session: which hot list, prefetch, recording."""
-    for decorator in reversed([
-        click.option("--workload", default=DEFAULT_WORKLOAD, show_default=True,
-                     help="Workload key: starts of the same image with another entry point "
-                          "read other blocks, so each key has its own hot list."),
-        click.option("--prefetch/--no-prefetch", default=None,
-                     help="Prefetch the hot list in the background (default: config "
-                          "image.prefetch, on)."),
-        click.option("--ready-marker", type=click.Path(path_type=Path),
-                     help="Recording: the start is over when this file appears."),
-        click.option("--record-timeout", type=float,
-                     help="Recording: the start is over after this many seconds (default: "
-                          "config image.record_timeout)."),
-    ]):
-        f = decorator(f)
-    return f
-
-
-def _options(app: AppContext, workload: str, prefetch: bool | None, record: bool | None,
-             ready_file: Path | None, ready_marker: Path | None,
-             record_timeout: float | None, report: Path | None,
-             info: Path | None = None) -> SessionOptions:
-    """``record``: True, False, or None for "while the hot list is young"."""
-    cfg = app.loaded.config.image
-    when = ReadyWhen(ready_file, ready_marker,
-                     cfg.record_timeout if record_timeout is None else record_timeout)
-    return SessionOptions(workload=workload, prefetch=cfg.prefetch if prefetch is None
-                          else prefetch, prefetch_concurrency=cfg.prefetch_concurrency,
-                          prefetch_request_size=cfg.prefetch_request_size,
-                          record=None if record is False else when,
-                          record_auto=record is None, report=report, info=info)
-
-
 @image.command("mount")
 @click.argument("name")
-# Not click.Path: it stats the path, and with --fuse-fd that waits for this very server.
 @click.argument("mountpoint", type=Path)
-@_session_flags
+@click.option("--workload", default=DEFAULT_WORKLOAD, show_default=True,
+              help="Workload key: starts of the same image with another entry point read "
+                   "other blocks, so each key has its own hot list.")
+@click.option("--prefetch/--no-prefetch", default=None,
+              help="Prefetch the hot list in the background (default: config "
+                   "image.prefetch, on).")
+@click.option("--ready-marker", type=click.Path(path_type=Path),
+              help="Recording: the start is over when this file appears.")
+@click.option("--record-timeout", type=float,
+              help="Recording: the start is over after this many seconds (default: config "
+                   "image.record_timeout).")
 @click.option("--record", "record", flag_value="always",
               help="Record which blocks this start reads into the image's hot list.")
 @click.option("--record-auto", "record", flag_value="auto",
@@ -127,59 +96,34 @@ def _options(app: AppContext, workload: str, prefetch: bool | None, record: bool
               help="Recording: the start is over when the workload creates this file.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the mount's final statistics as JSON here when it ends.")
-@click.option("--info", type=click.Path(dir_okay=False, path_type=Path), hidden=True,
-              help="Write the image's id and config as JSON here once it is loaded.")
 @click.option("--foreground", is_flag=True, help="Serve in this process until unmounted.")
-@click.option("--fuse-fd", type=int, hidden=True,
-              help="--foreground: serve this /dev/fuse connection, already mounted at "
-                   "MOUNTPOINT by the node agent (which keeps it across server restarts).")
-@click.option("--takeover-state", type=click.Path(dir_okay=False, path_type=Path),
-              hidden=True, help="With --fuse-fd: the connection's negotiated parameters.")
-@click.option("--peer-job", hidden=True,
-              help="--foreground: read the image's packs through the node agent's "
-                   "peer-to-peer swarm for this job (the store when it cannot).")
-@click.option("--agent-socket", type=Path, hidden=True,
-              help="With --peer-job: the agent's socket (default: agent.socket).")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="Seconds to wait for the mount to appear.")
 @pass_app
 def mount(app: AppContext, name: str, mountpoint: Path, workload: str, prefetch: bool | None,
           ready_marker: Path | None, record_timeout: float | None, record: str | None,
-          ready_file: Path | None, report: Path | None, info: Path | None, foreground: bool,
-          fuse_fd: int | None, takeover_state: Path | None, peer_job: str | None,
-          agent_socket: Path | None, timeout: float) -> None:
+          ready_file: Path | None, report: Path | None, foreground: bool,
+          timeout: float) -> None:
     """Mount image NAME (a name or an image id) read-only at MOUNTPOINT, lazily.
 
     Its hot list for the workload, if it has one, is prefetched in the background.
     """
-    if fuse_fd is None:
-        check_mountpoint(mountpoint)
-    elif not (foreground and takeover_state):
-        raise click.UsageError("--fuse-fd needs --foreground and --takeover-state")
-    options = _options(app, workload, prefetch,
-                       {"always": True, "auto": None, None: False}[record], ready_file,
-                       ready_marker, record_timeout, report, info)
-    options = dataclasses.replace(options, fuse_fd=fuse_fd, takeover_state=takeover_state,
-                                  peer_job=peer_job, agent_socket=agent_socket)
+    check_mountpoint(mountpoint)
+    config = app.loaded.config
+    when = ReadyWhen(ready_file, ready_marker, config.image.record_timeout
+                     if record_timeout is None else record_timeout)
+    options = {} if prefetch is None else {"prefetch": prefetch}
+    spec = ImageServerSpec.of(config, name, mountpoint.absolute(), workload=workload,
+                              record=None if record is None else when,
+                              record_auto=record == "auto", report=report, **options)
     if foreground:
-        from bootseer.prefetch.lazyimage import block_cache
-        from bootseer.prefetch.session import serve, stats_path
+        from bootseer.agents.runserver import run as run_server
 
-        cfg = app.loaded.config
-        options = dataclasses.replace(options, stats=stats_path(cfg.cache_dir, mountpoint))
-        peer_read = None
-        if peer_job is not None:
-            from bootseer.agents.client import PEER_READ_TIMEOUT, AgentClient
-
-            agent = AgentClient(agent_socket or cfg.agent.socket,
-                                answer_timeout=PEER_READ_TIMEOUT)
-            peer_read = functools.partial(agent.peer_read, peer_job)
-        serve(app.blobs, name, block_cache(cfg), mountpoint, options, peer_read)
+        run_server(spec)
         return
-    pid = spawn_mount(options.argv(app.bootseer_argv(), name, mountpoint), mountpoint,
-                      f"image {name}", timeout,
-                      server_log(app.loaded.config.cache_dir / "logs", "image-mount"))
-    console.print(f"mounted image {name} at {mountpoint} (pid {pid})")
+    started = spawn_server(spec, server_log(config.cache_dir / "logs", "image-mount"),
+                           timeout=timeout)
+    console.print(f"mounted image {name} at {mountpoint} (pid {started.pid})")
 
 
 @image.command("umount")
@@ -195,7 +139,8 @@ def umount(mountpoint: Path) -> None:
 def stats(app: AppContext, mountpoint: Path) -> None:
     """Print a mounted image's fetch statistics as JSON."""
     from bootseer.boundedjson import load_file
-    from bootseer.prefetch.session import MAX_STATS_BYTES, STATS_INTERVAL, stats_path
+    from bootseer.prefetch.serverspec import stats_path
+    from bootseer.prefetch.session import MAX_STATS_BYTES, STATS_INTERVAL
 
     path = stats_path(app.loaded.config.cache_dir, mountpoint)
     if not is_mounted(mountpoint) or not path.exists():

@@ -199,7 +199,7 @@ def test_cache_survives_a_killed_mount(mounted) -> None:
     (d["cache"] / "blocks" / "tmp").mkdir(parents=True)
     (d["cache"] / "blocks" / "tmp" / "partial.1234").write_bytes(b"half a blo")
     bootseer("image", "mount", "big", str(d["mnt"]), store=d["store"], cache=d["cache"])
-    pid = int(subprocess.run(["pgrep", "-f", f"image mount --foreground .*-- big {d['mnt']}$"],
+    pid = int(subprocess.run(["pgrep", "-f", f"runserver serve image big {d['mnt']}$"],
                              capture_output=True, text=True).stdout.split()[0])
     reader = subprocess.Popen(["dd", f"if={d['mnt']}/data/big.bin", "of=/dev/null", "bs=64k"],
                               stderr=subprocess.DEVNULL)

@@ -32,7 +32,7 @@ def _mounted(mountpoint: Path) -> bool:
 
 
 def _mount_pid(mountpoint: Path) -> int:
-    out = subprocess.run(["pgrep", "-f", f"ckpt mount --foreground .* {mountpoint}"],
+    out = subprocess.run(["pgrep", "-f", f"runserver serve checkpoint .* {mountpoint}$"],
                          capture_output=True, text=True).stdout.split()
     assert out, "no FUSE server process found"
     return int(out[0])

@@ -197,15 +197,18 @@ def test_the_watcher_claims_starting_while_prefetching_and_demand_while_reads_fe
         tmp_path: Path) -> None:
     """The agent's warm work waits on these claims (bootseer.agents.priority); the watcher derives
     them from each mount server's statistics file."""
-    from bootseer.agents.mounts import MountManager, _Mounted
+    from bootseer.agents.mounts import MountManager, _Container
     from bootseer.agents.priority import Priority
+    from bootseer.agents.served import Served
     from bootseer.config import Config
-    from bootseer.prefetch.session import stats_path
+    from bootseer.prefetch.serverspec import ImageServerSpec, stats_path
 
     manager = MountManager(Config(cache_dir=tmp_path), lambda start: start)
     mount = ContainerMount("c6", "py", "sha256:x", str(tmp_path / "rootfs"), "/nowhere")
-    manager._mounts["c6"] = _Mounted(MountRequest("c6", "py"), mount, os.getpid(), -1, 0.0,
-                                     failed=True)  # failed: the watcher does not replace it
+    spec = ImageServerSpec.of(manager.config, "py", manager.root / "c6" / "lower")
+    image = Served(spec, tmp_path / "server.log", os.getpid(), -1,
+                   failed=True)  # failed: the watcher does not replace it
+    manager._mounts["c6"] = _Container(MountRequest("c6", "py"), mount, 0.0, image)
     stats = stats_path(tmp_path, manager.root / "c6" / "lower")
     stats.parent.mkdir(parents=True, exist_ok=True)
 
@@ -221,7 +224,7 @@ def test_the_watcher_claims_starting_while_prefetching_and_demand_while_reads_fe
     assert look(3, True)[Priority.STARTING] == 0
     assert look(3, None)[Priority.STARTING] == 0  # no hot list: nothing to prefetch
     look(5, False)
-    manager._mounts["c6"].pid = 2**22 + 1  # the server is gone: its claims go with it
+    manager._mounts["c6"].image.pid = 2**22 + 1  # the server is gone: its claims go with it
     manager._look()
     assert set(manager.gate.busy().values()) == {0}
 

@@ -398,7 +398,7 @@ def test_warms_during_a_start_never_starve_mounts_or_the_watcher(node, tmp_path)
     answer; once the start is over, the watcher frees the warms and all complete."""
     from bootseer.agents.agent import MAX_WARMS
     from bootseer.agents.warm import WarmRequest
-    from bootseer.prefetch.session import stats_path
+    from bootseer.prefetch.serverspec import stats_path
 
     starting = node.client.mount(MountRequest("starting", "py"))
     (listed,) = node.mounts()

@@ -11,7 +11,7 @@ import pytest
 from bootseer.errors import BootseerError
 from bootseer.prefetch.lazyimage import LazyStats, ManifestLoad
 from bootseer.prefetch.prefetcher import PrefetchStats
-from bootseer.prefetch.session import MountInfo, MountStats, RecordingSummary, SessionOptions
+from bootseer.prefetch.session import MountInfo, MountStats, RecordingSummary
 
 
 def test_statistics_round_trip_and_keep_their_flat_shape(tmp_path: Path) -> None:
@@ -35,36 +35,3 @@ def test_info_round_trips_and_a_config_that_is_no_object_is_refused(tmp_path: Pa
     (tmp_path / "bad.json").write_text(json.dumps({**vars(info), "config": ["x"]}))
     with pytest.raises(BootseerError, match="not an object"):
         MountInfo.load(tmp_path / "bad.json")
-
-
-def test_the_server_command_line_is_built_in_one_place(tmp_path: Path) -> None:
-    options = SessionOptions(workload="w", prefetch=False, report=tmp_path / "r.json",
-                             fuse_fd=7, takeover_state=tmp_path / "f.json")
-    argv = options.argv(["bootseer", "--store", "file:///s"], "img", tmp_path / "lower")
-    assert argv[:6] == ["bootseer", "--store", "file:///s", "image", "mount", "--foreground"]
-    assert argv[-3:] == ["--", "img", str(tmp_path / "lower")]
-    assert "--no-prefetch" in argv and "--record" not in argv and "--record-auto" not in argv
-    assert argv[argv.index("--fuse-fd") + 1] == "7"
-
-
-@pytest.mark.parametrize("peer_job", [None, "train-7"])
-def test_the_command_lines_the_agent_builds_are_ones_the_cli_accepts(
-        tmp_path: Path, peer_job: str | None) -> None:
-    from bootseer.cli.ckpt_cmd import ckpt
-    from bootseer.cli.image_cmd import image
-    from bootseer.stripedfs.server import ServerOptions
-
-    socket = tmp_path / "agent.sock" if peer_job else None
-    checkpoint = ServerOptions(mode=0o440, memory=1 << 28, fuse_fd=7,
-                               takeover_state=tmp_path / "f.json",
-                               ready_file=tmp_path / "ready", peer_job=peer_job,
-                               agent_socket=socket)
-    session = SessionOptions(workload="w", prefetch=False, fuse_fd=7,
-                             takeover_state=tmp_path / "f.json", peer_job=peer_job,
-                             agent_socket=socket)
-    for group, argv in ((ckpt, checkpoint.argv(["bootseer"], "hdfs://nn/c", tmp_path / "m")),
-                        (image, session.argv(["bootseer"], "img", tmp_path / "m"))):
-        command = group.commands[argv[2]]
-        params = command.make_context(argv[2], argv[3:]).params
-        assert params["peer_job"] == peer_job and params["agent_socket"] == socket
-        assert params["fuse_fd"] == 7 and params["foreground"]

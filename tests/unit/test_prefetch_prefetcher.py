@@ -16,6 +16,7 @@ from support.images import BIG, MIB, big_image
 from bootseer.errors import IntegrityError
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch import hotlist
+from bootseer.prefetch.config import PrefetchConfig
 from bootseer.prefetch.convert import convert
 from bootseer.prefetch.hotlist import HotBlock, HotList
 from bootseer.prefetch.hotpack import write_hot_pack
@@ -126,7 +127,8 @@ def test_prefetch_fills_the_cache_in_recorded_order(setup, with_hot_pack: bool) 
         hot = HotList(hot.image_id, hot.workload, hot.blocks, hot.recordings, hot.samples)
     image = fresh_image()
     store.log.clear()
-    prefetcher = Prefetcher(image, hot, concurrency=1, request_size=1).start()
+    prefetcher = Prefetcher(image, hot,
+                            config=PrefetchConfig(concurrency=1, request_size=1)).start()
     assert prefetcher.wait(10)
     digests = block_digests(image, order)
     assert all(d in image.cache for d in digests)
@@ -159,7 +161,8 @@ def test_reads_during_a_prefetch_get_the_right_bytes_and_fetch_nothing_twice(set
     image = fresh_image()
     store.delay = 0.1
     store.log.clear()
-    prefetcher = Prefetcher(image, hot, concurrency=2, request_size=1).start()
+    prefetcher = Prefetcher(image, hot,
+                            config=PrefetchConfig(concurrency=2, request_size=1)).start()
     entry = image.lookup("/data/big.bin")
     rng = random.Random(3)
     spans = [(off, rng.randrange(1, 2 * MIB)) for off in
@@ -212,7 +215,8 @@ def test_reads_go_ahead_of_the_prefetch(setup) -> None:
     reader = threading.Thread(target=image.read, args=(small, 0, 6))
     reader.start()
     time.sleep(0.1)
-    prefetcher = Prefetcher(image, hot, concurrency=4, request_size=1).start()
+    prefetcher = Prefetcher(image, hot,
+                            config=PrefetchConfig(concurrency=4, request_size=1)).start()
     reader.join()
     assert prefetcher.wait(10)
     demand_end = next(end for name, *_, end in store.log if not name.startswith("prefetch"))
