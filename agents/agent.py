@@ -41,7 +41,8 @@ Each kind of work has threads of its own (mounts, releases, warms, queries, the 
 and every wait has a timeout, so no number of requests of one kind holds up another.
 
 Peer-to-peer (``p2p.enabled``): the agent holds the node's one swarm
-(:mod:`bootseer.p2p`) for its lifetime. A warm that names its job (or its peers) announces
+(:mod:`bootseer.p2p`) for its lifetime, in its p2p node (:mod:`bootseer.agents.p2pnode`).
+A warm that names its job (or its peers) announces
 this node in the job's records, reads the job's members (waiting briefly for ``nodes`` of
 them: every node must see the same list) and fetches the hot pack and the snapshots' shards
 through the swarm, seeding each once it is in the cache, until ``p2p.seed_time`` or
@@ -77,7 +78,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import uvloop
 from aiohttp import web
@@ -88,21 +89,19 @@ from bootseer.agents import fields, jobreport
 from bootseer.agents.metrics import AgentMetrics
 from bootseer.agents.mountapi import MountRequest, PeerFileRead, PeerRead
 from bootseer.agents.mounts import MountManager, MountMismatch, UnknownMount
+from bootseer.agents.p2pnode import P2PNode
 from bootseer.agents.policy import CheckpointPolicy, JobPolicy, PolicyError
 from bootseer.agents.priority import Priority, PriorityGate
 from bootseer.agents.timeline import StartRecord, Timeline, timeline_path
 from bootseer.agents.warm import WarmRequest, warm
 from bootseer.config import Config
 from bootseer.errors import BootseerError
-from bootseer.p2p import Fanout, Peer, open_swarm, rendezvous
-from bootseer.p2p.demand import DemandReads, NotShared
+from bootseer.p2p import Fanout
+from bootseer.p2p.demand import NotShared
 from bootseer.p2p.sharedfile import SharedFile
 from bootseer.prefetch.lazyimage import LazyImage, block_cache, resolve_image
 from bootseer.store import BlobStore, open_configured_store
 from bootseer.stripedfs.files import CheckpointSource
-
-if TYPE_CHECKING:  # bootseer.p2p.swarm loads libtorrent: only when the swarm exists
-    from bootseer.p2p.swarm import Swarm
 
 log = logging.getLogger(__name__)
 
@@ -150,22 +149,17 @@ class Agent:
         self.node = fields.name(config.agent.node_name or socket.gethostname(),
                                 "agent.node_name", fields.COMPONENT)
         self._merging = threading.Lock()  # start records are merged one at a time
-        self.swarm = _open_swarm(config)  # None when peer-to-peer is off
-        #: Mount servers' reads of image packs through the swarm (p2p on only).
-        self.demand = DemandReads(self.swarm, self.blobs.store,
-                                  config.cache_dir / "p2p" / "partial", self.node,
-                                  config.p2p.demand_wait, self.sharing.allows) \
-            if self.swarm else None
-        self._jobs: set[str] = set()  # jobs this node announced itself in
+        #: The node's swarm and demand reads (:mod:`bootseer.agents.p2pnode`); None when
+        #: peer-to-peer is off.
+        self.p2p = P2PNode.open(config, self.blobs.store, self.node, self.sharing.allows)
         #: The job root last warmed this node for, and when (monotonic).
         self._warmed_for: tuple[str, float] | None = None
-        self._sharing = 0  # warms running with a Fanout (the swarm closes only after)
-        self.metrics = AgentMetrics(self.swarm.stats if self.swarm else None,
-                                    self.demand.snapshot if self.demand else None)
+        self.metrics = AgentMetrics(self.p2p.swarm.stats if self.p2p else None,
+                                    self.p2p.demand.snapshot if self.p2p else None)
         self.gate = PriorityGate()  # demand reads > containers starting > warm requests
         self.mounts = MountManager(config, self.record, self.gate,
                                    spare_servers=config.agent.spare_servers,
-                                   peer_reads=self.demand is not None)
+                                   peer_reads=self.p2p is not None)
         self.pools = {kind: ThreadPoolExecutor(n, thread_name_prefix=kind) for kind, n in
                       (("mount", MOUNT_THREADS), ("release", RELEASE_THREADS),
                        ("p2p", P2P_THREADS),
@@ -240,9 +234,9 @@ class Agent:
         except Exception as exc:
             raise _http_error(exc, f"mounting image {mount_request.image} for "
                                    f"{mount_request.id}") from exc
-        if self.swarm is not None:  # a job started here: its network is for training soon
-            self.swarm.wind_down(self.config.p2p.seed_after_start)
-        if self.demand is not None and mount_request.job is not None:
+        if self.p2p is not None:  # a job started here: its network is for training soon
+            self.p2p.container_started()
+        if self.p2p is not None and mount_request.job is not None:
             self.pools["p2p"].submit(self._open_image, mount_request.job, mount_request.image)
         return web.json_response(mount.to_json())
 
@@ -264,24 +258,22 @@ class Agent:
     def _open_image(self, job: str, image: str) -> None:
         """The image's packs opened in the swarm for the job's demand reads (its server
         reads through :meth:`peer_read`); in the background: never on a start's path."""
-        assert self.demand is not None
+        assert self.p2p is not None
         try:
             with self.image(image) as lazy:
                 packs = list(lazy.manifest.packs)
-            self.demand.open_image(job, packs)
-            with self._lock:
-                self._jobs.add(job)
+            self.p2p.open_image(job, packs)
         except Exception:  # an optimisation: the server reads the store
             log.exception("p2p: opening image %s for job %s", image, job)
 
     async def peer_read(self, request: web.Request) -> web.Response:
         """A range of an image pack through the job's swarm, for a mount server (root);
         404 when it is not to be had so (then the server reads the store)."""
-        if self.demand is None:
+        if self.p2p is None:
             raise web.HTTPNotFound(text="peer-to-peer is off on this node")
         body = await _parse(request, PeerRead.from_json, "peer read")
         try:
-            data = await self._run("p2p", self.demand.read, body.job, body.pack,
+            data = await self._run("p2p", self.p2p.demand.read, body.job, body.pack,
                                    body.offset, body.length)
         except NotShared as exc:
             raise web.HTTPNotFound(text=str(exc)) from exc
@@ -291,7 +283,7 @@ class Agent:
         """A range of a checkpoint file through the job's swarm, for a checkpoint mount's
         server (root); 404 when it is not to be had so (then the server reads the store),
         403 when ``checkpoint.allowed`` does not allow the file."""
-        if self.demand is None:
+        if self.p2p is None:
             raise web.HTTPNotFound(text="peer-to-peer is off on this node")
         body = await _parse(request, PeerFileRead.from_json, "peer read")
         try:
@@ -308,11 +300,11 @@ class Agent:
         return CheckpointSource(self.config)
 
     def _read_file(self, body: PeerFileRead) -> bytes:
-        assert self.demand is not None
+        assert self.p2p is not None
         url = self.checkpoints.check(body.url)
         store, key = self._checkpoint_source.locate(url)
         file = SharedFile(store, self.blobs.store, key, url, body.size, body.mtime)
-        return self.demand.read_file(body.job, file, body.offset, body.length)
+        return self.p2p.demand.read_file(body.job, file, body.offset, body.length)
 
     async def release(self, request: web.Request) -> web.Response:
         exit_code = request.query.get("exit_code")
@@ -442,8 +434,8 @@ class Agent:
             finally:
                 if fanout is not None:
                     self.metrics.shared(fanout.results)
-                    with self._lock:
-                        self._sharing -= 1
+                    assert self.p2p is not None
+                    self.p2p.warm_done()
                 emit(None)
 
         task = loop.run_in_executor(self.pools["warm"], work)
@@ -454,59 +446,21 @@ class Agent:
         return response
 
     def _fanout(self, request: WarmRequest) -> Fanout | None:
-        """The job's swarm for a warm: None with peer-to-peer off, for a warm of no job,
-        or if the job's members cannot be read (the warm then reads the store, as
-        without peer-to-peer). With ``peers``, those are the members; else this node
-        announces itself, and the checkpoints it warms, in the job's records and reads
-        everyone's: a checkpoint is shared among the members that warm it."""
+        """The job's swarm for a warm (:meth:`P2PNode.fanout`): None with peer-to-peer
+        off or for a warm of no job. A warm that names its job readies this node for it
+        (:meth:`_job_of`), peer-to-peer or not."""
         if request.job is not None:
             with self._lock:
                 self._warmed_for = (request.job, time.monotonic())
-        if self.swarm is None or (request.job is None and not request.peers):
+        if self.p2p is None:
             return None
-        members = list(request.peers)
-        roster = [rendezvous.Member(peer) for peer in members]
-        wanting: dict[str, tuple[Peer, ...]] = {}
-        if not members:
-            assert request.job is not None
-            try:
-                shared = [url for url in request.checkpoints if self.sharing.allows(url)]
-                rendezvous.announce(self.blobs.store, self.swarm.trust, request.job,
-                                    self.node, self.swarm.address, shared)
-                with self._lock:
-                    self._jobs.add(request.job)
-                roster = rendezvous.gather(self.blobs.store, self.swarm.trust, request.job,
-                                           request.nodes)
-                members = [m.peer for m in roster]
-                wanting = {url: tuple(rendezvous.wanting(roster, url))
-                           for url in request.checkpoints}
-            except (BootseerError, OSError) as exc:
-                log.warning("job %s: cannot meet its peers (%s); warming from the store",
-                            request.job, exc)
-                return None
-        with self._lock:
-            self._sharing += 1
-        if self.demand is not None and request.job is not None:
-            self.demand.met(request.job, roster)  # the job's starts read with the same
-        return Fanout(self.swarm, tuple(members), wanting)
+        return self.p2p.fanout(request.job, request.peers, request.nodes,
+                               request.checkpoints)
 
     def close(self) -> None:
-        """Leave the jobs' swarms: withdraw this node's peer records and close the swarm
-        (unless a warm is still fetching through it: the process's exit ends it then)."""
-        if self.swarm is None:
-            return
-        for job in sorted(self._jobs):
-            try:
-                rendezvous.withdraw(self.blobs.store, job, self.node)
-            except Exception as exc:  # the store is gone: the record goes stale, harmless
-                log.warning("job %s: could not withdraw this node's peer record: %s", job,
-                            exc)
-        with self._lock:
-            sharing = self._sharing
-        if sharing:
-            log.info("%d warms still fetch through the swarm; leaving it open", sharing)
-        else:
-            self.swarm.close()
+        """Leave the jobs' swarms (:meth:`P2PNode.close`)."""
+        if self.p2p is not None:
+            self.p2p.close()
 
     @contextmanager
     def _lazy(self, name: str | None) -> Iterator[LazyImage | None]:
@@ -515,17 +469,6 @@ class Agent:
         else:
             with self.image(name) as lazy:
                 yield lazy
-
-
-def _open_swarm(config: Config) -> Swarm | None:
-    """The node's swarm; None when peer-to-peer is off, or cannot listen as configured
-    (logged: the node then warms from the store, as without peer-to-peer)."""
-    try:
-        return open_swarm(config.p2p)
-    except BootseerError as exc:
-        log.error("peer-to-peer is enabled but cannot start (%s); warming from the store",
-                  exc)
-        return None
 
 
 def _give_memory_back() -> None:

@@ -16,7 +16,8 @@ from typing import Any
 
 from bootseer.agents import fields
 from bootseer.agents.fields import COMPONENT, CONTAINER_ID, IMAGE, JOB, RUNTIME
-from bootseer.p2p.demand import MAX_READ, PACK_KEY
+from bootseer.p2p.demand import MAX_READ
+from bootseer.prefetch.blockformat import pack_digest
 from bootseer.ready import SIGNAL_DIR
 
 RECORD_MODES = ("auto", "always", "never")
@@ -145,7 +146,7 @@ class PeerRead:
     def from_json(cls, body: Any) -> PeerRead:
         body = fields.only(body, {"job", "pack", "offset", "length"}, "peer read")
         pack = body.get("pack")
-        if not isinstance(pack, str) or not PACK_KEY.fullmatch(pack):
+        if not isinstance(pack, str) or pack_digest(pack) is None:
             raise ValueError(f"pack: {pack!r} is not packs/<sha256 hex>")
         offset, length = body.get("offset"), body.get("length")
         if type(offset) is not int or type(length) is not int or offset < 0 or \

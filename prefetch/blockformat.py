@@ -63,6 +63,14 @@ PACK_PREFIX = "packs/"
 IMAGE_REF_PREFIX = "images/"
 
 
+def pack_digest(key: str) -> str | None:
+    """The ``sha256:<hex>`` a pack's store key (``packs/<hex>``) names it by; None if
+    ``key`` is not a pack's. Asked by those below prefetch that must tell packs apart
+    (peer-to-peer demand reads), so that the key layout is written only here."""
+    hexd = key.removeprefix(PACK_PREFIX)
+    return "sha256:" + hexd if hexd != key and _HEX.fullmatch(hexd) else None
+
+
 class ImageManifestError(BootseerError):
     """An image manifest is malformed or of an unknown format version."""
 

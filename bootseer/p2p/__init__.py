@@ -4,7 +4,11 @@ store about once, not N times.
 * :mod:`.torrents` — a blob's BitTorrent v2 metadata, built from its bytes, published in
   the store beside it, checked on load (never taken from a peer);
 * :mod:`.swarm` — one node's libtorrent session: fetch from peers with the store as the
-  fallback and each node's share of the store reads, seed what the node has;
+  fallback and each node's share of the store reads, seed what the node has; built of
+  :mod:`.engine` (the session and its alert loop), :mod:`.wholefetch`, :mod:`.rangeread`
+  (demand reads) and :mod:`.seeding`;
+* :mod:`.policy` — who reads which piece from the store and when a member is gone: pure
+  rules, no libtorrent, no I/O;
 * :mod:`.rendezvous` — a job's members through records in the store (or a list the
   scheduler passes: :func:`.peer.parse_peers`);
 * :mod:`.blobfetch` — the call a node makes: :func:`open_swarm` (None when ``p2p.enabled``
@@ -12,7 +16,7 @@ store about once, not N times.
   store read), a :class:`Fanout` per warm of a job;
 * :mod:`.publish` — :func:`publish_torrent`, called by whoever publishes an object.
 
-libtorrent is imported only by :mod:`.torrents` and :mod:`.swarm`, so a node with
+libtorrent is imported only by :mod:`.torrents` and the swarm's modules, so a node with
 peer-to-peer off never loads it (a process that publishes a torrent does).
 """
 

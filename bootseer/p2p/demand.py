@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -56,8 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The objects demand reads serve: an image's packs, named by their sha256.
-PACK_KEY = re.compile(r"packs/([0-9a-f]{64})")
 #: Longest range one demand read may ask for (a run of blocks: the prefetcher's requests
 #: are 8 MiB by default).
 MAX_READ = 64 << 20
@@ -95,6 +92,11 @@ class DemandReads:
     wait: float  # p2p.demand_wait
     #: Whether the checkpoint at a URL may be shared with peers (``p2p.checkpoints``).
     shares: Callable[[str], bool] = lambda url: False
+    #: The key layout of the objects :meth:`read` serves, asked of the package that
+    #: writes them (an image pack's key → its ``sha256:`` digest; None: not such an
+    #: object): peer-to-peer sits below the techniques and knows none of their layouts.
+    #: By default none (only checkpoint files are read).
+    digest_of: Callable[[str], str | None] = lambda key: None
     counts: DemandCounts = field(default_factory=DemandCounts)
     _torrents: OrderedDict[str, Torrent | None] = field(default_factory=OrderedDict)
     _rosters: OrderedDict[str, tuple[float, tuple[Member, ...]]] = field(
@@ -122,7 +124,8 @@ class DemandReads:
                 log.warning("p2p: %s not opened for peer reads: %s", key, exc)
 
     def read(self, job: str, key: str, offset: int, length: int) -> bytes:
-        """``length`` bytes at ``offset`` of pack ``key`` through the job's swarm;
+        """``length`` bytes at ``offset`` of pack ``key`` (an object :attr:`digest_of`
+        names) through the job's swarm;
         :class:`NotShared` when it cannot be (then read the store)."""
         def through_swarm() -> bytes:
             torrent = self._torrent(key)
@@ -214,10 +217,9 @@ class DemandReads:
 
     def _torrent(self, key: str) -> Torrent | None:
         """The pack's checked torrent, None if it has none; loaded once."""
-        match = PACK_KEY.fullmatch(key)
-        if match is None:
+        digest = self.digest_of(key)
+        if digest is None:
             raise NotShared(f"{key!r} is not an image pack")
-        digest = "sha256:" + match[1]
 
         def load() -> Torrent:
             from . import torrents

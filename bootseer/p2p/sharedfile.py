@@ -8,13 +8,14 @@ each reading only its own share once:
 
 1. The first ``H`` of the ``N`` members (the swarm's order, :meth:`Swarm.members`; ``H``
    at most MAX_HASHERS and the piece count, so a file has at most that many records and
-   none is empty) hash: member ``k`` reads the pieces ``p % H == k`` into a spool file,
+   none is empty) hash: member ``k`` reads the pieces ``p % H == k`` (the swarm's owner
+   rule, :mod:`bootseer.p2p.policy`) into a spool file,
    hashes each (:func:`~bootseer.p2p.torrents.piece_hash`) and publishes those hashes
    with the cluster key's tag, create-only, as ``p2p/files/ab/<id>.layers/<H>-<k>``.
 2. Each member waits for the other shares' hashes. A share whose hashes have not come
    when ``2 x`` this node's own read plus ``piece_grace`` has passed (a member that does
-   not hash: since the last share came) is taken for lost: this node reads and hashes
-   it too (and publishes it, so others need not).
+   not hash: since the last share came) is taken for lost: its heir is this node, which
+   reads and hashes it too (and publishes it, so others need not).
 3. All hashes in order are the piece layer: the torrent (``p2p/files/ab/<id>``,
    :func:`~bootseer.p2p.torrents.build_from_layer`, tagged too) is the same bytes on
    every node and published create-only; a later restart of the same checkpoint loads it
@@ -47,7 +48,9 @@ from typing import TYPE_CHECKING
 from bootseer.errors import BootseerError, IntegrityError
 from bootseer.store import Store
 
+from . import policy
 from .peer import Peer
+from .policy import MAX_HASHERS as MAX_HASHERS  # the docstring's, the tests'
 from .trust import TAG_BYTES, PeerKey, Trust
 
 if TYPE_CHECKING:
@@ -63,9 +66,6 @@ MIN_SHARED_SIZE = 1 << 20
 SHARE_READS = 4
 #: How often a node looks for the other members' hashes (one listing of the store).
 POLL = 0.2
-#: Most members that hash a file, hence hash records one file has: a job's hundredth
-#: node would add a record and a store listing for 1% of the file.
-MAX_HASHERS = 64
 
 
 class ShareError(IntegrityError):
@@ -195,33 +195,33 @@ def _hash_together(file: SharedFile, key: PeerKey, me: int, members: int, piece:
                    spool: Path, piece_grace: float) -> tuple[bytes, set[int]]:
     """Steps 1 and 2 of the module docstring: the piece layer, and the pieces read."""
     pieces = -(-file.size // piece)
-    hashers = min(members, MAX_HASHERS, pieces)
+    count = policy.hashers(members, pieces)
     prefix = _layers_prefix(file)
     hashes: dict[int, bytes] = {}
     held: set[int] = set()
     fd = os.open(spool, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         began = time.monotonic()
-        if me < hashers:
-            _hash_share(file, key, fd, me, hashers, piece, pieces, prefix, hashes, held)
-        deadline = time.monotonic() + 2 * (time.monotonic() - began) + piece_grace
-        waiting = set(range(hashers)) - {me}
+        if me < count:
+            _hash_share(file, key, fd, me, count, piece, pieces, prefix, hashes, held)
+        deadline = policy.hash_deadline(began, time.monotonic(), piece_grace)
+        waiting = set(range(count)) - {me}
         while waiting:
             # One listing per look, not a read per member: N nodes wait at once.
             present = {info.key for info in file.records.list(prefix)}
             for k in sorted(waiting):
-                name = f"{prefix}{hashers}-{k}"
-                if name in present and _load_share(file, key, name, k, hashers, pieces,
+                name = f"{prefix}{count}-{k}"
+                if name in present and _load_share(file, key, name, k, count, pieces,
                                                    hashes):
                     waiting.discard(k)
-                    if me >= hashers:  # a share came: the hashers are at work
-                        now = time.monotonic()
-                        deadline = max(deadline, now + 2 * (now - began) + piece_grace)
+                    if me >= count:  # a share came: the hashers are at work
+                        deadline = max(deadline, policy.hash_deadline(began, time.monotonic(),
+                                                               piece_grace))
             if waiting and time.monotonic() >= deadline:
                 log.info("p2p: %s: no hashes for shares %s; reading them", file.url,
                          sorted(waiting))
-                for k in sorted(waiting):
-                    _hash_share(file, key, fd, k, hashers, piece, pieces, prefix, hashes,
+                for k in sorted(waiting):  # the lost shares' heir is this node
+                    _hash_share(file, key, fd, k, count, piece, pieces, prefix, hashes,
                                 held)
                 waiting.clear()
             elif waiting:
@@ -240,7 +240,7 @@ def _hash_share(file: SharedFile, key: PeerKey, fd: int, k: int, hashers: int, p
     """Read share ``k``'s pieces into the spool, hash them, publish the hashes tagged."""
     from . import torrents
 
-    share = range(k, pieces, hashers)
+    share = policy.owned(k, hashers, pieces)
 
     def one(p: int) -> bytes:
         offset = p * piece
@@ -268,7 +268,7 @@ def _load_share(file: SharedFile, key: PeerKey, name: str, k: int, hashers: int,
                 pieces: int, hashes: dict[int, bytes]) -> bool:
     """Share ``k``'s hashes into ``hashes``; False if not published yet,
     :class:`ShareError` if the record is not the job's (size, tag)."""
-    share = range(k, pieces, hashers)
+    share = policy.owned(k, hashers, pieces)
     size = 32 * len(share) + TAG_BYTES
     try:
         data = file.records.get(name, size)

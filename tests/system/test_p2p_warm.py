@@ -175,6 +175,7 @@ def test_an_image_conversion_publishes_each_packs_torrent(tmp_path: Path) -> Non
 def test_a_demand_read_without_peers_or_torrent_is_refused(tmp_path: Path, local_swarm) -> None:
     from bootseer.p2p.demand import DemandReads, NotShared
     from bootseer.p2p.publish import leaf_hasher, publish_layer
+    from bootseer.prefetch.blockformat import pack_digest
 
     store = open_store((tmp_path / "store").as_uri())
     data = os.urandom(3 << 20)
@@ -185,7 +186,8 @@ def test_a_demand_read_without_peers_or_torrent_is_refused(tmp_path: Path, local
     hasher.update(data)
     assert publish_layer(store, "sha256:" + hexd, hasher)
     with local_swarm() as swarm:
-        demand = DemandReads(swarm, store, tmp_path / "partial", "n0", 0.5)
+        demand = DemandReads(swarm, store, tmp_path / "partial", "n0", 0.5,
+                             digest_of=pack_digest)
         for key in ("packs/" + hexd, "packs/" + "b" * 64, "blobs/x", "packs/../../etc"):
             with pytest.raises(NotShared):  # alone in the job; no torrent; not a pack
                 demand.read("j", key, 0, 1 << 20)
