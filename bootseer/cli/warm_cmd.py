@@ -128,8 +128,9 @@ def _line(part: PartResult, all_blocks: bool) -> str:
                 f"with `bootseer image run --record` records one; --all stages the whole "
                 f"image)")
     reads = part.detail.get("fetch_requests")
-    fetched = format_size(part.store_bytes + part.peer_bytes) + \
-        (f" in {reads} reads" if reads is not None else "")
+    fetched = format_size(part.store_bytes) + \
+        (f" in {reads} reads" if reads is not None else "") + \
+        (f", {format_size(part.peer_bytes)} from peers" if part.peer_bytes else "")
     return (f"{kind.label} {part.name}: {part.items} {kind.unit} "
             f"({format_size(part.bytes)}), {part.already_local} already local, "
             f"{part.fetched} fetched ({fetched}) in {part.seconds:.2f} s")
