@@ -422,7 +422,7 @@ class Agent:
                                    on_progress=lambda n: emit({"event": "progress",
                                                                "bytes": n}))
                 if summary.image is not None:
-                    summary.image.image = warm_request.image or summary.image.image
+                    summary.image.name = warm_request.image or summary.image.name
                 summary.via = "agent"
                 self.metrics.warmed(summary)
                 emit({"event": "result", **summary.to_json()})

@@ -100,10 +100,7 @@ class AgentMetrics:
             self.prefetch_seconds.observe(prefetch.get("seconds", 0.0))
 
     def warmed(self, summary: WarmSummary) -> None:
-        fetched = summary.image.fetched_bytes if summary.image else 0
-        fetched += sum(env.fetched_bytes for env in summary.envs)
-        fetched += sum(c.fetched_bytes for c in summary.checkpoints)
-        self.fetched_bytes.labels("warm").inc(fetched)
+        self.fetched_bytes.labels("warm").inc(sum(p.store_bytes for p in summary.parts))
 
     def shared(self, results: list[FetchResult]) -> None:
         """Count what a warm's fetches through the swarm cost."""

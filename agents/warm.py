@@ -3,7 +3,8 @@
 A request names an image (its hot blocks, or every block), any number of environment
 snapshots and any number of checkpoints (files or directories); the summary says, per
 part, what was already local, what was fetched, and whether everything needed is now
-local.
+local: each kind of part is staged by its technique's :class:`~bootseer.warming.Warmer`
+and described by one :class:`~bootseer.warming.PartResult`.
 
 Warm work yields to anything more urgent: ``before_fetch`` is called before each fetch it
 issues (and before each part's metadata reads), and the agent makes it wait while reads or
@@ -20,22 +21,24 @@ peers (the agent refuses them to its socket's group).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from bootseer.agents import fields
 from bootseer.agents.policy import CheckpointPolicy
 from bootseer.config import Config
-from bootseer.nodecache import NodeCache
+from bootseer.nodecache import NodeCache, NodeCaches
 from bootseer.p2p import Fanout, Peer
 from bootseer.p2p.rendezvous import MAX_MEMBERS
 from bootseer.prefetch.config import PrefetchConfig
 from bootseer.prefetch.lazyimage import LazyImage
-from bootseer.prefetch.warm import WarmResult, warm_image
-from bootseer.snapshot.stage import StageResult, shard_cache, stage_snapshot
+from bootseer.prefetch.warm import IMAGE, ImageWarmer
+from bootseer.snapshot.config import SnapshotOptions
+from bootseer.snapshot.stage import SNAPSHOT, SnapshotWarmer
 from bootseer.store import BlobStore
 from bootseer.stripedfs.files import CheckpointSource
-from bootseer.stripedfs.stage import CheckpointResult, stage_checkpoint
+from bootseer.stripedfs.stage import CHECKPOINT, CheckpointWarmer
+from bootseer.warming import Hooks, PartResult, Warmer
 
 
 @dataclass(frozen=True)
@@ -75,76 +78,87 @@ class WarmRequest:
 
 @dataclass
 class WarmSummary:
-    image: WarmResult | None
-    envs: list[StageResult] = field(default_factory=list)
-    checkpoints: list[CheckpointResult] = field(default_factory=list)
+    image: PartResult | None
+    envs: list[PartResult] = field(default_factory=list)
+    checkpoints: list[PartResult] = field(default_factory=list)
     via: str = "standalone"  # or "agent"
     members: int = 0  # the job's nodes the warm shared fetches with (0: no peer-to-peer)
 
     @property
+    def parts(self) -> list[PartResult]:
+        """Every part's result, in the order they were warmed."""
+        return ([self.image] if self.image else []) + self.envs + self.checkpoints
+
+    @property
     def complete(self) -> bool:
-        return (self.image is None or self.image.complete) and \
-            all(e.complete for e in self.envs) and all(c.complete for c in self.checkpoints)
+        return all(part.complete for part in self.parts)
+
+    def add(self, part: PartResult) -> None:
+        """Count ``part`` in the section its kind names (the image, envs, checkpoints)."""
+        if part.kind.section == IMAGE.section:
+            self.image = part
+        else:
+            getattr(self, part.kind.section).append(part)
 
     def to_json(self) -> dict[str, Any]:
         return {"complete": self.complete, "via": self.via, "members": self.members,
-                "image": asdict(self.image) | {"complete": self.image.complete}
-                if self.image else None,
-                "envs": [asdict(e) | {"complete": e.complete} for e in self.envs],
-                "checkpoints": [asdict(c) | {"complete": c.complete}
-                                for c in self.checkpoints]}
+                "image": self.image.to_json() if self.image else None,
+                "envs": [e.to_json() for e in self.envs],
+                "checkpoints": [c.to_json() for c in self.checkpoints]}
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> WarmSummary:
-        def strip(part: dict[str, Any]) -> dict[str, Any]:
-            return {k: v for k, v in part.items() if k != "complete"}
-
-        return cls(WarmResult(**strip(body["image"])) if body.get("image") else None,
-                   [StageResult(**strip(e)) for e in body.get("envs") or []],
-                   [CheckpointResult(**strip(c)) for c in body.get("checkpoints") or []],
+        return cls(PartResult.from_json(IMAGE, body["image"]) if body.get("image") else None,
+                   [PartResult.from_json(SNAPSHOT, e) for e in body.get("envs") or []],
+                   [PartResult.from_json(CHECKPOINT, c) for c in body.get("checkpoints") or []],
                    body.get("via", "agent"), body.get("members", 0))
 
 
+def warmers(blobs: BlobStore, config: Config, request: WarmRequest, *,
+            caches: NodeCaches, image_cache: NodeCache | None = None,
+            lazy: LazyImage | None = None,
+            fanout: Fanout | None = None) -> list[tuple[Warmer, tuple[str, ...]]]:
+    """The warmer of each kind of part ``request`` names, with the names it warms, in the
+    order they run: the image first (a start may be about to need it), then the snapshots,
+    then the checkpoints. ``image_cache``: the block cache if the caller has it open."""
+    plan: list[tuple[Warmer, tuple[str, ...]]] = []
+    if request.image is not None:
+        plan.append((ImageWarmer(blobs, image_cache or caches.blocks(),
+                                 workload=request.workload, all_blocks=request.all_blocks,
+                                 prefetch=PrefetchConfig.from_config(config),
+                                 lazy=lazy, fanout=fanout), (request.image,)))
+    if request.envs:
+        plan.append((SnapshotWarmer(blobs, caches.snapshots(),
+                                    SnapshotOptions.from_config(config.snapshot),
+                                    fanout=fanout), request.envs))
+    if request.checkpoints:
+        sharing = CheckpointPolicy.sharing(config)
+
+        def fanout_for(url: str) -> Fanout | None:
+            return fanout.among(url) if fanout and sharing.allows(url) else None
+
+        plan.append((CheckpointWarmer(CheckpointSource(config),  # stores, cache as configured
+                                      concurrency=config.checkpoint.stage_concurrency,
+                                      fanout_for=fanout_for, records=blobs.store),
+                     request.checkpoints))
+    return plan
+
+
 def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
-         image_cache: NodeCache, lazy: LazyImage | None = None, fanout: Fanout | None = None,
+         image_cache: NodeCache | None = None, lazy: LazyImage | None = None,
+         fanout: Fanout | None = None,
          on_plan: Callable[[int], None] | None = None,
          on_progress: Callable[[int], None] | None = None,
          before_fetch: Callable[[], None] | None = None) -> WarmSummary:
     """Stage what ``request`` names; ``on_plan`` gets each part's bytes as it is planned,
-    ``before_fetch`` is called (and may block) before every fetch. With ``fanout`` (the
-    agent's, for a job with peer-to-peer on) the hot pack, the shards and the checkpoint
-    files come through the job's swarm."""
-    def turn() -> None:  # before a part's metadata reads
-        if before_fetch:
-            before_fetch()
-
-    image = None
-    if request.image is not None:
-        turn()
-        image = warm_image(blobs, image_cache, request.image, request.workload,
-                           all_blocks=request.all_blocks,
-                           prefetch=PrefetchConfig.from_config(config), lazy=lazy,
-                           fanout=fanout, on_plan=on_plan, on_progress=on_progress,
-                           before_fetch=before_fetch)
-    snapshots = shard_cache(config.cache_dir, config.snapshot.cache_size)
-    envs = []
-    for key in request.envs:
-        turn()
-        envs.append(stage_snapshot(blobs, snapshots, key,
-                                   concurrency=config.snapshot.concurrency, fanout=fanout,
-                                   on_plan=on_plan,
-                                   on_progress=on_progress, before_fetch=before_fetch))
-    source = CheckpointSource(config)  # its stores and cache as configured
-    sharing = CheckpointPolicy.sharing(config)
-    checkpoints = []
-    keep: set[str] = set()  # one checkpoint of the request never evicts another
-    for url in request.checkpoints:
-        turn()
-        checkpoints.append(stage_checkpoint(
-            source, url, concurrency=config.checkpoint.stage_concurrency, keep=keep,
-            fanout=fanout.among(url) if fanout and sharing.allows(url) else None,
-            records=blobs.store,
-            on_plan=on_plan, on_progress=on_progress,
-            before_fetch=before_fetch))
-    return WarmSummary(image, envs, checkpoints,
-                       members=len(fanout.peers) if fanout is not None else 0)
+    ``before_fetch`` is called (and may block) before every fetch and before each part's
+    metadata reads. With ``fanout`` (the agent's, for a job with peer-to-peer on) the hot
+    pack, the shards and the checkpoint files come through the job's swarm."""
+    hooks = Hooks(on_plan, on_progress, before_fetch)
+    summary = WarmSummary(None, members=len(fanout.peers) if fanout is not None else 0)
+    for warmer, names in warmers(blobs, config, request, caches=NodeCaches.for_config(config),
+                                 image_cache=image_cache, lazy=lazy, fanout=fanout):
+        for name in names:
+            hooks.turn()  # before the part's metadata reads
+            summary.add(warmer.warm(name, hooks))
+    return summary

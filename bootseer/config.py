@@ -100,6 +100,11 @@ class ImageConfig:
     record_images: Strings = ()
 
 
+def default_snapshot_concurrency() -> int:
+    """Shards packed or restored at once unless configured (see ``snapshot.concurrency``)."""
+    return min(8, (os.cpu_count() or 2) + 2)
+
+
 @dataclass
 class SnapshotConfig:
     """Options for dependency snapshots (``bootseer env``)."""
@@ -115,7 +120,7 @@ class SnapshotConfig:
     #: extracts its shard as one stream, so it both waits on the network and burns CPU:
     #: two more than the cores keeps the link busy without much contention (bench-env on
     #: 2 cores, HDFS at 100 MB/s: 2 threads 4.85 s, 4 threads 4.45 s, 6 threads 4.6 s).
-    concurrency: int = field(default_factory=lambda: min(8, (os.cpu_count() or 2) + 2))
+    concurrency: int = field(default_factory=default_snapshot_concurrency)
     bytecode: bool = True  # compile captured .py files before snapshotting
     cache_size: ByteSize = ByteSize(20 << 30)  # shards staged by `warm --env` (LRU beyond)
 

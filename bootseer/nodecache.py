@@ -6,7 +6,8 @@ checkpoint copies (``<cache_dir>/checkpoints/copies``) are each one :class:`Node
 opened at once by the agent, every mount server, a standalone ``bootseer warm``, a restore
 and a checkpoint read. So nothing about the cache lives in a process: presence
 is the file, the limit is counted on disk, and what one process adds, every other sees at
-once (a server sees the blocks a warm staged after it started)::
+once (a server sees the blocks a warm staged after it started). Where each lives and how
+large it may grow is decided in one place, :class:`NodeCaches`, from the config::
 
     entries/ab/<hex>          an entry, named by the sha256 of its bytes
     tmp/<hex>.<pid>.<rand>    an entry being written by process <pid>
@@ -44,9 +45,11 @@ import re
 import secrets
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from bootseer.config import Config
 from bootseer.errors import BootseerError, IntegrityError
 from bootseer.filelock import file_lock
 from bootseer.store.base import DigestCheckedStream
@@ -382,3 +385,42 @@ def _touch(path: Path) -> None:
     own it, and it may have just been evicted."""
     with contextlib.suppress(OSError):
         os.utime(path)
+
+
+@dataclass(frozen=True)
+class NodeCaches:
+    """Where a node's caches live and how large each may grow, as the config places them:
+    the one place that opens them, for the CLI, the agent, the warmers, the mount servers
+    and every read that looks for a staged copy. Opening creates nothing (a reader without
+    write access finds what is there), so each is opened where it is used."""
+
+    cache_dir: Path
+    block_bytes: int  # image.cache_size
+    shard_bytes: int  # snapshot.cache_size
+    checkpoint_bytes: int  # checkpoint.cache_size
+
+    @classmethod
+    def for_config(cls, config: Config) -> NodeCaches:
+        return cls(Path(config.cache_dir), config.image.cache_size,
+                   config.snapshot.cache_size, config.checkpoint.cache_size)
+
+    def blocks(self) -> NodeCache:
+        """Image blocks: root's alone, since they are the content of every tenant's
+        images."""
+        return NodeCache(self.cache_dir / "blocks", self.block_bytes, mode=0o600)
+
+    def snapshots(self) -> NodeCache:
+        """Snapshot shards and manifests, readable by the unprivileged restores of a
+        training script."""
+        return NodeCache(self.cache_dir / "snapshots", self.shard_bytes)
+
+    @property
+    def checkpoints(self) -> Path:
+        """The checkpoint cache's directory: its copies (:meth:`checkpoint_copies`) and
+        the records naming them (:mod:`bootseer.stripedfs.checkpoint_cache`)."""
+        return self.cache_dir / "checkpoints"
+
+    def checkpoint_copies(self) -> NodeCache:
+        """Checkpoint copies: entries get their source's readers when staged, so the
+        directories must let those readers through."""
+        return NodeCache(self.checkpoints / "copies", self.checkpoint_bytes, mode=0o644)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from bootseer.config import Config
 from bootseer.errors import BootseerError
-from bootseer.nodecache import NodeCache, NotCached
+from bootseer.nodecache import NodeCache, NodeCaches, NotCached
 from bootseer.prefetch.blockformat import IMAGE_REF_PREFIX, MAX_MANIFEST_BYTES, FileEntry, Manifest
 from bootseer.prefetch.blocksource import BlockSource, FetchCounts, Piece, Run, runs
 from bootseer.prefetch.hotlist import Recorder
@@ -59,9 +59,8 @@ class LazyStats(FetchCounts):
 
 
 def block_cache(config: Config) -> NodeCache:
-    """The node's image blocks (``<cache_dir>/blocks``, ``image.cache_size``): root's
-    alone, since they are the content of every tenant's images."""
-    return NodeCache(config.cache_dir / "blocks", config.image.cache_size, mode=0o600)
+    """The node's image blocks, as :class:`~bootseer.nodecache.NodeCaches` places them."""
+    return NodeCaches.for_config(config).blocks()
 
 
 def resolve_image(blobs: BlobStore, image: str) -> str:

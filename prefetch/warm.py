@@ -15,6 +15,9 @@ with ``all_blocks``, so is every pack of the image (each has a torrent from its
 conversion). Blocks no such pack holds (a list without a hot pack, blocks of a newer
 recording) keep the ranged reads from the store; so does everything if a pack cannot be
 fetched or kept (a full cache).
+
+:class:`ImageWarmer` is this warm as a :class:`~bootseer.warming.Warmer`, the way
+``bootseer warm`` and the agent run it.
 """
 
 from __future__ import annotations
@@ -22,8 +25,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
@@ -35,45 +36,47 @@ from bootseer.prefetch.hotlist import HotBlock, HotList
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.prefetcher import Prefetcher
 from bootseer.store import BlobStore
+from bootseer.warming import NO_HOOKS, Hooks, PartKind, PartResult
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class WarmResult:
-    image: str
-    image_id: str
-    workload: str
-    hot_list: bool  # the image has a hot list for the workload
-    recordings: int  # how many starts it was merged from
-    blocks: int  # blocks to stage
-    bytes: int  # their compressed size
-    already_local: int
-    fetched_blocks: int
-    fetched_bytes: int  # read from the store
-    fetch_requests: int
-    missing: int  # blocks still not local at the end
-    seconds: float
-    peer_bytes: int = 0  # of the packs fetched whole, received from the job's peers
+#: What an image's warm is called: its blocks, named by the image.
+IMAGE = PartKind("image", "image", "image", "blocks", "image.cache_size")
 
-    @property
-    def complete(self) -> bool:
-        return self.missing == 0
+
+class ImageWarmer:
+    """Stages images' hot blocks (or every block) in the node's block cache
+    (:func:`warm_image`), with the configured prefetch reads."""
+
+    kind = IMAGE
+
+    def __init__(self, blobs: BlobStore, cache: NodeCache, *, workload: str,
+                 all_blocks: bool = False, prefetch: PrefetchConfig,
+                 lazy: LazyImage | None = None, fanout: Fanout | None = None) -> None:
+        self.blobs, self.cache, self.lazy, self.fanout = blobs, cache, lazy, fanout
+        self.workload, self.all_blocks, self.prefetch = workload, all_blocks, prefetch
+
+    def warm(self, name: str, hooks: Hooks) -> PartResult:
+        return warm_image(self.blobs, self.cache, name, self.workload,
+                          all_blocks=self.all_blocks, prefetch=self.prefetch, lazy=self.lazy,
+                          fanout=self.fanout, hooks=hooks)
 
 
 def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
                all_blocks: bool = False, prefetch: PrefetchConfig | None = None,
                lazy: LazyImage | None = None, fanout: Fanout | None = None,
-               on_plan: Callable[[int], None] | None = None,
-               on_progress: Callable[[int], None] | None = None,
-               before_fetch: Callable[[], None] | None = None) -> WarmResult:
+               hooks: Hooks = NO_HOOKS) -> PartResult:
     """Fetch the hot blocks of (``image``, ``workload``) into ``cache``; wait until done.
 
-    ``on_plan`` gets the bytes to stage before the fetching starts, ``on_progress`` the
-    bytes of each request as it completes. ``lazy`` is the image if the caller has it open
-    (its in-flight table is then shared with the caller's reads). ``fanout``: the job's
-    swarm, for the hot pack (see the module docstring). ``before_fetch`` is called before
-    each fetch and may block (the agent's priorities).
+    ``hooks.on_plan`` gets the bytes to stage before the fetching starts,
+    ``hooks.on_progress`` the bytes of each request as it completes. ``lazy`` is the image
+    if the caller has it open (its in-flight table is then shared with the caller's
+    reads). ``fanout``: the job's swarm, for the hot pack (see the module docstring).
+    ``hooks.before_fetch`` is called before each fetch and may block (the agent's
+    priorities). The result's ``detail``: the ``image_id``, the ``workload``, whether the
+    image has a ``hot_list`` for it, from how many ``recordings``, and the
+    ``fetch_requests`` sent.
     """
     started = time.monotonic()
     lazy = lazy or LazyImage(blobs, image, cache)  # also caches the manifest
@@ -89,14 +92,13 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
     if wanted is None:
         wanted = HotList(lazy.image_id, workload, ())
     prefetcher = Prefetcher(lazy, wanted, config=prefetch,
-                            on_progress=on_progress, before_fetch=before_fetch)
-    if on_plan:
-        on_plan(prefetcher.stats.hot_bytes)
+                            on_progress=hooks.on_progress, before_fetch=hooks.before_fetch)
+    if hooks.on_plan:
+        hooks.on_plan(prefetcher.stats.hot_bytes)
     packs: list[FetchResult] = []
     if fanout is not None:
         for key in _packs_to_share(lazy, wanted, all_blocks):
-            if before_fetch:
-                before_fetch()
+            hooks.turn()
             result = _pack_from_peers(blobs, cache, lazy, key, prefetcher, fanout)
             if result is not None:
                 packs.append(result)
@@ -104,16 +106,16 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
         prefetcher.start().wait()
     lazy.wait_for(prefetcher.digests)  # blocks a concurrent warm of the image was fetching
     stats = prefetcher.stats
-    return WarmResult(
-        image=image, image_id=lazy.image_id, workload=workload, hot_list=hot is not None,
-        recordings=hot.recordings if hot else 0, blocks=stats.hot_blocks,
-        bytes=stats.hot_bytes, already_local=stats.already_local,
-        fetched_blocks=stats.blocks_fetched,
-        fetched_bytes=stats.bytes_fetched + sum(p.store_bytes for p in packs),
-        fetch_requests=stats.fetch_requests,
+    return PartResult(
+        IMAGE, image, items=stats.hot_blocks, bytes=stats.hot_bytes,
+        already_local=stats.already_local, fetched=stats.blocks_fetched,
+        store_bytes=stats.bytes_fetched + sum(p.store_bytes for p in packs),
         missing=sum(1 for d in prefetcher.digests if d not in cache),
         seconds=round(time.monotonic() - started, 3),
-        peer_bytes=sum(p.peer_bytes for p in packs))
+        peer_bytes=sum(p.peer_bytes for p in packs),
+        detail={"image_id": lazy.image_id, "workload": workload,
+                "hot_list": hot is not None, "recordings": hot.recordings if hot else 0,
+                "fetch_requests": stats.fetch_requests})
 
 
 def _packs_to_share(lazy: LazyImage, wanted: HotList, all_blocks: bool) -> list[str]:

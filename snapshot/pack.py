@@ -34,6 +34,7 @@ import zstandard
 from bootseer import __version__
 from bootseer.errors import BootseerError
 from bootseer.p2p import publish_torrent
+from bootseer.snapshot.config import SnapshotOptions
 from bootseer.snapshot.manifest import (
     FIRST_SHARDS,
     REF_PREFIX,
@@ -140,16 +141,17 @@ def _build_shard(blobs: BlobStore, entries: list[SnapEntry], paths: list[str], l
 
 
 def build_manifest(blobs: BlobStore, capture: Capture, key: str, created: dict[str, Any], *,
-                   shard_size: int, level: int, concurrency: int = 4,
+                   options: SnapshotOptions,
                    on_progress: Callable[[int], None] | None = None) -> Manifest:
-    """Pack the captured changes into shard blobs; the manifest (not yet stored)."""
+    """Pack the captured changes into shard blobs cut and compressed as ``options`` say;
+    the manifest (not yet stored)."""
     entries = plan_entries(capture)
-    plan = cut_shards(entries, shard_size)
-    with ThreadPoolExecutor(max(1, concurrency)) as pool:
+    plan = cut_shards(entries, options.shard_size)
+    with ThreadPoolExecutor(max(1, options.concurrency)) as pool:
         futures = [pool.submit(
             _build_shard, blobs, [entries[i] for i in idxs],
             [os.path.join(capture.targets[entries[i].target], entries[i].path) for i in idxs],
-            level, on_progress) for idxs in plan]
+            options.compression_level, on_progress) for idxs in plan]
         shards = []
         for number, (idxs, future) in enumerate(zip(plan, futures)):
             shard, packed = future.result()

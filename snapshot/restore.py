@@ -39,7 +39,6 @@ import ctypes
 import errno
 import logging
 import os
-import re
 import shutil
 import signal
 import stat
@@ -56,14 +55,10 @@ import zstandard
 from bootseer.errors import BootseerError, IntegrityError, InvalidRangeError
 from bootseer.filelock import file_lock
 from bootseer.nodecache import NodeCache
-from bootseer.snapshot.manifest import (
-    MAX_MANIFEST_BYTES,
-    REF_PREFIX,
-    Manifest,
-    SnapEntry,
-    UnsafeSnapshotError,
-)
+from bootseer.snapshot.config import SnapshotOptions
+from bootseer.snapshot.manifest import Manifest, SnapEntry, UnsafeSnapshotError
 from bootseer.snapshot.relocate import Relocation, Watch
+from bootseer.snapshot.shardcache import cached_manifest, store_manifest
 from bootseer.snapshot.tarstream import MalformedStream, TarStream
 from bootseer.store import BlobStore, Ref
 from bootseer.store.blobs import is_digest
@@ -133,56 +128,22 @@ def manifest_blob(blobs: BlobStore, key: str,
                   first: FirstShards | None = None) -> tuple[str, bytes]:
     """The digest and bytes of snapshot ``key``'s manifest in the store; ``first`` opens
     the shards its reference names before the manifest is decoded."""
-    try:
-        ref = blobs.get_ref(REF_PREFIX + key)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no snapshot {key} in the store {blobs.store.url}") from None
-    data = blobs.get(ref.digest, MAX_MANIFEST_BYTES)
+    ref, data = store_manifest(blobs, key)
     if first is not None:  # after the manifest: on a shared link, it would queue behind them
         first.open(blobs, ref)
     return ref.digest, data
 
 
-#: Keys that may name a file in the snapshot cache (``keys/<key>``): every key `env run`
-#: derives, and what `env snapshot --key` accepts.
-_CACHEABLE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-def _key_record(cache: NodeCache, key: str) -> Path | None:
-    return cache.directory / "keys" / key if _CACHEABLE_KEY.fullmatch(key) else None
-
-
 def load_manifest(blobs: BlobStore, key: str, cache: NodeCache | None = None,
                   first: FirstShards | None = None) -> Manifest:
     """Snapshot ``key``'s manifest: from the node's snapshot cache when a warm staged it
-    there (:func:`stage_manifest`), else from the store, opening ``first`` on the way.
-
-    A key names one snapshot for good (publishing it is create-only), so a restore on a
-    warmed node reads nothing from the store and never even connects to it."""
-    record = _key_record(cache, key) if cache is not None else None
-    if record is not None:
-        with contextlib.suppress(OSError, ValueError):  # absent, damaged, forged: the store
-            data = cache.get(record.read_text().strip())
-            if data is not None:
-                return Manifest.decode(data, key)
+    there (:mod:`bootseer.snapshot.shardcache`), else from the store, opening ``first`` on
+    the way. A restore on a warmed node so reads nothing from the store and never even
+    connects to it."""
+    cached = cached_manifest(cache, key) if cache is not None else None
+    if cached is not None:
+        return cached
     return Manifest.decode(manifest_blob(blobs, key, first)[1], key)
-
-
-def stage_manifest(blobs: BlobStore, cache: NodeCache, key: str) -> Manifest:
-    """Snapshot ``key``'s manifest from the store, kept in ``cache`` like a shard (under
-    its digest, verified on every read) with ``keys/<key>`` naming that digest, for
-    :func:`load_manifest`. A cache this process cannot write is left as it is."""
-    digest, data = manifest_blob(blobs, key)
-    manifest = Manifest.decode(data, key)
-    record = _key_record(cache, key)
-    if record is not None:
-        with contextlib.suppress(OSError, BootseerError):
-            cache.put(digest.removeprefix("sha256:"), data)
-            record.parent.mkdir(mode=0o755, exist_ok=True)
-            tmp = cache.new_temporary("key")  # swept if this process dies before the rename
-            tmp.write_text(digest.removeprefix("sha256:"))
-            os.replace(tmp, record)
-    return manifest
 
 
 def _crash_point(name: str) -> None:
@@ -451,13 +412,15 @@ def _locked(targets: tuple[str, ...]) -> Iterator[None]:
 
 
 def restore(blobs: BlobStore, manifest: Manifest, *, targets: tuple[str, ...] | None = None,
-            relocate: bool = False, concurrency: int = 4,
+            relocate: bool = False, options: SnapshotOptions | None = None,
             on_progress: Callable[[int], None] | None = None,
             cache: NodeCache | None = None,
             first: FirstShards | None = None) -> RestoreResult:
     """Restore ``manifest`` where it was captured, or with ``relocate`` under ``targets``
-    (see the module doc for the guarantee); shards staged in ``cache`` are read from it,
-    and those ``first`` opened (:func:`load_manifest`) from their streams."""
+    (see the module doc for the guarantee), ``options.concurrency`` shards at once; shards
+    staged in ``cache`` are read from it, and those ``first`` opened (:func:`load_manifest`)
+    from their streams."""
+    concurrency = (options or SnapshotOptions()).concurrency
     targets, relocation = _relocation(manifest, targets, relocate)
     started = time.monotonic()
     with _locked(targets):

@@ -13,24 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bootseer.config import SnapshotConfig
 from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
 from bootseer.snapshot.bytecode import compile_sources
+from bootseer.snapshot.config import SnapshotOptions
 from bootseer.snapshot.key import KeyInputs, key_material, snapshot_key
 from bootseer.snapshot.manifest import Manifest
 from bootseer.snapshot.pack import Capture, build_manifest, creation_info, publish, target_paths
 from bootseer.snapshot.restore import FirstShards, RestoreResult, load_manifest, restore
 from bootseer.snapshot.scan import diff, scan
 from bootseer.store import BlobStore
-
-
-@dataclass(frozen=True)
-class Tuning:
-    shard_size: int = SnapshotConfig.shard_size
-    compression_level: int = SnapshotConfig.compression_level
-    concurrency: int = 4
-    bytecode: bool = True
 
 
 @dataclass(frozen=True)
@@ -57,7 +49,7 @@ def _run(argv: list[str], environ: Mapping[str, str]) -> int:
 
 
 def capture_command(blobs: BlobStore, key: str, argv: list[str], paths: list[Path], *,
-                    environ: Mapping[str, str], tuning: Tuning,
+                    environ: Mapping[str, str], options: SnapshotOptions,
                     material: dict[str, Any] | None = None,
                     on_progress: Callable[[int], None] | None = None) -> CaptureOutcome:
     """Run ``argv``; if it succeeds, publish what it changed under ``paths`` as ``key``."""
@@ -67,7 +59,7 @@ def capture_command(blobs: BlobStore, key: str, argv: list[str], paths: list[Pat
     if code != 0:
         return CaptureOutcome(code)
     after = [scan(Path(t)) for t in targets]
-    if tuning.bytecode:
+    if options.bytecode:
         for target, old, new in zip(targets, before, after):
             sources = [os.path.join(target, rel) for rel in diff(old, new).changed
                        if rel.endswith(".py") and new[rel].kind == "file"]
@@ -80,26 +72,25 @@ def capture_command(blobs: BlobStore, key: str, argv: list[str], paths: list[Pat
     capture = Capture(targets, tuple(after),
                       tuple(diff(old, new) for old, new in zip(before, after)))
     manifest = build_manifest(blobs, capture, key, creation_info(argv, material),
-                              shard_size=tuning.shard_size, level=tuning.compression_level,
-                              concurrency=tuning.concurrency, on_progress=on_progress)
+                              options=options, on_progress=on_progress)
     return CaptureOutcome(code, manifest, publish(blobs, manifest))
 
 
 def env_run(blobs: BlobStore, inputs: KeyInputs, *, environ: Mapping[str, str],
-            tuning: Tuning, on_progress: Callable[[int], None] | None = None,
+            options: SnapshotOptions, on_progress: Callable[[int], None] | None = None,
             cache: NodeCache | None = None) -> RunOutcome:
     material = key_material(inputs, environ)
     key = snapshot_key(material)
-    with FirstShards(tuning.concurrency) as first:
+    with FirstShards(options.concurrency) as first:
         try:
             manifest = load_manifest(blobs, key, cache, first)
         except FileNotFoundError:
             manifest = None
         if manifest is not None:
             return RunOutcome(key, restored=restore(
-                blobs, manifest, concurrency=tuning.concurrency, on_progress=on_progress,
+                blobs, manifest, options=options, on_progress=on_progress,
                 cache=cache, first=first))
     outcome = capture_command(blobs, key, list(inputs.argv), list(inputs.targets),
-                              environ=environ, tuning=tuning, material=material,
+                              environ=environ, options=options, material=material,
                               on_progress=on_progress)
     return RunOutcome(key, capture=outcome)

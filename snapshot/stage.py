@@ -13,6 +13,9 @@ Staged as one of a job's nodes with peer-to-peer on (a :class:`~bootseer.p2p.Fan
 each shard comes through the job's swarm (this node's share of it from the store, the
 rest from peers) into a temporary of the cache, verified against its digest before it
 becomes an entry, and the entry is seeded at once for the nodes still fetching it.
+
+:class:`SnapshotWarmer` is this stage as a :class:`~bootseer.warming.Warmer`, the way
+``bootseer warm`` and the agent run it.
 """
 
 from __future__ import annotations
@@ -20,65 +23,61 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
 from bootseer.p2p import Fanout, FetchResult
-from bootseer.snapshot.restore import stage_manifest
+from bootseer.snapshot.config import SnapshotOptions
+from bootseer.snapshot.shardcache import stage_manifest
 from bootseer.store import BlobStore
+from bootseer.warming import NO_HOOKS, Hooks, PartKind, PartResult
 
 log = logging.getLogger(__name__)
 
 
-def shard_cache(cache_dir: Path, max_bytes: int) -> NodeCache:
-    return NodeCache(cache_dir / "snapshots", max_bytes)
+#: What a snapshot's warm is called: its shards, named by its key.
+SNAPSHOT = PartKind("envs", "environment", "key", "shards", "snapshot.cache_size")
 
 
-@dataclass
-class StageResult:
-    key: str
-    shards: int
-    bytes: int  # compressed bytes of all shards
-    already_local: int
-    fetched_shards: int
-    fetched_bytes: int  # read from the store
-    missing: int  # shards still not local at the end (failed, or the cache is too small)
-    seconds: float
-    peer_bytes: int = 0  # received from the job's peers
+class SnapshotWarmer:
+    """Stages snapshots in the node's snapshot cache (:func:`stage_snapshot`)."""
 
-    @property
-    def complete(self) -> bool:
-        return self.missing == 0
+    kind = SNAPSHOT
+
+    def __init__(self, blobs: BlobStore, cache: NodeCache, options: SnapshotOptions, *,
+                 fanout: Fanout | None = None) -> None:
+        self.blobs, self.cache, self.options, self.fanout = blobs, cache, options, fanout
+
+    def warm(self, name: str, hooks: Hooks) -> PartResult:
+        return stage_snapshot(self.blobs, self.cache, name, options=self.options,
+                              fanout=self.fanout, hooks=hooks)
 
 
-def stage_snapshot(blobs: BlobStore, cache: NodeCache, key: str, *, concurrency: int = 4,
-                   fanout: Fanout | None = None,
-                   on_plan: Callable[[int], None] | None = None,
-                   on_progress: Callable[[int], None] | None = None,
-                   before_fetch: Callable[[], None] | None = None) -> StageResult:
-    """Fetch every shard of snapshot ``key`` that the cache lacks; wait until done.
+def stage_snapshot(blobs: BlobStore, cache: NodeCache, key: str, *,
+                   options: SnapshotOptions | None = None, fanout: Fanout | None = None,
+                   hooks: Hooks = NO_HOOKS) -> PartResult:
+    """Fetch every shard of snapshot ``key`` that the cache lacks, ``options.concurrency``
+    at once; wait until done.
 
     ``fanout``: the job's swarm to fetch shards through (see the module docstring).
-    ``before_fetch`` is called before each shard is fetched and may block (the agent's
-    priorities).
+    ``hooks.before_fetch`` is called before each shard is fetched and may block (the
+    agent's priorities).
     """
     started = time.monotonic()
+    concurrency = (options or SnapshotOptions()).concurrency
+    on_progress = hooks.on_progress
     manifest = stage_manifest(blobs, cache, key)
     total = sum(s.size for s in manifest.shards)
-    if on_plan:
-        on_plan(total)
+    if hooks.on_plan:
+        hooks.on_plan(total)
     wanted = [s for s in manifest.shards if s.digest.removeprefix("sha256:") not in cache]
     fetched: list[int] = []
     store_bytes: list[int] = []
     peer_bytes: list[int] = []
 
     def fetch(digest: str, size: int) -> None:
-        if before_fetch:
-            before_fetch()
+        hooks.turn()
         if fanout is None:
             # Streamed, never whole in memory; iter_chunks checks the whole digest at the
             # end, before the cache file is renamed into place.
@@ -107,11 +106,11 @@ def stage_snapshot(blobs: BlobStore, cache: NodeCache, key: str, *, concurrency:
                 log.warning("snapshot %s: shard %s could not be staged: %s", key,
                             shard.digest, exc)
     missing = sum(1 for s in manifest.shards if s.digest.removeprefix("sha256:") not in cache)
-    return StageResult(key=key, shards=len(manifest.shards), bytes=total,
-                       already_local=len(manifest.shards) - len(wanted),
-                       fetched_shards=len(fetched), fetched_bytes=sum(store_bytes),
-                       missing=missing, seconds=round(time.monotonic() - started, 3),
-                       peer_bytes=sum(peer_bytes))
+    return PartResult(SNAPSHOT, key, items=len(manifest.shards), bytes=total,
+                      already_local=len(manifest.shards) - len(wanted),
+                      fetched=len(fetched), store_bytes=sum(store_bytes), missing=missing,
+                      seconds=round(time.monotonic() - started, 3),
+                      peer_bytes=sum(peer_bytes))
 
 
 def _fetch_shared(blobs: BlobStore, cache: NodeCache, digest: str,

@@ -55,7 +55,7 @@ from pathlib import Path
 from bootseer import boundedjson
 from bootseer.config import Config
 from bootseer.errors import BootseerError, IntegrityError
-from bootseer.nodecache import CacheBusy, NodeCache
+from bootseer.nodecache import CacheBusy, NodeCache, NodeCaches
 from bootseer.store import Store
 from bootseer.store.base import Access, ObjectInfo
 from bootseer.stripedfs.observer import FirstByte, ReadObserver
@@ -96,19 +96,18 @@ class CheckpointCache:
     """Staged checkpoint copies in ``directory``; at most ``max_bytes`` of them across every
     process of the node."""
 
-    def __init__(self, directory: Path, max_bytes: int) -> None:
+    def __init__(self, directory: Path, copies: NodeCache) -> None:
         # Nothing is created here: a training script looking for copies may not be allowed
         # to write the node's cache, and finds nothing in a cache that does not exist.
         self.directory = Path(directory)
-        # Entries get their source's readers when staged (_limit_readers); directories
-        # must let those readers through.
-        self.copies = NodeCache(self.directory / "copies", max_bytes, mode=0o644)
+        self.copies = copies
         self._records = self.directory / "records"
 
     @classmethod
     def for_config(cls, config: Config) -> CheckpointCache:
-        """The node's cache as ``config`` places it (``cache_dir``, ``checkpoint.cache_size``)."""
-        return cls(config.cache_dir / "checkpoints", config.checkpoint.cache_size)
+        """The node's cache as ``config`` places it (:class:`~bootseer.nodecache.NodeCaches`)."""
+        caches = NodeCaches.for_config(config)
+        return cls(caches.checkpoints, caches.checkpoint_copies())
 
     @property
     def max_bytes(self) -> int:

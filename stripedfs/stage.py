@@ -9,6 +9,9 @@ instead of the network, for as long as the store's objects are the ones copied. 
 and the cache are the :class:`~bootseer.stripedfs.files.CheckpointSource`'s: as configured.
 For a job with peer-to-peer on, files come through the job's swarm instead
 (:mod:`bootseer.p2p.sharedfile`): each byte leaves the store about once for all its nodes.
+
+:class:`CheckpointWarmer` is this stage as a :class:`~bootseer.warming.Warmer`, the way
+``bootseer warm`` and the agent run it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
 from bootseer.errors import BootseerError
 from bootseer.p2p import Fanout
@@ -36,6 +38,7 @@ from bootseer.stripedfs.checkpoint_cache import (
 from bootseer.stripedfs.config import StripeConfig
 from bootseer.stripedfs.files import CheckpointSource
 from bootseer.stripedfs.layout import Stripe, StripeLayout
+from bootseer.warming import NO_HOOKS, Hooks, PartKind, PartResult
 
 log = logging.getLogger(__name__)
 
@@ -43,21 +46,30 @@ log = logging.getLogger(__name__)
 SHARED_FILES = 4
 
 
-@dataclass
-class CheckpointResult:
-    url: str
-    files: int
-    bytes: int  # of all files
-    already_local: int  # files whose copy was current and intact
-    fetched_files: int
-    fetched_bytes: int
-    missing: int  # files still not local at the end (failed, or the cache is too small)
-    seconds: float
-    peer_bytes: int = 0  # of fetched_bytes, received from the job's peers (p2p)
+#: What a checkpoint's warm is called: its files, named by its URL.
+CHECKPOINT = PartKind("checkpoints", "checkpoint", "url", "files", "checkpoint.cache_size",
+                      failure="the store failed them, they changed while being copied")
 
-    @property
-    def complete(self) -> bool:
-        return self.missing == 0
+
+class CheckpointWarmer:
+    """Stages checkpoints in the node's checkpoint cache (:func:`stage_checkpoint`). The
+    checkpoints of one warmer keep each other: staging one never evicts another."""
+
+    kind = CHECKPOINT
+
+    def __init__(self, source: CheckpointSource, *, concurrency: int,
+                 fanout_for: Callable[[str], Fanout | None] = lambda url: None,
+                 records: Store | None = None) -> None:
+        """``fanout_for``: the job's swarm to fetch a checkpoint URL through, or None
+        (p2p off, or the operator does not let peers share that checkpoint)."""
+        self.source, self.concurrency = source, concurrency
+        self.fanout_for, self.records = fanout_for, records
+        self.keep: set[str] = set()
+
+    def warm(self, name: str, hooks: Hooks) -> PartResult:
+        return stage_checkpoint(self.source, name, concurrency=self.concurrency,
+                                keep=self.keep, fanout=self.fanout_for(name),
+                                records=self.records, hooks=hooks)
 
 
 def checkpoint_files(source: CheckpointSource, url: str) -> tuple[Store, list[ObjectInfo]]:
@@ -82,14 +94,12 @@ def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int = 8
                      request_size: int = StripeConfig.stripe_size,
                      keep: set[str] | None = None, fanout: Fanout | None = None,
                      records: Store | None = None,
-                     on_plan: Callable[[int], None] | None = None,
-                     on_progress: Callable[[int], None] | None = None,
-                     before_fetch: Callable[[], None] | None = None) -> CheckpointResult:
+                     hooks: Hooks = NO_HOOKS) -> PartResult:
     """Copy every file of the checkpoint at ``url`` that has no current, intact copy into
     ``source``'s cache.
 
     ``keep`` collects the digests of the copies this warm needs, so staging one checkpoint
-    never evicts another of the same request. ``before_fetch`` is called before each
+    never evicts another of the same request. ``hooks.before_fetch`` is called before each
     ranged read and may block (the agent's priorities). With ``fanout`` (a job's, p2p on)
     and ``records`` (Bootseer's store, where the files' torrents are kept) each file
     comes through the job's swarm (:meth:`Fanout.fetch_file`), and from the store as
@@ -97,12 +107,13 @@ def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int = 8
     copy would be seeded to the job's other nodes, whoever runs there).
     """
     started = time.monotonic()
+    on_progress, before_fetch = hooks.on_progress, hooks.before_fetch
     cache = source.copies
     keep = set() if keep is None else keep
     store, files = checkpoint_files(source, url)
     total = sum(f.size for f in files)
-    if on_plan:
-        on_plan(total)
+    if hooks.on_plan:
+        hooks.on_plan(total)
     wanted = []
     for info in files:
         record = cache.verify(object_url(store, info.key), info)
@@ -143,14 +154,12 @@ def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int = 8
     with ThreadPoolExecutor(SHARED_FILES if sharing else 1,
                             thread_name_prefix="ckpt-stage") as pool:
         staged = [r for r in pool.map(stage, wanted) if r is not None]
-    fetched = [size for size, _ in staged]
     peer_bytes = sum(from_peers for _, from_peers in staged)
-    return CheckpointResult(url=url, files=len(files), bytes=total,
-                            already_local=len(files) - len(wanted),
-                            fetched_files=len(fetched), fetched_bytes=sum(fetched),
-                            missing=len(wanted) - len(fetched),
-                            seconds=round(time.monotonic() - started, 3),
-                            peer_bytes=peer_bytes)
+    return PartResult(CHECKPOINT, url, items=len(files), bytes=total,
+                      already_local=len(files) - len(wanted), fetched=len(staged),
+                      store_bytes=sum(size for size, _ in staged) - peer_bytes,
+                      missing=len(wanted) - len(staged),
+                      seconds=round(time.monotonic() - started, 3), peer_bytes=peer_bytes)
 
 
 def _share(cache: CheckpointCache, shared: SharedFile, info: ObjectInfo, keep: set[str],

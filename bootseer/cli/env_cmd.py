@@ -14,18 +14,20 @@ import os
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from bootseer.cli import AppContext, pass_app
 from bootseer.errors import BootseerError
-from bootseer.nodecache import NodeCache
+from bootseer.nodecache import NodeCache, NodeCaches
 from bootseer.progress import byte_progress, console
 from bootseer.ready import mark_phase
+from bootseer.snapshot.config import SnapshotOptions
 from bootseer.snapshot.key import KeyInputs, key_material, snapshot_key
 from bootseer.snapshot.manifest import REF_PREFIX
-from bootseer.snapshot.run import CaptureOutcome, Tuning, capture_command, env_run
+from bootseer.snapshot.run import CaptureOutcome, capture_command, env_run
 from bootseer.units import format_size
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -36,18 +38,15 @@ def env() -> None:
     """Snapshot what a command installs; restore it instead of running it again."""
 
 
-def _tuning(app: AppContext, bytecode: bool | None) -> Tuning:
-    cfg = app.loaded.config.snapshot
-    return Tuning(cfg.shard_size, cfg.compression_level, cfg.concurrency,
-                  cfg.bytecode if bytecode is None else bytecode)
+def _options(app: AppContext, bytecode: bool | None = None) -> SnapshotOptions:
+    """The config file's ``[snapshot]`` options, ``--bytecode/--no-bytecode`` over them."""
+    options = SnapshotOptions.from_config(app.loaded.config.snapshot)
+    return options if bytecode is None else replace(options, bytecode=bytecode)
 
 
 def _shard_cache(app: AppContext) -> NodeCache:
     """Shards `bootseer warm --env` staged on this node; restores read them from here."""
-    from bootseer.snapshot.stage import shard_cache
-
-    cfg = app.loaded.config
-    return shard_cache(cfg.cache_dir, cfg.snapshot.cache_size)
+    return NodeCaches.for_config(app.loaded.config).snapshots()
 
 
 def _key_options(f):
@@ -98,7 +97,7 @@ def run_cmd(app: AppContext, command, paths, key_files, env_vars, bytecode) -> N
     """
     with byte_progress("env", None) as advance:
         outcome = env_run(app.blobs, _inputs(command, paths, key_files, env_vars),
-                          environ=os.environ, tuning=_tuning(app, bytecode),
+                          environ=os.environ, options=_options(app, bytecode),
                           on_progress=advance, cache=_shard_cache(app))
     click.echo(outcome.key)
     if outcome.restored is not None or (outcome.capture and outcome.capture.exit_code == 0):
@@ -146,7 +145,7 @@ def snapshot_cmd(app: AppContext, key: str, paths, bytecode, command) -> None:
         raise BootseerError(f"invalid snapshot key {key!r}: use letters, digits, '.', '_', '-'")
     with byte_progress("snapshot", None) as advance:
         capture = capture_command(app.blobs, key, list(command), list(paths),
-                                  environ=os.environ, tuning=_tuning(app, bytecode),
+                                  environ=os.environ, options=_options(app, bytecode),
                                   on_progress=advance)
     _report_capture(key, capture)
 
@@ -168,14 +167,14 @@ def restore_cmd(app: AppContext, key: str, paths, relocate: bool) -> None:
     if relocate and not paths:
         raise click.UsageError("--relocate needs the new location: one --path per target "
                                "of the snapshot (see `bootseer env show KEY`)")
-    concurrency = app.loaded.config.snapshot.concurrency
+    options = _options(app)
     targets = tuple(os.path.abspath(p) for p in paths) or None
     cache = _shard_cache(app)
-    with FirstShards(concurrency) as first:
+    with FirstShards(options.concurrency) as first:
         manifest = load_manifest(app.blobs, key, cache, first)
         with byte_progress(f"restoring {key[:12]}", manifest.content_bytes) as advance:
             r = restore(app.blobs, manifest, targets=targets, relocate=relocate,
-                        concurrency=concurrency, on_progress=advance, cache=cache,
+                        options=options, on_progress=advance, cache=cache,
                         first=first)
     moved = (f" (relocated from {', '.join(manifest.targets)}; {r.relocated} files "
              f"rewritten)" if r.targets != manifest.targets else "")

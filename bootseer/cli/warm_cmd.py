@@ -35,6 +35,7 @@ from bootseer.units import format_size
 if TYPE_CHECKING:
     from bootseer.agents.warm import WarmRequest, WarmSummary
     from bootseer.config import Config
+    from bootseer.warming import PartResult
 
 #: Exit status of ``warm`` when it ran but not everything needed is local.
 INCOMPLETE = 3
@@ -88,10 +89,9 @@ def warm(app: AppContext, image: str | None, workload: str, all_blocks: bool,
             summary = _warm_via_agent(app, request, advance, required=bool(use_agent))
         if summary is None:
             from bootseer.agents.warm import warm as warm_here
-            from bootseer.prefetch.lazyimage import block_cache
 
-            summary = warm_here(app.blobs, cfg, request, image_cache=block_cache(cfg),
-                                on_plan=advance.add_total, on_progress=advance)
+            summary = warm_here(app.blobs, cfg, request, on_plan=advance.add_total,
+                                on_progress=advance)
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=2))
     _print(summary, cfg, all_blocks, warnings_only=as_json)
@@ -100,51 +100,40 @@ def warm(app: AppContext, image: str | None, workload: str, all_blocks: bool,
 
 
 def _print(summary: WarmSummary, cfg: Config, all_blocks: bool, warnings_only: bool) -> None:
-    """The summary for people (stderr); with ``warnings_only``, just what is missing."""
-    result = summary.image
-    if result is not None and not warnings_only:
-        if not result.hot_list and not all_blocks:
-            console.print(f"image {result.image} has no hot list for workload "
-                          f"{result.workload!r} yet: staged its manifest only (a start run "
-                          f"with `bootseer image run --record` records one; --all stages "
-                          f"the whole image)")
-        else:
-            console.print(f"{result.blocks} blocks ({format_size(result.bytes)}) of "
-                          f"{result.image}: {result.already_local} already local, "
-                          f"{result.fetched_blocks} fetched "
-                          f"({format_size(result.fetched_bytes)} in {result.fetch_requests} "
-                          f"reads) in {result.seconds:.2f} s")
-    if result is not None and not result.complete:
-        console.print(f"[yellow]warning:[/yellow] {result.missing} of {result.blocks} blocks "
-                      f"are not local: the store failed them, or the cache "
-                      f"({format_size(cfg.image.cache_size)}, image.cache_size) is too small")
-    for env in summary.envs:
+    """The summary for people (stderr), one line per part, each part the same way; with
+    ``warnings_only``, just what is missing."""
+    for part in summary.parts:
         if not warnings_only:
-            console.print(f"environment {env.key[:16]}: {env.shards} shards "
-                          f"({format_size(env.bytes)}), {env.already_local} already local, "
-                          f"{env.fetched_shards} fetched in {env.seconds:.2f} s")
-        if not env.complete:
-            console.print(f"[yellow]warning:[/yellow] {env.missing} of {env.shards} shards "
-                          f"are not local: the store failed them, or the cache "
-                          f"({format_size(cfg.snapshot.cache_size)}, snapshot.cache_size) "
-                          f"is too small")
+            console.print(_line(part, all_blocks))
+        if not part.complete:
+            kind = part.kind
+            console.print(f"[yellow]warning:[/yellow] {kind.label} {part.name}: "
+                          f"{part.missing} of {part.items} {kind.unit} are not local: "
+                          f"{kind.failure}, or the cache "
+                          f"({format_size(cfg.get(kind.cache_setting))}, "
+                          f"{kind.cache_setting}) is too small")
     if summary.members and not warnings_only:
-        parts = ([result] if result else []) + list(summary.envs)
+        parts = summary.parts
         console.print(f"shared with the job's {summary.members} nodes: "
                       f"{format_size(sum(p.peer_bytes for p in parts))} from peers, "
-                      f"{format_size(sum(p.fetched_bytes for p in parts))} from the store")
-    for ckpt in summary.checkpoints:
-        if not warnings_only:
-            console.print(f"checkpoint {ckpt.url}: {ckpt.files} files "
-                          f"({format_size(ckpt.bytes)}), {ckpt.already_local} already local, "
-                          f"{ckpt.fetched_files} fetched ({format_size(ckpt.fetched_bytes)}) "
-                          f"in {ckpt.seconds:.2f} s")
-        if not ckpt.complete:
-            console.print(f"[yellow]warning:[/yellow] {ckpt.missing} of {ckpt.files} files "
-                          f"of {ckpt.url} are not local: the store failed them, they changed "
-                          f"while being copied, or the cache "
-                          f"({format_size(cfg.checkpoint.cache_size)}, "
-                          f"checkpoint.cache_size) is too small")
+                      f"{format_size(sum(p.store_bytes for p in parts))} from the store")
+
+
+def _line(part: PartResult, all_blocks: bool) -> str:
+    """What warming ``part`` found and did, in one line."""
+    kind = part.kind
+    if part.detail.get("hot_list") is False and not all_blocks:  # an image without one
+        return (f"image {part.name} has no hot list for workload "
+                f"{part.detail.get('workload')!r} yet: staged its manifest only (a start run "
+                f"with `bootseer image run --record` records one; --all stages the whole "
+                f"image)")
+    reads = part.detail.get("fetch_requests")
+    fetched = format_size(part.store_bytes) + \
+        (f" in {reads} reads" if reads is not None else "") + \
+        (f", {format_size(part.peer_bytes)} from peers" if part.peer_bytes else "")
+    return (f"{kind.label} {part.name}: {part.items} {kind.unit} "
+            f"({format_size(part.bytes)}), {part.already_local} already local, "
+            f"{part.fetched} fetched ({fetched}) in {part.seconds:.2f} s")
 
 
 def _warm_via_agent(app: AppContext, request: WarmRequest, advance: Advance,

@@ -15,9 +15,10 @@ import pytest
 from support.snapshots import bootseer
 
 from bootseer.errors import BootseerError
+from bootseer.snapshot.config import SnapshotOptions
 from bootseer.snapshot.relocate import Relocation, is_known_text
 from bootseer.snapshot.restore import load_manifest, restore
-from bootseer.snapshot.run import Tuning, capture_command
+from bootseer.snapshot.run import capture_command
 from bootseer.store import BlobStore, open_store
 
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
@@ -127,7 +128,8 @@ def test_two_targets_relocate_together_and_binaries_are_left_as_captured(
     old = (tmp_path / "x" / "venv", tmp_path / "x" / "venv2")
     new = (str(tmp_path / "y" / "env"), str(tmp_path / "y" / "venv"))
     outcome = capture_command(blobs, "two", [sys.executable, "-c", MAKE, *map(str, old)],
-                              list(old), environ=os.environ, tuning=Tuning(bytecode=False))
+                              list(old), environ=os.environ,
+                              options=SnapshotOptions(bytecode=False))
     manifest = outcome.manifest
     assert manifest is not None and outcome.published
     with pytest.raises(BootseerError, match="--relocate"):

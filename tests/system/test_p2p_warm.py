@@ -45,7 +45,7 @@ from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.warm import warm_image
 from bootseer.snapshot.manifest import Manifest, Shard
 from bootseer.snapshot.restore import manifest_blob
-from bootseer.snapshot.stage import shard_cache, stage_snapshot
+from bootseer.snapshot.stage import stage_snapshot
 from bootseer.store import BlobStore, open_store
 from bootseer_dev import netns
 from bootseer_dev.fleet import Lab, LabSpec
@@ -85,12 +85,12 @@ def test_a_published_snapshot_is_staged_through_a_fanout_verified_and_seeded(
     assert len(shards) == 2  # one ends inside a torrent piece
     for shard in shards:  # published with the snapshot, beside each shard
         assert torrents.load(blobs.store, shard.digest, shard.size).size == shard.size
-    cache = shard_cache(tmp_path / "cache", 1 << 30)
+    cache = NodeCache(tmp_path / "cache" / "snapshots", 1 << 30)
     with local_swarm() as swarm:
         fanout = Fanout(swarm, ())
         staged = stage_snapshot(blobs, cache, "k", fanout=fanout)
-        assert staged.complete and staged.fetched_shards == 2 and staged.peer_bytes == 0
-        assert staged.fetched_bytes == staged.bytes  # no peers: all from the store
+        assert staged.complete and staged.fetched == 2 and staged.peer_bytes == 0
+        assert staged.store_bytes == staged.bytes  # no peers: all from the store
         assert sorted(r.store_bytes for r in fanout.results) == sorted(s.size for s in shards)
         for shard in shards:
             hexd = shard.digest.removeprefix("sha256:")
@@ -100,7 +100,7 @@ def test_a_published_snapshot_is_staged_through_a_fanout_verified_and_seeded(
         cache.drop(shards[0].digest.removeprefix("sha256:"))  # evicted: no longer seeded
         wait_until(lambda: swarm.stats().seeding == 1)
         again = stage_snapshot(blobs, cache, "k", fanout=Fanout(swarm, ()))
-        assert (again.already_local, again.fetched_shards) == (1, 1)
+        assert (again.already_local, again.fetched) == (1, 1)
 
 
 def test_a_recorded_hot_pack_is_warmed_whole_through_a_fanout(tmp_path: Path, local_swarm) -> None:
@@ -121,16 +121,16 @@ def test_a_recorded_hot_pack_is_warmed_whole_through_a_fanout(tmp_path: Path, lo
     cache = NodeCache(cache_dir / "node", 1 << 30)
     with local_swarm() as swarm:
         result = warm_image(blobs, cache, "big", "train", fanout=Fanout(swarm, ()))
-        assert result.complete and result.blocks == 3 and result.fetched_blocks == 3
+        assert result.complete and result.items == 3 and result.fetched == 3
         # The pack whole through the swarm (its pieces from the store: no peers), then
         # the blocks from that copy: no ranged read of the store.
-        assert (result.fetched_bytes, result.fetch_requests) == (layout.size, 0)
+        assert (result.store_bytes, result.detail["fetch_requests"]) == (layout.size, 0)
         assert hexd in cache and swarm.stats().seeding == 1
         # A pack without a torrent (recorded before they were published): ranged reads.
         blobs.store.delete(torrents.key("sha256:" + hexd))
         other = NodeCache(cache_dir / "other", 1 << 30)
         ranged = warm_image(blobs, other, "big", "train", fanout=Fanout(swarm, ()))
-        assert ranged.complete and ranged.fetch_requests >= 1 and hexd not in other
+        assert ranged.complete and ranged.detail["fetch_requests"] >= 1 and hexd not in other
     entry = LazyImage(blobs, "big", cache, readahead_blocks=0).lookup("/data/big.bin")
     for pack in (store_dir / "packs").iterdir():  # the warmed blocks need no store
         pack.unlink()

@@ -71,7 +71,7 @@ def test_a_warm_sharing_its_image_ends_when_the_blocks_are_on_disk(dirs, monkeyp
         write.set()
         results = [first.result(10), second.result(10)]
     assert [(r.complete, r.missing) for r in results] == [(True, 0), (True, 0)]
-    assert results[1].fetched_blocks == 0  # the first warm fetched them, once
+    assert results[1].fetched == 0  # the first warm fetched them, once
 
 
 def test_warm_without_a_hot_list_stages_the_manifest_and_says_so(dirs) -> None:
@@ -172,8 +172,8 @@ def test_record_prefetch_and_warm_on_hdfs(hdfs_cluster, tmp_path: Path) -> None:
     assert blobs.store.stat(hot.layout.pack).size == hot.layout.size
     cache = NodeCache(tmp_path / "c2", 1 << 30)
     warmed = warm_image(blobs, cache, "big", "h")
-    assert warmed.complete and warmed.fetched_blocks == 3 and warmed.fetch_requests <= 3
-    assert warmed.image_id == result.image_id
+    assert warmed.complete and warmed.fetched == 3 and warmed.detail["fetch_requests"] <= 3
+    assert warmed.detail["image_id"] == result.image_id
     image = LazyImage(blobs, "big", cache, readahead_blocks=0)
     for n in (5, 0, 2):
         assert image.read(image.lookup("/data/big.bin"), n * MIB, MIB) == \

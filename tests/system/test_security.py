@@ -580,10 +580,10 @@ def test_the_agent_keeps_no_warmed_blocks_in_memory(node, tmp_path) -> None:
     pid = node.proc.pid
     before = _vm(pid, "VmRSS")
     summary = node.client.warm(WarmRequest(image="py", all_blocks=True))
-    assert summary.complete and summary.image.fetched_blocks == len(manifest.blocks)
+    assert summary.complete and summary.image.fetched == len(manifest.blocks)
     after = _vm(pid, "VmRSS")
     print(f"agent RSS {before >> 20} -> {after >> 20} MiB after warming "
-          f"{block_bytes >> 20} MiB of blocks ({summary.image.fetched_bytes >> 20} MiB "
+          f"{block_bytes >> 20} MiB of blocks ({summary.image.store_bytes >> 20} MiB "
           f"compressed)")
     assert after - before < block_bytes // 2
 

@@ -25,7 +25,8 @@ from bootseer import ready
 from bootseer.agents.warm import WarmSummary
 from bootseer.store import Store, open_store
 from bootseer.stripedfs.files import split_url
-from bootseer.stripedfs.stage import CheckpointResult
+from bootseer.stripedfs.stage import CHECKPOINT
+from bootseer.warming import PartResult
 from bootseer_dev.engines import start_agent
 
 SIZE = 9 * MIB + 777  # nine 1 MiB HDFS blocks, several stripes, and a bit
@@ -258,8 +259,8 @@ def test_warm_through_the_agent_stages_in_the_nodes_cache(node, monkeypatch) -> 
 
 
 def test_summary_round_trips_through_json() -> None:
-    summary = WarmSummary(None, [], [CheckpointResult("hdfs://nn:8020/ckpt", 3, 100, 1, 1, 60,
-                                                      1, 0.5)], via="agent")
+    summary = WarmSummary(None, [], [PartResult(CHECKPOINT, "hdfs://nn:8020/ckpt", 3, 100, 1, 1,
+                                                 60, 1, 0.5)], via="agent")
     body = json.loads(json.dumps(summary.to_json()))
     assert body["checkpoints"][0]["complete"] is False and body["complete"] is False
     assert WarmSummary.from_json(body) == summary

@@ -109,5 +109,5 @@ def test_warm_fetches_nothing_while_a_container_starts(dirs) -> None:
     thread.join(30)
     summary = done[0]
     assert summary.complete and store.reads > 0
-    assert summary.image.fetched_blocks == 3
-    assert summary.checkpoints[0].fetched_files == 1
+    assert summary.image.fetched == 3
+    assert summary.checkpoints[0].fetched == 1

@@ -16,6 +16,7 @@ import zstandard
 from support.snapshots import tree_state
 
 from bootseer.errors import IntegrityError
+from bootseer.snapshot.config import SnapshotOptions
 from bootseer.snapshot.manifest import (
     FIRST_SHARDS,
     REF_PREFIX,
@@ -25,7 +26,7 @@ from bootseer.snapshot.manifest import (
     UnsafeSnapshotError,
 )
 from bootseer.snapshot.restore import CRASH_ENV, FirstShards, load_manifest, restore
-from bootseer.snapshot.run import Tuning, capture_command
+from bootseer.snapshot.run import capture_command
 from bootseer.store import BlobStore, open_store
 from bootseer.store.blobs import STREAM_READ, ChunkTable
 
@@ -88,7 +89,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def capture(blobs: BlobStore, targets: list[Path], key: str = "k1") -> Manifest:
     outcome = capture_command(blobs, key, [sys.executable, "-c", MUTATE, *map(str, targets)],
                               targets, environ=os.environ,
-                              tuning=Tuning(shard_size=SHARD_SIZE, concurrency=2))
+                              options=SnapshotOptions(shard_size=SHARD_SIZE, concurrency=2))
     assert outcome.exit_code == 0 and outcome.published
     return outcome.manifest
 
@@ -124,7 +125,7 @@ def test_restore_is_byte_identical_and_idempotent(env) -> None:
     capture(blobs, targets)
     expected = {t: tree_state(t) for t in targets}
     reset(targets)
-    result = restore(blobs, load_manifest(blobs, "k1"), concurrency=3)
+    result = restore(blobs, load_manifest(blobs, "k1"), options=SnapshotOptions(concurrency=3))
     assert {t: tree_state(t) for t in targets} == expected
     assert result.shards >= 2
     restore(blobs, load_manifest(blobs, "k1"))  # over its own result: nothing changes
@@ -173,7 +174,7 @@ def test_the_shards_a_reference_names_are_opened_before_the_manifest_is_decoded(
     with FirstShards(2) as first:
         loaded = load_manifest(blobs, "k1", None, first)
         assert opened == [(d, True) for d in in_order[:2]] and opened_at_decode == [2]
-        restore(blobs, loaded, concurrency=2, first=first)
+        restore(blobs, loaded, options=SnapshotOptions(concurrency=2), first=first)
     assert {t: tree_state(t) for t in targets} == expected
     assert sorted(opened) == sorted([(d, True) for d in in_order[:2]]
                                     + [(d, False) for d in in_order[2:]])
