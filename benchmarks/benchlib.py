@@ -198,6 +198,10 @@ class CappedCluster:
                 **others}
 
     def stop(self) -> None:
-        for record in self._port_records:
-            remove_link_cap(record)
-        self.cluster.stop()
+        """Remove the other servers' caps and stop the cluster (which removes its own),
+        the cluster even when a cap cannot be removed."""
+        try:
+            for record in self._port_records:
+                remove_link_cap(record)
+        finally:
+            self.cluster.stop()
