@@ -74,5 +74,7 @@ bench-restart: system-deps venv
 	$(BIN)/python benchmarks/bench_restart.py --out bench-results/restart.json \
 		--png bench-results/restart.png
 
+# bench-results/ is tracked (the measured figures, and the fleet simulator's calibration):
+# clean never deletes it.
 clean:
-	rm -rf $(VENV) build bench-results .pytest_cache
+	rm -rf $(VENV) build .pytest_cache

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import drop_page_cache
+from benchlib import Recording, drop_page_cache
 
 from bootseer_dev.image import build_image
 
@@ -55,6 +55,7 @@ def measure(layout: Path, block_size: int, runs: int, work: Path) -> dict:
     stats = samples[0][1]  # the same start reads the same blocks every time
     return {"block_size": block_size, "convert_s": round(convert_s, 2), "stored_bytes": stored,
             "start_s_local": round(statistics.median(s for s, _ in samples), 2),
+            "start_s_local_runs": [round(s, 2) for s, _ in samples],
             "bytes_fetched": stats["bytes_fetched"], "fetch_requests": stats["fetch_requests"],
             "blocks_fetched": stats["blocks_fetched"],
             "image_content_bytes": stats["image_content_bytes"]}
@@ -67,6 +68,7 @@ def main() -> None:
     parser.add_argument("--link-mbps", type=float, default=100.0, help="model link, MB/s")
     parser.add_argument("--rtt-ms", type=float, default=5.0, help="model cost of one read")
     args = parser.parse_args()
+    recording = Recording("blocksize")
     layout = build_image(with_python=True)
     with tempfile.TemporaryDirectory(prefix="bench-blocksize-", dir="/var/tmp") as tmp:
         rows = [measure(layout, size, args.runs, Path(tmp)) for size in SIZES]
@@ -75,9 +77,9 @@ def main() -> None:
                                      + row["fetch_requests"] * args.rtt_ms / 1e3, 3)
         row["fetched_fraction"] = round(row["bytes_fetched"] / row["image_content_bytes"], 4)
     best = min(rows, key=lambda r: r["model_fetch_s"])
-    result = {"benchmark": "blocksize", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    result = {**recording.header(runs=args.runs, caps={}),
               "image": "debian bookworm minbase + python3 (bootseer_dev.image)",
-              "start_command": COMMAND, "runs": args.runs,
+              "start_command": COMMAND,
               "model": {"link_MBps": args.link_mbps, "rtt_ms": args.rtt_ms,
                         "note": "fetch time = bytes / link + reads x rtt; the kernel here has "
                                 "no netem, so latency is modelled, not applied"},

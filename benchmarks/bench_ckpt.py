@@ -57,12 +57,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from benchlib import busy_fraction, cpu_times, drop_page_cache, select_cases
+from benchlib import (
+    CappedCluster,
+    Recording,
+    busy_fraction,
+    cpu_times,
+    drop_page_cache,
+    select_cases,
+)
 
 import bootseer.checkpoint as ckpt
 from bootseer.store import open_store
 from bootseer.stripedfs.config import StripeConfig
-from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
+from bootseer_dev.cluster import Cluster, parse_link
 
 log = logging.getLogger("bench-ckpt")
 #: The reads of raw.bin, then torch.load (API vs copy first) and the sharded safetensors.
@@ -114,13 +121,12 @@ def timed_runs(cluster: Cluster, runs: int, fn: Callable[[], None]) -> Measured:
 class Bench:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args, self.work = args, work
-        spec = ClusterSpec.with_base_port(
-            args.base_port, datanodes=args.datanodes, replication=args.replication,
-            block_size=args.block_size * MIB, state_dir=work / "hdfs",
-            link=parse_link(args.link), datanode_heap_mb=384,
-        )
-        self.cluster = Cluster(spec)
-        self.url = f"{self.cluster.namenode_rpc_url}/bench"
+        self.hdfs = CappedCluster(
+            work, base_port=args.base_port, cap=parse_link(args.link),
+            block_size=args.block_size * MIB, datanodes=args.datanodes,
+            replication=args.replication, datanode_heap_mb=384, capped_from_start=True)
+        self.cluster, self.url = self.hdfs.cluster, self.hdfs.url
+        self.recording = Recording("ckpt")
 
     def fsshell(self, *args: str, stdout=subprocess.DEVNULL) -> None:
         env = self.cluster.env()
@@ -140,12 +146,11 @@ class Bench:
         torch.save(state, self.work / "model.pt")
         self.state_checksum = sum(float(t.double().sum()) for t in state.values())
         del state
-        self.cluster.set_link(None)  # write uncapped: only reads are being measured
-        self.fsshell("-mkdir", "-p", "/bench")
-        for name in ("raw.bin", "model.pt"):
-            self.fsshell("-put", "-f", str(self.work / name), f"/bench/{name}")
+        with self.hdfs.uncapped():  # only reads are being measured
+            self.fsshell("-mkdir", "-p", "/bench")
+            for name in ("raw.bin", "model.pt"):
+                self.fsshell("-put", "-f", str(self.work / name), f"/bench/{name}")
         raw.unlink()
-        self.cluster.set_link(parse_link(self.args.link))
         return size, (self.work / "model.pt").stat().st_size
 
     def placement(self, name: str) -> dict[str, int]:
@@ -225,10 +230,10 @@ class Bench:
         (local / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": shards * per_shard * tensor_bytes},
              "weight_map": weight_map}))
-        self.cluster.set_link(None)
-        self.fsshell("-mkdir", "-p", "/bench/st")
-        self.fsshell("-put", "-f", *(str(p) for p in sorted(local.iterdir())), "/bench/st/")
-        self.cluster.set_link(parse_link(self.args.link))
+        with self.hdfs.uncapped():
+            self.fsshell("-mkdir", "-p", "/bench/st")
+            self.fsshell("-put", "-f", *(str(p) for p in sorted(local.iterdir())),
+                         "/bench/st/")
         size = sum((local / name).stat().st_size for name in names)
         shutil.rmtree(local)
         return size, names
@@ -297,7 +302,7 @@ class Bench:
     def run(self) -> dict:
         a = self.args
         t0 = time.perf_counter()
-        self.cluster.start()
+        self.hdfs.start()
         os.environ.update({k: v for k, v in self.cluster.env().items()
                            if not k.startswith("BOOTSEER_")})
         log.info("cluster up in %.1f s; writing inputs", time.perf_counter() - t0)
@@ -344,9 +349,8 @@ class Bench:
         cap = parse_link(a.link).rate_bytes_per_s
         placement_limit = round(size / (max(placement.values()) / a.replication / cap) / MB, 1)
         return {
-            "benchmark": "ckpt",
-            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "machine": {"cpus": os.cpu_count()},
+            **self.recording.header(runs=a.runs, caps=self.hdfs.caps(
+                latency="none added (this kernel has no sch_netem)")),
             "cluster": {"datanodes": a.datanodes, "block_size": a.block_size * MIB,
                         "replication": a.replication, "link_cap": a.link,
                         "link_cap_bytes_per_s_per_datanode": cap,
@@ -354,7 +358,7 @@ class Bench:
                         "replica_bytes_per_datanode": placement,
                         "aggregate_cap_MBps": round(a.datanodes * cap / MB, 1),
                         "placement_limit_MBps": placement_limit},
-            "checkpoint_bytes": size, "torch_checkpoint_bytes": torch_size, "runs": a.runs,
+            "checkpoint_bytes": size, "torch_checkpoint_bytes": torch_size,
             "cases": wanted,
             **{f"{case}_MBps": mbps.get(case) for case in CASES[:5]},
             "fuse_page_cache_fetched_vs_size":
@@ -444,7 +448,7 @@ def main() -> None:
         try:
             result = bench.run()
         finally:
-            bench.cluster.stop()
+            bench.hdfs.stop()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))

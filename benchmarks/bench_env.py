@@ -54,7 +54,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import re
 import resource
 import shlex
@@ -70,6 +69,8 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
+    CappedCluster,
+    Recording,
     RunFailed,
     busy_fraction,
     cpu_times,
@@ -79,8 +80,7 @@ from benchlib import (
     select_cases,
 )
 
-from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
-from bootseer_dev.cluster.linkcap import apply_link_cap, remove_link_cap
+from bootseer_dev.cluster import parse_link
 
 log = logging.getLogger("bench-env")
 HERE = Path(__file__).resolve().parent
@@ -151,27 +151,10 @@ def du_bytes(path: Path) -> int:
     return int(out.split()[0])
 
 
-CODE_DIRS = ("snapshot", "bootseer", "prefetch")
-
-
-def git_state() -> dict[str, Any]:
+def code_root() -> Path:
     """The code measured: what ``python -m bootseer`` imports (the working directory first,
-    as ``-m`` does, else this checkout), its commit, files changed on top of it, and a
-    digest of their contents (compared at the start and the end of the run: other people
-    may be editing the tree)."""
-    root = Path.cwd() if (Path.cwd() / "snapshot" / "restore.py").is_file() else HERE.parent
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True,
-                              text=True).stdout.strip()
-
-    digest = hashlib.sha256()
-    for directory in CODE_DIRS:
-        for path in sorted((root / directory).rglob("*.py")):
-            digest.update(f"{path.relative_to(root)}\0".encode() + path.read_bytes())
-    return {"dir": str(root), "commit": git("rev-parse", "HEAD"),
-            "dirty": git("status", "--porcelain", "--", *CODE_DIRS).splitlines(),
-            "sha256": digest.hexdigest()}
+    as ``-m`` does, else this checkout)."""
+    return Path.cwd() if (Path.cwd() / "snapshot" / "restore.py").is_file() else HERE.parent
 
 
 def base_python() -> str:
@@ -211,11 +194,11 @@ class Bench:
         self.args, self.work = args, work
         self.preset = PRESETS[args.requirements]
         self.cap = parse_link(f"{args.link_mbps:g}MB/s")
-        spec = ClusterSpec.with_base_port(args.base_port, datanodes=1, replication=1,
-                                          block_size=args.block_size * MIB,
-                                          state_dir=work / "hdfs", link=None)
-        self.cluster = Cluster(spec)
-        self.url = f"{self.cluster.namenode_rpc_url}/bench"
+        self.hdfs = CappedCluster(work, base_port=args.base_port, cap=self.cap,
+                                  block_size=args.block_size * MIB)
+        self.cluster, self.url = self.hdfs.cluster, self.hdfs.url
+        self.recording = Recording("env-cuda" if args.requirements == "cuda" else "env",
+                                   code_root())
         self.index_port = args.base_port + 50
         self.index_url = f"http://127.0.0.1:{self.index_port}/"
         self.index_tc = work / "index-tc.json"
@@ -301,13 +284,13 @@ class Bench:
         self.requirements.write_text(self.requirements_text())
         self.uv_bin = self.uv() if {"uv", "uv_bytecode"} & set(self.cases) else None
         t = time.perf_counter()
-        self.cluster.start()
+        self.hdfs.start()
         self.env.update({k: v for k, v in self.cluster.env().items()
                          if not k.startswith("BOOTSEER_")})
         log.info("HDFS up in %.1f s at %s", time.perf_counter() - t, self.url)
         self.start_index(wheels)
-        self.cluster.set_link(self.cap)
-        apply_link_cap(self.cap, [[self.index_port]], self.index_tc)
+        self.hdfs.cap_datanodes()
+        self.hdfs.cap_port(self.index_port, self.index_tc)
         log.info("links capped at %s: DataNode transfer port and index port %d", self.cap,
                  self.index_port)
         self.versions = {
@@ -553,7 +536,6 @@ class Bench:
     def run(self) -> dict:
         self.cases = select_cases(self.args.cases, CASES)
         started = time.perf_counter()
-        self.code = git_state()
         setup = self.setup()
         setup["setup_s"] = round(time.perf_counter() - started, 1)
         times: dict[str, list[float]] = {}
@@ -611,11 +593,10 @@ class Bench:
         reported = detail_median("restore", "restore_reported_s")
         uv_bytecode = med.get("uv_bytecode")
         return {
-            "benchmark": "env-cuda" if self.args.requirements == "cuda" else "env",
-            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
-            "code": self.code,
-            "code_changed_during_run": git_state()["sha256"] != self.code["sha256"],
+            **self.recording.header(runs=self.args.runs, caps=self.hdfs.caps(
+                applies_to="egress of the DataNode's transfer port and of the index's port, "
+                           "each its own tc htb class on lo (same rate)",
+                latency=LATENCY)),
             "requirements": {"preset": self.args.requirements,
                              "lines": self.preset["requirements"],
                              "imports_checked": self.preset["imports"]},
@@ -629,7 +610,6 @@ class Bench:
                      "applies_to": "egress of the DataNode's transfer port and of the index's "
                                    "port, each its own tc htb class on lo (same rate)",
                      "latency": LATENCY},
-            "runs": self.args.runs,
             "cold": "per run: the venv path emptied, empty UV_CACHE_DIR / BOOTSEER_CACHE_DIR, "
                     "pip --no-cache-dir, page cache dropped",
             "timed": "spawn of the first process to exit of the last; pip/uv: python -m venv "
@@ -882,8 +862,7 @@ def main() -> None:
         result = bench.run()
     finally:
         bench.stop_index()
-        remove_link_cap(bench.index_tc)
-        bench.cluster.stop()
+        bench.hdfs.stop()  # and the index's cap
         if args.keep:
             log.info("kept %s", work)
         else:

@@ -43,18 +43,16 @@ import argparse
 import json
 import logging
 import os
-import platform
 import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchlib import drop_page_cache, figure
+from benchlib import CappedCluster, Recording, drop_page_cache, figure
 
 from bootseer.store import Store, open_store
 from bootseer_dev.cluster import Cluster, ClusterSpec, LinkCap, java_home, parse_link, tc_available
@@ -278,8 +276,8 @@ def measure_reads(cluster: Cluster, cap: LinkCap, runs: int, cold: Cold) -> dict
     }
 
 
-def run(base_port: int, runs: int, cap: LinkCap, cap_text: str) -> dict[str, Any]:
-    t0 = time.monotonic()
+def run(base_port: int, runs: int, cap: LinkCap) -> dict[str, Any]:
+    recording = Recording("hdfs")
     try:
         drop_page_cache()
         cold: Cold = drop_page_cache
@@ -288,25 +286,20 @@ def run(base_port: int, runs: int, cap: LinkCap, cap_text: str) -> dict[str, Any
         cold = os.sync
     with tempfile.TemporaryDirectory(prefix="bench-hdfs-") as tmp:
         start_times = measure_start(base_port, runs, Path(tmp))
-        cluster = Cluster(ClusterSpec.with_base_port(
-            base_port, datanodes=DATANODES, state_dir=Path(tmp) / "reads",
-            block_size=BLOCK_SIZE, replication=REPLICATION))
+        hdfs = CappedCluster(Path(tmp) / "reads", base_port=base_port, cap=cap,
+                             block_size=BLOCK_SIZE, datanodes=DATANODES,
+                             replication=REPLICATION)
         try:
-            cluster.start()
-            reads = measure_reads(cluster, cap, runs, cold)
+            hdfs.start()
+            reads = measure_reads(hdfs.cluster, cap, runs, cold)
         finally:
-            cluster.stop()
+            hdfs.stop()
     return {
-        "benchmark": "hdfs",
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "elapsed_s": round(time.monotonic() - t0, 1),
-        "machine": {"nproc": len(os.sched_getaffinity(0)), "platform": platform.platform()},
-        "runs": runs,
+        **recording.header(runs=runs, caps=hdfs.caps(
+            applies_to="capped rounds only (sequential_read_mb_s.capped, link_check)")),
         "page_cache_dropped": cold is drop_page_cache,
         "cluster": {"hadoop": "2.7.3", "datanodes": DATANODES, "replication": REPLICATION,
                     "block_size": BLOCK_SIZE, "base_port": base_port},
-        "link_cap": {"text": cap_text, "rate_bytes_per_s": cap.rate_bytes_per_s,
-                     "delay_s": cap.delay_s, "per": "DataNode (egress of its transfer port)"},
         "read_piece_bytes": PIECE,
         "object_sizes": {"uncapped": UNCAPPED_SIZE, "capped": CAPPED_SIZE,
                          "link_check": LINK_CHECK_SIZE},
@@ -332,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the cluster is stopped in the finally.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
-    result = run(args.base_port, args.runs, parse_link(args.link), args.link)
+    result = run(args.base_port, args.runs, parse_link(args.link))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     log.info("wrote %s in %.0f s", args.out, result["elapsed_s"])

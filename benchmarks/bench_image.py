@@ -54,7 +54,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import re
 import shutil
 import signal
@@ -69,6 +68,8 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
+    CappedCluster,
+    Recording,
     RunFailed,
     busy_fraction,
     cpu_times,
@@ -80,8 +81,8 @@ from benchlib import (
 
 from bootseer.agents.client import AgentClient
 from bootseer.agents.timeline import StartRecord
-from bootseer_dev.cluster import Cluster, ClusterSpec, parse_link
-from bootseer_dev.cluster.linkcap import apply_link_cap, describe, remove_link_cap
+from bootseer_dev.cluster import parse_link
+from bootseer_dev.cluster.linkcap import describe
 from bootseer_dev.engines import Dockerd, Registry, deployed_daemon_config, start_agent
 from bootseer_dev.image import build_image, read_build_info, unmount, unpack_image
 
@@ -155,11 +156,10 @@ class Bench:
         self.args, self.work = args, work
         self.image = IMAGES[args.image]
         self.cap = parse_link(f"{args.link_mbps:g}MB/s")
-        spec = ClusterSpec.with_base_port(args.base_port, datanodes=1, replication=1,
-                                          block_size=args.block_size * MIB,
-                                          state_dir=work / "hdfs", link=None)
-        self.cluster = Cluster(spec)
-        self.url = f"{self.cluster.namenode_rpc_url}/bench"
+        self.hdfs = CappedCluster(work, base_port=args.base_port, cap=self.cap,
+                                  block_size=args.block_size * MIB)
+        self.cluster, self.url = self.hdfs.cluster, self.hdfs.url
+        self.recording = Recording("image-cuda" if args.image == "cuda" else "image")
         self.env = dict(os.environ)
         self.details: dict[str, list[dict]] = {}
         self.registry: Registry | None = None
@@ -319,7 +319,7 @@ class Bench:
             unpack_image(self.layout, self.rootfs)
             log.info("unpacked locally for the floor in %.1f s", time.perf_counter() - t)
         t = time.perf_counter()
-        self.cluster.start()
+        self.hdfs.start()
         self.env.update({k: v for k, v in self.cluster.env().items()
                          if not k.startswith("BOOTSEER_")})
         log.info("HDFS up in %.1f s at %s", time.perf_counter() - t, self.url)
@@ -356,8 +356,8 @@ class Bench:
             setup["registry_push_s"] = round(time.perf_counter() - t, 2)
             log.info("pushed to docker-registry at %s in %.1f s (uncapped)",
                      self.registry.address, setup["registry_push_s"])
-            apply_link_cap(self.cap, [[self.registry.port]], self.registry_tc)
-        self.cluster.set_link(self.cap)
+            self.hdfs.cap_port(self.registry.port, self.registry_tc)
+        self.hdfs.cap_datanodes()
         log.info("link capped at %s (DataNode%s)", self.cap,
                  " and registry" if self.registry else "")
         return setup
@@ -388,12 +388,11 @@ class Bench:
         if self.dockerd is not None:
             self.dockerd.stop()
         if self.registry is not None:
-            remove_link_cap(self.registry_tc)
             self.registry.stop()
         for mount in mounts_below(self.work):
             log.warning("unmounting %s", mount)
             unmount(mount)
-        self.cluster.stop()
+        self.hdfs.stop()  # and the registry's cap
 
     # -- the benchmark -------------------------------------------------------------------------
 
@@ -496,9 +495,10 @@ class Bench:
         total = [d + (p or 0) if d is not None else None for d, p in zip(demand, prefetched)]
         record = measured.get("record")
         return {
-            "benchmark": "image-cuda" if cuda else "image",
-            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
+            **self.recording.header(runs=self.args.runs, caps=self.hdfs.caps(
+                applies_to="egress of the HDFS DataNode's data transfer port and of the "
+                           "registry's port: tc htb on lo, one class each",
+                latency=LATENCY)),
             "path": PATH,
             "path_note": "lazy cases: docker run --runtime bootseer of the stub image; "
                          "bootseer-runtime asks the node agent for the root, served by its "
@@ -518,7 +518,6 @@ class Bench:
                      "applies_to": "egress of the HDFS DataNode's data transfer port and of "
                                    "the registry's port: tc htb on lo, one class each",
                      "latency": LATENCY},
-            "runs": self.args.runs,
             "cold": "per run: fresh agent cache / unpack dir / Docker data root, page cache "
                     "dropped",
             "cases": self.cases,

@@ -26,10 +26,9 @@ import json
 import logging
 import sys
 import textwrap
-import time
 from pathlib import Path
 
-from benchlib import busy_fraction, cpu_times, figure
+from benchlib import Recording, busy_fraction, cpu_times, figure
 
 from bootseer_dev.cluster import parse_link
 from bootseer_dev.fleet import Lab, LabSpec
@@ -104,7 +103,7 @@ def main() -> None:
                    datanode_link=parse_link(args.datanode_link),
                    hdfs_base_port=args.hdfs_base_port, state_dir=Path(args.state_dir))
     lab = Lab(spec)
-    began = time.monotonic()
+    recording = Recording("p2p-read")
     try:
         lab.up(timeout_s=120)
         setup = lab.run(0, [PY, "-c", SETUP, str(OBJECT_BYTES)])
@@ -134,6 +133,10 @@ def main() -> None:
         lab.down()
     limit = args.read_size / spec.node_link.rate_bytes_per_s
     result = {
+        **recording.header(runs=args.reads, caps={
+            "node_Bps": spec.node_link.rate_bytes_per_s,
+            "datanode_Bps": spec.datanode_link.rate_bytes_per_s,
+            "latency": "none added (the kernel has no netem)"}),
         "peer_read_vs_idle_store": round(cases["peer_served"]["median"]
                                          / cases["store_idle"]["median"], 3),
         "peer_read_vs_limit": round(cases["peer_served"]["median"] / limit, 3),
@@ -141,12 +144,8 @@ def main() -> None:
         "limit_s": round(limit, 4),
         "cases": cases,
         "read_bytes": args.read_size, "reads": args.reads, "object_bytes": OBJECT_BYTES,
-        "caps": {"node_Bps": spec.node_link.rate_bytes_per_s,
-                 "datanode_Bps": spec.datanode_link.rate_bytes_per_s,
-                 "latency": "none added (the kernel has no netem)"},
         "first_reader_vs_idle_store": round(cases["first_reader"]["median"]
                                             / cases["store_idle"]["median"], 3),
-        "cpus": 2, "elapsed_s": round(time.monotonic() - began, 1),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

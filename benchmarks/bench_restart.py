@@ -60,7 +60,6 @@ import json
 import logging
 import math
 import os
-import platform
 import random
 import re
 import shutil
@@ -75,7 +74,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import RunFailed, busy_fraction, cpu_times, drop_page_cache, select_cases
+from benchlib import (
+    Recording,
+    RunFailed,
+    busy_fraction,
+    cpu_times,
+    drop_page_cache,
+    select_cases,
+)
 
 from bootseer_dev import netns
 from bootseer_dev.cluster import parse_link
@@ -446,7 +452,7 @@ class Bench:
     # -- the benchmark -----------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        started = time.perf_counter()
+        recording = Recording("restart")
         try:
             setup = self.setup()
             # Untimed: the first pull, pip run, WebHDFS read and HDFS write after setup pay
@@ -474,10 +480,10 @@ class Bench:
             self.lab.down()
             if not self.args.keep_state:  # the engines' images, the caches, HDFS's blocks
                 shutil.rmtree(self.spec.state_dir, ignore_errors=True)
-        return self.result(setup, cases, time.perf_counter() - started)
+        return self.result(recording, setup, cases)
 
-    def result(self, setup: dict[str, Any], cases: dict[str, dict[int, Any]],
-               elapsed: float) -> dict[str, Any]:
+    def result(self, recording: Recording, setup: dict[str, Any],
+               cases: dict[str, dict[int, Any]]) -> dict[str, Any]:
         spec = self.spec
         # The fan-out factor: origin bytes at N over the same case's at N = 1.
         for runs in cases.values():
@@ -509,14 +515,15 @@ class Bench:
             return round(a / b, 3) if a is not None and b else None
 
         result: dict[str, Any] = {
-            "benchmark": "restart",
-            "machine": {"cpus": os_cpus(), "python": platform.python_version()},
+            **recording.header(runs=1, caps={
+                "text": f"nodes {spec.node_link}, {spec.datanodes} DataNodes at "
+                        f"{spec.datanode_link} each, registry and index {spec.origin_link} "
+                        "each, both directions (tc htb)",
+                "node_Bps": spec.node_link.rate_bytes_per_s,
+                "datanode_Bps": spec.datanode_link.rate_bytes_per_s,
+                "origin_Bps": spec.origin_link.rate_bytes_per_s,
+                "latency": LATENCY}),
             "scale_down": spec.scale_down(),
-            "caps": (f"nodes {spec.node_link}, {spec.datanodes} DataNodes at "
-                     f"{spec.datanode_link} each, registry and index {spec.origin_link} each, "
-                     "both directions (tc htb)"),
-            "latency": LATENCY,
-            "runs_per_point": 1,
             "bootseer_vs_baseline_n16": ratio(ready("bootseer", top), ready("baseline", top)),
             "bootseer_p99_over_p50_n16": ratio(ready("bootseer", top, "p99"),
                                                 ready("bootseer", top, "p50")),
@@ -530,7 +537,6 @@ class Bench:
             "datanode_max_over_mean_n16":
                 cases.get("bootseer", {}).get(top, {}).get("datanode_max_over_mean"),
             "largest_n": top,
-            "elapsed_s": round(elapsed, 1),
             "setup": setup,
             "table": table_rows(cases),
             "lab": lab,

@@ -16,8 +16,6 @@ KERNEL_VERSION = 7
 MIN_MINOR = 23
 MAX_MINOR = 38
 
-ROOT_ID = 1  # FUSE_ROOT_ID: the node id the kernel uses for the root without a lookup
-
 #: ioctl(new_fd, FUSE_DEV_IOC_CLONE, &old_fd) = _IOR(229, 0, uint32_t): attach a fresh
 #: /dev/fuse file to old_fd's connection, with a request queue of its own.
 FUSE_DEV_IOC_CLONE = 0x8004E500
