@@ -96,10 +96,11 @@ from bootseer.agents.timeline import StartRecord, Timeline, timeline_path
 from bootseer.agents.warm import WarmRequest, warm
 from bootseer.config import Config
 from bootseer.errors import BootseerError
+from bootseer.nodecache import NodeCaches
 from bootseer.p2p import Fanout
 from bootseer.p2p.demand import NotShared
 from bootseer.p2p.sharedfile import SharedFile
-from bootseer.prefetch.lazyimage import LazyImage, block_cache, resolve_image
+from bootseer.prefetch.lazyimage import LazyImage, resolve_image
 from bootseer.store import BlobStore, open_configured_store
 from bootseer.stripedfs.files import CheckpointSource
 
@@ -140,7 +141,7 @@ class Agent:
         self.sharing = CheckpointPolicy.sharing(config)
         self.jobs = JobPolicy.from_config(config)
         self.blobs = BlobStore(open_configured_store(config))
-        self.cache = block_cache(config)
+        self.cache = NodeCaches.for_config(config).blocks()
         #: Images warms are using now, by id, with how many use each: one in-flight table
         #: per image while warms of it run, none kept after (their memory goes with it).
         self._images: dict[str, tuple[LazyImage, int]] = {}

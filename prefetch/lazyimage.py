@@ -34,9 +34,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from bootseer.config import Config
 from bootseer.errors import BootseerError
-from bootseer.nodecache import NodeCache, NodeCaches, NotCached
+from bootseer.nodecache import NodeCache, NotCached
 from bootseer.prefetch.blockformat import IMAGE_REF_PREFIX, MAX_MANIFEST_BYTES, FileEntry, Manifest
 from bootseer.prefetch.blocksource import BlockSource, FetchCounts, Piece, Run, runs
 from bootseer.prefetch.hotlist import Recorder
@@ -56,11 +55,6 @@ class LazyStats(FetchCounts):
     cache_hits: int = 0
     prefetch_hits: int = 0  # blocks a read found in the cache because the prefetcher put them
     prefetch_waits: int = 0  # blocks a read waited for while the prefetcher fetched them
-
-
-def block_cache(config: Config) -> NodeCache:
-    """The node's image blocks, as :class:`~bootseer.nodecache.NodeCaches` places them."""
-    return NodeCaches.for_config(config).blocks()
 
 
 def resolve_image(blobs: BlobStore, image: str) -> str:

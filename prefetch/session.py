@@ -21,12 +21,13 @@ from bootseer.errors import BootseerError
 from bootseer.fuse.server import PushCounts, RequestCounts, serve_at
 from bootseer.fuse.server import serve as serve_connection
 from bootseer.jsonfile import write_json
+from bootseer.nodecache import NodeCaches
 from bootseer.prefetch import hotlist
 from bootseer.prefetch.blocksource import PeerRead
 from bootseer.prefetch.config import PrefetchConfig
 from bootseer.prefetch.hotlist import HotList
 from bootseer.prefetch.imagetree import ImageTree
-from bootseer.prefetch.lazyimage import LazyImage, LazyStats, ManifestLoad, block_cache
+from bootseer.prefetch.lazyimage import LazyImage, LazyStats, ManifestLoad
 from bootseer.prefetch.prefetcher import Prefetcher, PrefetchStats
 from bootseer.prefetch.recording import Recording
 from bootseer.prefetch.serverspec import ImageServerSpec
@@ -173,7 +174,7 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
     """Serve ``spec`` until unmounted; ``peer_read`` (with ``spec.peer_job``) reads packs
     through the node's peers."""
     blobs = BlobStore(open_configured_store(spec.config))
-    image = LazyImage(blobs, spec.image, block_cache(spec.config))
+    image = LazyImage(blobs, spec.image, NodeCaches.for_config(spec.config).blocks())
     image.source.peer_read = peer_read
     hot = None
     if spec.prefetch or spec.record_auto:

@@ -258,10 +258,10 @@ def docker_stub(app: AppContext, name: str, tag: str | None, docker_host: str | 
     `docker run --runtime bootseer TAG` runs NAME from the node agent's lazy root without
     pulling it. Prints the engine's image id (or the archive's path).
     """
+    from bootseer.nodecache import NodeCaches
     from bootseer.prefetch.dockerstub import lazy_stub, load_into_docker
-    from bootseer.prefetch.lazyimage import block_cache
 
-    stub = lazy_stub(app.blobs, block_cache(app.loaded.config), name,
+    stub = lazy_stub(app.blobs, NodeCaches.for_config(app.loaded.config).blocks(), name,
                      tag or f"bootseer/{name}:latest")
     if output is not None:
         output.write_bytes(stub.archive)

@@ -287,8 +287,8 @@ def _run_with_checkpoints(mount: ContainerMount, script: str):
 
 
 def _spares_of(agent_pid: int) -> set[int]:
-    """The agent's spare servers (``bootseer spare``): its children that wait for a mount
-    or serve one."""
+    """The agent's spare servers (``python -m bootseer.agents.runserver spare``): its
+    children that wait for a mount or serve one."""
     found = set()
     for proc in Path("/proc").iterdir():
         try:
