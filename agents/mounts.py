@@ -240,7 +240,9 @@ class MountManager:
         clear what is left of containers whose mounts are gone."""
         for state in sorted(self.root.glob("*/state.json")):
             try:
-                container = _Container.from_json(json.loads(state.read_text()))
+                body = json.loads(state.read_text())
+                container = self._from_before_served(body, state.parent) \
+                    if "server_fd" in body else _Container.from_json(body)
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 log.warning("ignoring %s: %s", state, exc)
                 continue
@@ -259,6 +261,28 @@ class MountManager:
                               served.spec.what)
             self._mounts[key] = container
             log.info("adopted container %s's mount (server pid %d)", key, container.image.pid)
+
+    def _from_before_served(self, body: dict[str, Any], directory: Path) -> _Container:
+        """A ``state.json`` an agent of an earlier release left (its servers' pids and
+        fds, no specs): those servers serve on, so their specs are rebuilt from the
+        request as this agent would write them, which is all a takeover needs (an
+        upgraded agent can still replace them, and releases their mounts)."""
+        request = MountRequest.from_json(body["request"])
+
+        def served(spec: ServerSpec, log_path: Path, pid: Any, fd: Any, deaths: Any,
+                   failed: Any) -> Served:
+            return Served(spec, log_path, int(pid), int(fd), int(deaths), bool(failed))
+
+        image = served(self._image_spec(request, directory), directory / "server.log",
+                       body["pid"], body["server_fd"], body.get("server_deaths", 0),
+                       body.get("failed", False))
+        checkpoints = {
+            str(name): served(self._checkpoint_spec(request, directory, name),
+                              directory / f"checkpoint-{name}.log", server["pid"],
+                              server["fd"], server.get("deaths", 0), server.get("failed", False))
+            for name, server in (body.get("checkpoints") or {}).items()}
+        return _Container(request, ContainerMount.from_json(body["mount"]),
+                          float(body["created"]), image, checkpoints)
 
     async def watch(self, stop: asyncio.Event, pool: Executor | None = None) -> None:
         """Look at every server each :data:`WATCH_INTERVAL` until ``stop`` is set, on

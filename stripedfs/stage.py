@@ -35,7 +35,6 @@ from bootseer.stripedfs.checkpoint_cache import (
     StagingError,
     object_url,
 )
-from bootseer.stripedfs.config import StripeConfig
 from bootseer.stripedfs.files import CheckpointSource
 from bootseer.stripedfs.layout import Stripe, StripeLayout
 from bootseer.warming import NO_HOOKS, Hooks, PartKind, PartResult
@@ -90,14 +89,14 @@ def checkpoint_files(source: CheckpointSource, url: str) -> tuple[Store, list[Ob
     return store, files
 
 
-def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int = 8,
-                     request_size: int = StripeConfig.stripe_size,
+def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int,
                      keep: set[str] | None = None, fanout: Fanout | None = None,
                      records: Store | None = None,
                      hooks: Hooks = NO_HOOKS) -> PartResult:
     """Copy every file of the checkpoint at ``url`` that has no current, intact copy into
     ``source``'s cache.
 
+    ``concurrency`` ranged reads of one stripe (``source.stripes``) are in flight at once.
     ``keep`` collects the digests of the copies this warm needs, so staging one checkpoint
     never evicts another of the same request. ``hooks.before_fetch`` is called before each
     ranged read and may block (the agent's priorities). With ``fanout`` (a job's, p2p on)
@@ -140,7 +139,7 @@ def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int = 8
                 if shared is not None:
                     return info.size, shared
             record = _copy(cache, store, info, set(keep), concurrency=concurrency,
-                           request_size=request_size, on_progress=on_progress,
+                           request_size=source.stripes.stripe_size, on_progress=on_progress,
                            before_fetch=before_fetch)
             keep.add(record.sha256)
             return info.size, 0

@@ -193,6 +193,38 @@ def test_a_killed_agent_leaves_the_container_served_and_the_next_one_adopts_it(
     assert not list((dirs["agent-cache"] / "blocks" / "tmp").iterdir())
 
 
+def test_an_upgraded_agent_adopts_the_mounts_an_earlier_release_left(node, tmp_path) -> None:
+    """An agent of the release before served connections wrote ``state.json`` as pids and
+    fds without specs; the agent that replaces it (an upgrade while containers run) still
+    adopts those mounts: it replaces their servers and releases them."""
+    sock, procs, restart = node
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "model.bin").write_bytes(os.urandom(1 << 20))
+    with AgentClient(sock) as client:
+        mount = client.mount(MountRequest("c8", "py",
+                                          checkpoints={"step": f"file://{tmp_path}/ckpt"}))
+    procs[0].send_signal(signal.SIGKILL)
+    procs[0].wait()
+    state = Path(mount.rootfs).parent / "state.json"
+    body = json.loads(state.read_text())
+    image = body["image"]
+    state.write_text(json.dumps({  # what 7daf6da's agents/mounts.py _Mounted.to_json wrote
+        "request": body["request"], "mount": body["mount"], "created": body["created"],
+        "pid": image["pid"], "server_fd": image["fd"], "server_deaths": 0, "failed": False,
+        "checkpoints": {name: {"pid": c["pid"], "fd": c["fd"], "deaths": 0, "failed": False}
+                        for name, c in body["checkpoints"].items()}}))
+    restart()
+    with AgentClient(sock) as client:
+        (listed,) = client.mounts()
+        assert (listed["id"], listed["serving"], listed["failed"]) == ("c8", True, False)
+        assert listed["checkpoints"]["step"]["serving"]
+        os.kill(listed["pid"], signal.SIGKILL)  # it holds the fd back: it can replace it
+        _replaced(client, listed["pid"])
+        start = client.release("c8", exit_code=0)
+    assert start.detail["server_deaths"] == 1
+    assert not is_mounted(Path(mount.rootfs)) and not Path(mount.checkpoints_dir).exists()
+
+
 def test_the_watcher_claims_starting_while_prefetching_and_demand_while_reads_fetch(
         tmp_path: Path) -> None:
     """The agent's warm work waits on these claims (bootseer.agents.priority); the watcher derives
