@@ -55,6 +55,8 @@ def node(dirs, python_layout, tmp_path: Path):
     for container in (dirs["agent-cache"] / "containers").glob("*"):  # a failed test's
         unmount(container / "rootfs")
         unmount(container / "lower")  # its server exits once unmounted
+        for checkpoint in container.glob("checkpoints/*"):
+            unmount(checkpoint)
 
 
 def _run(mount: ContainerMount, script: str, timeout: float = 120):
