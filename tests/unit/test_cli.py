@@ -41,6 +41,20 @@ def test_config_show_reports_sources(tmp_path: Path) -> None:
     assert "env BOOTSEER_STORE" in table
 
 
+def test_config_show_gives_the_techniques_own_defaults_and_the_files_values(
+        tmp_path: Path) -> None:
+    """Prefetch's and the striped reader's knobs are declared once, by their technique;
+    a key the files leave unset still shows the value that is used, and where from."""
+    rows = json.loads(bootseer("config", "show", "--json").stdout)
+    assert rows["image.prefetch_concurrency"] == {"value": 4, "source": "default (prefetch)"}
+    assert rows["checkpoint.stripe_size"] == {"value": 4 << 20,
+                                              "source": "default (stripedfs)"}
+    config = tmp_path / "config.toml"
+    config.write_text('[checkpoint]\nstripe_size = "8m"\n')
+    rows = json.loads(bootseer("--config", str(config), "config", "show", "--json").stdout)
+    assert rows["checkpoint.stripe_size"] == {"value": 8 << 20, "source": str(config)}
+
+
 def test_store_round_trip_through_the_cli(tmp_path: Path) -> None:
     store = tmp_path / "store"
     source = tmp_path / "data.bin"
