@@ -146,6 +146,18 @@ def rm(app: AppContext, names: tuple[str, ...]) -> None:
             app.blobs.delete_ref(name)
 
 
+@store.command("sweep")
+@click.option("--older-than", type=click.FloatRange(min=0), default=3600.0, show_default=True,
+              metavar="SECONDS", help="Only temporaries last written this long ago.")
+@pass_app
+def sweep(app: AppContext, older_than: float) -> None:
+    """Remove the partial objects of writers that died (a crash mid-put, a killed
+    convert): they are never listed or read, but hold the store's space."""
+    removed = app.blobs.store.sweep_temporaries(older_than=older_than)
+    if removed:
+        console.print(f"{removed} temporaries of dead writers removed")
+
+
 @store.command("verify")
 @click.argument("names", nargs=-1)
 @pass_app

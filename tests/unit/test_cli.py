@@ -79,6 +79,16 @@ def test_store_round_trip_through_the_cli(tmp_path: Path) -> None:
     assert bootseer("store", "ls", store=store).stdout == b""
 
 
+def test_store_sweep_removes_what_dead_writers_left(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    (store / ".tmp").mkdir(parents=True)
+    (store / ".tmp" / "abcd.999999999").write_bytes(b"partial")  # no such PID
+    kept = bootseer("store", "sweep", store=store)  # written just now: kept, nothing said
+    assert (kept.stdout, kept.stderr) == (b"", b"") and list((store / ".tmp").iterdir())
+    out = bootseer("store", "sweep", "--older-than", "0", store=store).stderr.decode()
+    assert "1 temporaries" in out and not list((store / ".tmp").iterdir())
+
+
 def test_corruption_is_reported_by_verify(tmp_path: Path) -> None:
     store = tmp_path / "store"
     source = tmp_path / "data.bin"
