@@ -46,7 +46,7 @@ from bootseer.limits import (
     check_size,
     torrent_bytes_limit,
 )
-from bootseer.store import BlobStore, Store
+from bootseer.store import Store
 
 from .trust import Trust
 
@@ -232,20 +232,6 @@ def build_from_layer(digest: str, size: int, piece_size: int, layer: bytes) -> b
                   b"meta version": 2, b"name": name, b"piece length": piece_size},
         b"piece layers": {root: layer},
     })
-
-
-def build_from_store(blobs: BlobStore, digest: str, workdir: Path) -> bytes:
-    """The torrent of a blob that is only in the store: its verified bytes are copied to a
-    temporary file in ``workdir`` (removed afterwards) and hashed there."""
-    size = blobs.stat(digest).size
-    fd, name = tempfile.mkstemp(prefix=".torrent-src.", dir=workdir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in blobs.iter_chunks(digest):
-                f.write(chunk)
-        return build(digest, size, Path(name))
-    finally:
-        os.unlink(name)
 
 
 #: A torrent's top-level key for a tag of Bootseer's (:mod:`bootseer.p2p.sharedfile`):
