@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import hashlib
 import ipaddress
 import logging
 import os
@@ -31,7 +30,7 @@ from bootseer.errors import BootseerError, IntegrityError
 
 from .peer import Peer
 from .policy import Absence
-from .torrents import Torrent, piece_hash
+from .torrents import Torrent, file_digest, piece_hash
 from .trust import Trust
 
 log = logging.getLogger(__name__)
@@ -514,11 +513,7 @@ def availability(handle: lt.torrent_handle, pieces: int) -> list[int]:
 
 def check_digest(path: Path, digest: str) -> None:
     """The whole file against the blob's digest; deleted on a mismatch."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(4 << 20):
-            sha.update(chunk)
-    if "sha256:" + sha.hexdigest() != digest:
+    if file_digest(path) != digest:
         path.unlink(missing_ok=True)
         raise IntegrityError(f"the file fetched for {digest} does not match it: deleted")
 

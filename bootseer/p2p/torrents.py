@@ -359,12 +359,17 @@ def _layer_root(layer: bytes, piece: int) -> bytes:
     return nodes[0]
 
 
-def _check_file_digest(path: Path, digest: str) -> None:
+def file_digest(path: Path) -> str:
+    """The ``sha256:`` digest of the file at ``path``, read in 4 MiB chunks."""
     sha = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(4 << 20):
             sha.update(chunk)
-    if "sha256:" + sha.hexdigest() != digest:
+    return "sha256:" + sha.hexdigest()
+
+
+def _check_file_digest(path: Path, digest: str) -> None:
+    if file_digest(path) != digest:
         raise IntegrityError(f"{path} does not match {digest}; no torrent is built from it")
 
 
