@@ -261,7 +261,10 @@ def _hash_share(file: SharedFile, key: PeerKey, fd: int, k: int, hashers: int, p
     except FileExistsError:
         # Another node hashed this share first: the store's record is what every node
         # builds the torrent from (the same bytes: both are tagged with the one key).
-        _load_share(file, key, name, k, hashers, pieces, hashes)
+        # Gone again by now (a node found it forged and removed the file's records):
+        # this node's own hashes, of bytes it read from the store, stand.
+        if not _load_share(file, key, name, k, hashers, pieces, hashes):
+            hashes.update(zip(share, mine, strict=True))
 
 
 def _load_share(file: SharedFile, key: PeerKey, name: str, k: int, hashers: int,
