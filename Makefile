@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint system-deps venv clean bench-ckpt bench-hdfs bench-blocksize \
+.PHONY: demo test test-fast test-gpu lint system-deps venv clean bench-ckpt bench-ckpt-gpu bench-hdfs bench-blocksize \
 	bench-image bench-image-cuda bench-env bench-env-cuda bench-restart bench-p2p-read
 
 $(STAMP): pyproject.toml dev/pyproject.toml
@@ -34,6 +34,10 @@ test: system-deps venv lint
 test-fast: venv
 	$(BIN)/python -m pytest tests/unit
 
+# On a machine with a CUDA GPU and its own torch (see benchmarks/bench_ckpt_gpu.py)
+test-gpu:
+	PYTHONPATH=$(CURDIR):$(PYTHONPATH) python3 -m pytest -p no:cacheprovider -m gpu tests/unit
+
 lint: venv
 	$(BIN)/ruff check --no-cache .
 	$(BIN)/lint-imports --no-logo --no-cache
@@ -44,6 +48,12 @@ bench-hdfs: system-deps venv
 
 bench-ckpt: system-deps venv
 	$(BIN)/python benchmarks/bench_ckpt.py --out bench-results/ckpt.json
+
+# On a GPU machine, with its own python3, torch and safetensors (no venv, no network):
+# Bootseer's two missing dependencies travel as wheels (benchmarks/bench_ckpt_gpu.py).
+bench-ckpt-gpu:
+	PYTHONPATH=$(CURDIR):$(CURDIR)/dev:$(CURDIR)/benchmarks:$(PYTHONPATH) \
+		python3 benchmarks/bench_ckpt_gpu.py --out bench-results/ckpt-gpu.json
 
 bench-blocksize: system-deps venv
 	$(BIN)/python benchmarks/bench_blocksize.py --out bench-results/blocksize.json

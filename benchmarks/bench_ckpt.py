@@ -29,7 +29,14 @@ picks one replica, as on a production cluster.
   same files through ``bootseer ckpt mount`` (``--page-cache``: the library mmaps the
   file).
 
-Every case reports the bytes each DataNode served (its tc class's counter, per run; over
+And one case with no HDFS and no cap, ``page_cache``: a local sharded safetensors
+checkpoint of ``--page-cache-gib`` already in the page cache, loaded into host memory by
+``load_safetensors`` of its index vs the safetensors library with a forced copy (its
+tensors are an unread mmap otherwise) vs a careful hand-written loader vs a plain
+``read()`` of the files (``benchmarks/loadcases.py``), runs interleaved: the API's own CPU
+cost, which a capped link hides (``page_cache_api_vs_lib``, goal >= 1.0).
+
+Every capped case reports the bytes each DataNode served (its tc class's counter, per run; over
 the bytes read, ``fetched_vs_size``) and the machine's CPU busy fraction. Medians of
 ``--runs`` runs, and ratios within the same run set. Goals: ``api_vs_raw >= 0.95`` and
 ``fuse_vs_raw >= 0.9``. ``--cases`` picks a subset (develop with ``--cases
@@ -56,6 +63,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import loadcases
 import torch
 from benchlib import (
     CappedCluster,
@@ -74,7 +82,7 @@ from bootseer_dev.cluster import Cluster, parse_link
 log = logging.getLogger("bench-ckpt")
 #: The reads of raw.bin, then torch.load (API vs copy first) and the sharded safetensors.
 CASES = ("single_stream", "raw_parallel", "api", "fuse", "fuse_page_cache", "torch",
-         "safetensors")
+         "safetensors", "page_cache")
 MB = 1e6
 MIB = 1 << 20
 
@@ -299,8 +307,61 @@ class Bench:
         if abs(total - self.state_checksum) > 1e-6 * max(1.0, abs(self.state_checksum)):
             raise AssertionError("loaded checkpoint differs from the saved one")
 
+    def page_cache(self) -> dict:
+        """The ``page_cache`` case: loads into host memory from the page cache."""
+        paths = loadcases.write_checkpoint(self.work / "local-st", self.args.page_cache_gib << 30,
+                                           self.args.safetensors_shards)
+        size = sum(path.stat().st_size for path in paths)
+        loaders = {"api": loadcases.bootseer(), "library_copy": loadcases.library_copy,
+                   "best_practice": loadcases.best_practice,
+                   "plain_read": loadcases.plain_read}
+        reference = loadcases.library_copy(paths, "cpu")
+        for name, load in loaders.items():  # byte-exact, and the files in the page cache
+            if name != "plain_read" and not loadcases.same(load(paths, "cpu"), reference):
+                raise AssertionError(f"page_cache: {name} loaded different tensors")
+        del reference
+        times: dict[str, list[float]] = {name: [] for name in loaders}
+        busy: dict[str, list[float]] = {name: [] for name in loaders}
+        for _ in range(self.args.page_cache_runs):
+            for name, load in loaders.items():
+                cpu0, start = cpu_times(), time.perf_counter()
+                tensors = load(paths, "cpu")
+                times[name].append(time.perf_counter() - start)
+                busy[name].append(busy_fraction(cpu0, cpu_times()))
+                del tensors
+        out = {name: {"median_s": round(statistics.median(t), 3),
+                      "GBps": round(size / statistics.median(t) / 1e9, 2),
+                      "runs_s": [round(x, 3) for x in t],
+                      "cpu_busy_fraction": round(statistics.median(busy[name]), 2)}
+               for name, t in times.items()}
+        log.info("page cache: %s", {k: v["GBps"] for k, v in out.items()})
+        shutil.rmtree(self.work / "local-st")
+        return {"bytes": size, "shards": len(paths), "runs": self.args.page_cache_runs,
+                "cap": "none: local files already in the page cache, into host memory",
+                **out}
+
+    @staticmethod
+    def page_cache_ratios(page_cache: dict | None) -> dict:
+        def rate(case: str) -> float | None:
+            return None if page_cache is None else page_cache[case]["GBps"]
+
+        def over(case: str) -> float | None:
+            return None if page_cache is None else round(rate("api") / rate(case), 3)
+        return {"page_cache_api_vs_lib": over("library_copy"),
+                "page_cache_api_vs_read": over("plain_read"),
+                "page_cache_api_vs_best_practice": over("best_practice"),
+                "page_cache": page_cache}
+
     def run(self) -> dict:
         a = self.args
+        wanted = select_cases(a.cases, CASES)
+        page_cache = None
+        if "page_cache" in wanted:
+            log.info("page_cache (%d GiB)", a.page_cache_gib)
+            page_cache = self.page_cache()
+            if wanted == ["page_cache"]:  # nothing on HDFS: no cluster
+                return {**self.recording.header(runs=a.page_cache_runs, caps={}),
+                        **self.page_cache_ratios(page_cache)}
         t0 = time.perf_counter()
         self.hdfs.start()
         os.environ.update({k: v for k, v in self.cluster.env().items()
@@ -308,7 +369,6 @@ class Bench:
         log.info("cluster up in %.1f s; writing inputs", time.perf_counter() - t0)
         size, torch_size = self.write_inputs()
         results: dict = {}
-        wanted = select_cases(a.cases, CASES)
         cases = {
             "single_stream": lambda: self.fsshell("-cat", "/bench/raw.bin"),
             "raw_parallel": lambda: self.raw_parallel("raw.bin"),
@@ -377,13 +437,16 @@ class Bench:
             "safetensors_bytes": st_size, "safetensors_shards": len(names),
             "safetensors_api_s": seconds.get("safetensors_api"),
             "safetensors_api_note": "ckpt.load_safetensors of the checkpoint's index: its "
-                                    f"shards {ckpt.SHARDS_AT_ONCE} at a time",
+                                    "shards read together",
             "safetensors_fuse_library_s": seconds.get("safetensors_fuse_library"),
             "safetensors_api_vs_library": ratio(seconds.get("safetensors_fuse_library"),
                                                 seconds.get("safetensors_api"), 2),
             "safetensors_api_vs_raw": ratio(mbps.get("safetensors_api"),
                                             mbps.get("raw_parallel")),
-            "goals": {"api_vs_raw_ge_0.95": _at_least(ratio(mbps.get("api"),
+            **self.page_cache_ratios(page_cache),
+            "goals": {"page_cache_api_vs_lib_ge_1.0": _at_least(
+                          self.page_cache_ratios(page_cache)["page_cache_api_vs_lib"], 1.0),
+                      "api_vs_raw_ge_0.95": _at_least(ratio(mbps.get("api"),
                                                             mbps.get("raw_parallel")), 0.95),
                       "fuse_vs_raw_ge_0.9": _at_least(ratio(mbps.get("fuse"),
                                                             mbps.get("raw_parallel")), 0.9)},
@@ -431,6 +494,9 @@ def main() -> None:
     parser.add_argument("--sweep-runs", type=int, default=2, help="0: no sweep")
     parser.add_argument("--safetensors-gib", type=int, default=8)
     parser.add_argument("--safetensors-shards", type=int, default=8)
+    parser.add_argument("--page-cache-gib", type=int, default=2,
+                        help="the page_cache case's checkpoint (in memory twice at a time)")
+    parser.add_argument("--page-cache-runs", type=int, default=5)
     args = parser.parse_args()
     # At its peak the work directory holds the torch file and the safetensors shards, and
     # HDFS holds both checkpoints and the safetensors, each ``replication`` times. Short of

@@ -58,7 +58,8 @@ from bootseer.errors import BootseerError, IntegrityError
 from bootseer.nodecache import CacheBusy, NodeCache, NodeCaches
 from bootseer.store import Store
 from bootseer.store.base import Access, ObjectInfo
-from bootseer.stripedfs.observer import FirstByte, ReadObserver
+from bootseer.stripedfs.localfile import LocalFileReader
+from bootseer.stripedfs.observer import ReadObserver
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class CheckpointCache:
         return _load_record(self._record_path(url), url)
 
     def open_copy(self, url: str, info: ObjectInfo, *,
-                  observer: ReadObserver | None = None) -> CopyReader | None:
+                  observer: ReadObserver | None = None) -> LocalFileReader | None:
         """A reader of the copy of ``url`` if it is a copy of the object ``info`` describes
         (the store's ``stat`` now) and is whole; None otherwise."""
         record = self.record(url)
@@ -141,7 +142,7 @@ class CheckpointCache:
             log.warning("staged copy of %s has the wrong size; reading the store", url)
             return None
         _touch(self._record_path(url))
-        return CopyReader(fd, record.size, url, observer=observer)
+        return LocalFileReader(fd, record.size, url, observer=observer)
 
     def verify(self, url: str, info: ObjectInfo) -> CopyRecord | None:
         """The record of ``url``'s copy if it is a copy of the object ``info`` describes and
@@ -292,68 +293,3 @@ def _load_record(path: Path, url: str | None) -> CopyRecord | None:
         log.warning("ignoring unreadable checkpoint cache record %s: %s", path, exc)
         return None
     return record if url is None or record.url == url else None
-
-
-class CopyReader:
-    """A staged copy, read with the striped reader's interface (``read``, ``readinto``,
-    ``fetch``, ``submit_range``), so every loader takes either without knowing which."""
-
-    def __init__(self, fd: int, size: int, name: str, *,
-                 observer: ReadObserver | None = None) -> None:
-        self._fd, self.size, self.name = fd, size, name
-        self._first_byte = FirstByte(observer, name)
-
-    def readinto(self, offset: int, buffer: bytearray | memoryview) -> int:
-        """Fill ``buffer`` from ``offset``; returns the byte count (short only at EOF)."""
-        view = memoryview(buffer).cast("B")[: max(0, self.size - offset)]
-        if not view:
-            return 0
-        done = 0
-        while done < len(view):
-            n = os.preadv(self._fd, [view[done:]], offset + done)
-            if n == 0:
-                raise StagingError(f"staged copy of {self.name} ends at {offset + done} "
-                                   f"bytes, not {self.size}")
-            done += n
-        self._first_byte()
-        return done
-
-    def read(self, offset: int, length: int) -> bytes:
-        return bytes(self.fetch(offset, length))
-
-    def fetch(self, offset: int, length: int) -> bytearray:
-        buffer = bytearray(max(0, min(length, self.size - offset)))
-        self.readinto(offset, buffer)
-        return buffer
-
-    def submit_range(self, offset: int, length: int) -> LocalRange:
-        """The striped reader's ``submit_range``: read when the result is asked for (local
-        reads need no head start, and nothing is held in memory before that)."""
-        return LocalRange(self, offset, length)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __enter__(self) -> CopyReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-@dataclass
-class LocalRange:
-    """A range of a staged copy: :class:`bootseer.stripedfs.reader.PendingRange`'s
-    counterpart."""
-
-    reader: CopyReader
-    offset: int
-    length: int
-
-    def result(self) -> bytearray:
-        return self.reader.fetch(self.offset, self.length)
-
-    def cancel(self) -> None:
-        """Nothing was started."""

@@ -22,9 +22,9 @@ from typing import Any
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader
 
 from bootseer.store import Store
-from bootseer.stripedfs.checkpoint_cache import LocalRange
 from bootseer.stripedfs.config import StripeConfig
 from bootseer.stripedfs.files import CheckpointSource, Reader, striped_file
+from bootseer.stripedfs.localfile import LocalRange
 from bootseer.stripedfs.reader import PendingRange
 
 

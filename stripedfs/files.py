@@ -18,6 +18,7 @@ A checkpoint URL names one object: ``hdfs://nn:9000/ckpt/step100/model.pt`` is t
 from __future__ import annotations
 
 import functools
+import os
 import posixpath
 from collections.abc import Callable
 from typing import Any, BinaryIO
@@ -27,13 +28,14 @@ from bootseer.config import Config
 from bootseer.store import ObjectInfo, Store, open_store
 from bootseer.store.base import open_ranged
 from bootseer.store.registry import store_options
-from bootseer.stripedfs.checkpoint_cache import CheckpointCache, CopyReader, object_url
+from bootseer.stripedfs.checkpoint_cache import CheckpointCache, object_url
 from bootseer.stripedfs.config import StripeConfig
+from bootseer.stripedfs.localfile import LocalFileReader
 from bootseer.stripedfs.observer import ReadObserver
 from bootseer.stripedfs.reader import StripedReader
 
 #: What :func:`open_reader` returns: both read with the same methods.
-Reader = StripedReader | CopyReader
+Reader = StripedReader | LocalFileReader
 #: ``peers(url, info, offset, length)``: bytes of the object ``url`` (the version ``info``
 #: describes) through the node's peers, or None (a checkpoint mount of a job's container:
 #: :meth:`bootseer.agents.client.AgentClient.peer_read_file`).
@@ -54,15 +56,19 @@ def open_reader(store: Store, key: str, *, config: StripeConfig | None = None,
                 observer: ReadObserver | None = None,
                 peers: PeerFiles | None = None) -> Reader:
     """``key`` of ``store``: from its copy in ``copies`` if that is a copy of the object
-    the store holds now, else through the striped reader (with ``config``; each stripe
-    asked of ``peers`` first, if given); one ``stat`` of the object either way.
-    ``observer`` hears of the reader's first bytes."""
+    the store holds now; else the file itself where the store is this node's file system
+    and no ``peers`` are asked; else through the striped reader (with ``config``; each
+    stripe asked of ``peers`` first, if given). ``observer`` hears of the reader's first
+    bytes."""
     info = store.stat(key)
     url = object_url(store, key)
     if copies is not None:
         copy = copies.open_copy(url, info, observer=observer)
         if copy is not None:
             return copy
+    fd = None if peers is not None else store.open_local(key)
+    if fd is not None:
+        return LocalFileReader(fd, os.fstat(fd).st_size, url, observer=observer)
     peer_read = None if peers is None else functools.partial(peers, url, info)
     return StripedReader(store, key, config=config, size=info.size, observer=observer,
                          peer_read=peer_read)

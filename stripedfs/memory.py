@@ -17,7 +17,8 @@ per process (``max_memory``), and every reader draws its buffers from this one p
 
 Buffers are recycled, never freed (a fresh multi-MiB allocation costs a page fault per
 4 KiB, which on a virtual machine makes the reader CPU-bound), so the process holds at
-most ``capacity`` stripes of them.
+most ``capacity`` stripes of them. The tensor loader draws its pinned staging buffers
+from a pool of its own (:func:`shared_memory` with ``allocate``): pinning is dearer still.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from bootseer.errors import BootseerError
 
@@ -43,17 +45,20 @@ class Shedder(Protocol):
 
 
 class StripeMemory:
-    """A pool of ``stripe_size`` buffers holding at most ``limit`` bytes in all."""
+    """A pool of ``stripe_size`` buffers holding at most ``limit`` bytes in all, made by
+    ``allocate(stripe_size)`` (bytearrays by default)."""
 
-    def __init__(self, stripe_size: int, limit: int) -> None:
+    def __init__(self, stripe_size: int, limit: int,
+                 allocate: Callable[[int], Any] = bytearray) -> None:
         self.stripe_size = stripe_size
+        self._allocate = allocate
         self.capacity = max(2, limit // stripe_size)  # buffers
         #: Buffers read-ahead never takes: reads get them even while read-ahead is busy.
         self.reserve = max(2, self.capacity // 8)
         self.allocated = 0
         self.peak = 0  # the most buffers ever allocated at once
         self.shed_buffers = 0  # read-ahead given back for reads
-        self._free: list[bytearray] = []
+        self._free: list[Any] = []
         self._changed = threading.Condition()
         self._readers: weakref.WeakSet[Shedder] = weakref.WeakSet()
 
@@ -100,7 +105,7 @@ class StripeMemory:
     def _take_locked(self, n: int) -> list[bytearray]:
         out = [self._free.pop() for _ in range(min(n, len(self._free)))]
         while len(out) < n:
-            out.append(bytearray(self.stripe_size))
+            out.append(self._allocate(self.stripe_size))
             self.allocated += 1
         self.peak = max(self.peak, self.allocated)
         return out
@@ -117,14 +122,17 @@ class StripeMemory:
         return given
 
 
-_pools: dict[tuple[int, int], StripeMemory] = {}
+_pools: dict[tuple[int, int, str], StripeMemory] = {}
 _pools_lock = threading.Lock()
 
 
-def shared_memory(stripe_size: int, limit: int) -> StripeMemory:
-    """The process's pool for this stripe size and cap (one per configuration)."""
+def shared_memory(stripe_size: int, limit: int, *, kind: str = "bytes",
+                  allocate: Callable[[int], Any] = bytearray) -> StripeMemory:
+    """The process's pool of ``kind`` buffers for this stripe size and cap (one per
+    configuration and kind; ``allocate`` makes the first pool of a kind)."""
     with _pools_lock:
-        pool = _pools.get((stripe_size, limit))
+        pool = _pools.get((stripe_size, limit, kind))
         if pool is None:
-            pool = _pools[(stripe_size, limit)] = StripeMemory(stripe_size, limit)
+            pool = _pools[(stripe_size, limit, kind)] = StripeMemory(stripe_size, limit,
+                                                                      allocate)
         return pool

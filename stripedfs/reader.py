@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -280,6 +280,20 @@ class StripedReader:
     def fetch(self, offset: int, length: int) -> bytearray:
         """``submit_range(offset, length).result()``: parallel, no read-ahead."""
         return self.submit_range(offset, length).result()
+
+    def chunks(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """``[start, end)`` as (offset, length) pieces for :meth:`read_chunk_into`: its
+        stripes, cut to the range (each one ranged read, served by one DataNode)."""
+        for stripe in self.layout.stripes(start, end):
+            lo, hi = max(start, stripe.start), min(end, stripe.end)
+            yield lo, hi - lo
+
+    def read_chunk_into(self, offset: int, view: memoryview) -> None:
+        """Exactly ``len(view)`` bytes at ``offset`` into ``view``, in the calling thread:
+        one piece :meth:`chunks` gave (peers first, if any; retried; no read-ahead, no
+        stripe memory). For loaders that run their own workers and own the memory."""
+        self._fetch_into(Stripe(offset, len(view)), view)
+        self._first_byte()
 
     def shed(self) -> int:
         """Give back the buffers of fetched stripes no read is using (they are fetched

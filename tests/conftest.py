@@ -43,6 +43,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(tier)
         if any(name in HDFS_FIXTURES for name in getattr(item, "fixturenames", ())):
             item.add_marker("hdfs")
+        if item.get_closest_marker("gpu") and not _has_cuda():
+            item.add_marker(pytest.mark.skip(reason=NO_GPU))
+
+
+#: Why a GPU test did not run: the one skip CI allows, because CI can have no GPU.
+NO_GPU = ("no CUDA device: CI machines have none; these run on a GPU machine "
+          "(make test-gpu)")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,9 +65,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """In CI a skipped test is a failure: a component that cannot start must be loud."""
+    """In CI a skipped test is a failure: a component that cannot start must be loud. The
+    exception is a GPU test on a machine without one, reported as not run."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = reporter.stats.get("skipped", []) if reporter else []
+    not_run = [report for report in skipped if "gpu" in report.keywords]
+    if not_run and reporter:
+        reporter.ensure_newline()
+        reporter.write_line(f"{len(not_run)} GPU test(s) not run: {NO_GPU}", yellow=True)
+    skipped = [report for report in skipped if "gpu" not in report.keywords]
     if IN_CI and skipped and exitstatus == 0:
         reporter.write_line(f"CI=true: {len(skipped)} test(s) skipped; failing the run",
                             red=True)

@@ -229,6 +229,12 @@ class Store(ABC):
         self.stat(key)
         return False
 
+    def open_local(self, key: str) -> int | None:
+        """A read-only descriptor of ``key`` where its bytes are a file of this node (the
+        caller closes it), or None where they are not: checkpoint readers then read the
+        file itself, one open for all their reads, instead of a ranged read per stripe."""
+        return None
+
     def block_size(self, key: str) -> int | None:
         """The backend's block size for ``key`` (HDFS), or None where there are no blocks.
 

@@ -85,6 +85,9 @@ class LocalStore(Store):
             raise FileNotFoundError(errno.ENOENT, "not an object", str(self.root / key))
         return target
 
+    def open_local(self, key: str) -> int:
+        return self._open(key)
+
     def _fstat(self, key: str) -> os.stat_result:
         fd = self._open(key)
         try:

@@ -149,6 +149,20 @@ class StoreContract:
         with pytest.raises(FileNotFoundError):
             store.read_range_into("no/such/key", 0, memoryview(buffer)[:2])
 
+    def test_a_local_descriptor_reads_the_object_or_there_is_none(self, store: Store) -> None:
+        """``open_local``: the object's own file (file://), or None (a remote store); a
+        missing key is FileNotFoundError either way where a descriptor exists."""
+        store.put("local.bin", ramp(3, 5000))
+        fd = store.open_local("local.bin")
+        if fd is None:
+            return
+        try:
+            assert os.pread(fd, 6000, 0) == ramp(3, 5000)
+        finally:
+            os.close(fd)
+        with pytest.raises(FileNotFoundError):
+            store.open_local("no/such/key")
+
     def test_blob_ranges_read_into_a_buffer(self, blobs: BlobStore) -> None:
         """Whole chunks go straight into the buffer; any other range is copied in."""
         size = 3 * CHUNK_SIZE + 5

@@ -64,18 +64,22 @@ def _store(url: str) -> Store:
     return open_store(split_url(url)[0])
 
 
+#: How a store's bytes are read: ranged reads, or (file://) its file opened for the reader.
+READS = ("_read_range", "read_range_into", "open_local")
+
+
 def _no_store_reads(monkeypatch, store: Store) -> None:
-    """From here on, any ranged read of the store's backend fails the test (stat works)."""
+    """From here on, any read of the store's backend fails the test (stat works)."""
     def refuse(*args, **kwargs):
         raise AssertionError("read the store instead of the staged copy")
 
-    for method in ("_read_range", "read_range_into"):
+    for method in READS:
         monkeypatch.setattr(type(store), method, refuse)
 
 
 def _count_store_reads(monkeypatch, store: Store) -> list[int]:
     reads: list[int] = []
-    for method in ("_read_range", "read_range_into"):
+    for method in READS:
         original = getattr(type(store), method)
 
         def counted(self, *args, _original=original, **kwargs):
