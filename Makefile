@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-gpu lint system-deps venv clean bench-ckpt bench-ckpt-gpu bench-hdfs bench-blocksize \
+.PHONY: demo test test-fast test-gpu lint system-deps venv clean bench-ckpt bench-ckpt-gpu bench-fuse bench-hdfs bench-blocksize \
 	bench-image bench-image-cuda bench-env bench-env-cuda bench-restart bench-p2p-read
 
 $(STAMP): pyproject.toml dev/pyproject.toml
@@ -54,6 +54,9 @@ bench-ckpt: system-deps venv
 bench-ckpt-gpu:
 	PYTHONPATH=$(CURDIR):$(CURDIR)/dev:$(CURDIR)/benchmarks:$(PYTHONPATH) \
 		python3 benchmarks/bench_ckpt_gpu.py --out bench-results/ckpt-gpu.json
+
+bench-fuse: system-deps venv
+	$(BIN)/python benchmarks/bench_fuse.py --out bench-results/fuse.json
 
 bench-blocksize: system-deps venv
 	$(BIN)/python benchmarks/bench_blocksize.py --out bench-results/blocksize.json

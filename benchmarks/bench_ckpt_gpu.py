@@ -22,6 +22,12 @@ local disk, ``file://`` URLs:
 * ``torch.load`` of a ``.pt`` vs ``bootseer.checkpoint.load`` onto the device;
 * a sweep of Bootseer's warm load over fetch concurrency and local read size.
 
+On a GPU machine with no network, Bootseer's two missing dependencies travel as wheels:
+here, ``python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
+--platform manylinux_2_17_x86_64 -d .whl zstandard platformdirs`` (``.whl`` ignored by
+git); there, ``python3 -m pip install -q --no-index --no-deps --target /tmp/site
+.whl/*.whl && PYTHONPATH=/tmp/site make bench-ckpt-gpu test-gpu`` (about 3 minutes).
+
 ``--device cpu`` runs the same on the host (no cold runs without root): the script's own
 test, on machines without a GPU. Writes ``bench-results/ckpt-gpu.json``: goals
 ``warm_vs_lib <= 0.2``, ``warm_vs_best_practice <= 1.0``, ``cold_vs_disk >= 0.9``,

@@ -116,7 +116,7 @@ WORKLOAD = ["python3", "-c",
             "import torch; x = torch.ones(256, 256); print(float((x @ x).sum()))"]
 EXPECTED = "16777216.0"  # 256 * 256 * 256
 CASES = ("local", "full_pull", "docker_pull_run", "lazy", "lazy_prefetch", "lazy_warmed")
-LAZY_CASES = {"lazy", "lazy_prefetch", "lazy_warmed"}
+LAZY_CASES = ("lazy", "lazy_prefetch", "lazy_warmed")
 PATH = "bootseer-runtime + agent (bootseer.fuse)"
 LATENCY = "none added: kernel has no sch_netem"
 
@@ -544,11 +544,22 @@ class Bench:
             "manifest": per_start("lazy_prefetch", "manifest"),
             "manifest_note": "medians over lazy_prefetch runs: compressed bytes, entries, "
                              "fetch and decode seconds in the mount server",
-            "fuse_requests": {case: per_start(case, "fuse_requests")
-                              for case in ("lazy", "lazy_prefetch", "lazy_warmed")
-                              if case in measured},
-            "fuse_requests_note": "requests the mount's FUSE server answered per start, by "
-                                  "kind, medians (page-cache hits never reach it)",
+            "requests_per_start": {case: per_start(case, "fuse_requests")
+                                   for case in LAZY_CASES if case in measured},
+            "requests_per_start_note": "requests the mount's FUSE server answered per start, "
+                                       "by kind, medians (page-cache hits never reach it; "
+                                       "lookup_negative: names not in the image)",
+            "server_cpu_s": {case: median_of(image_stat(case, "server_cpu_s"))
+                             for case in LAZY_CASES if case in measured},
+            "server_cpu_s_note": "CPU seconds (user + system) of the mount's server per "
+                                 "start, from taking the mount until its report at the end "
+                                 "(manifest, prefetch and FUSE answers; a spare's own start "
+                                 "is not counted), medians",
+            "fuse_cpu_s": {case: per_start(case, "fuse_cpu_s")
+                           for case in LAZY_CASES if case in measured},
+            "fuse_cpu_s_note": "of server_cpu_s, the CPU seconds answering each kind of FUSE "
+                               "request (the handler's thread time, its reply included), "
+                               "medians",
             "pages_pushed": {case: per_start(case, "pages_pushed")
                              for case in ("lazy_prefetch", "lazy_warmed") if case in measured},
             "pages_pushed_note": "hot blocks the mount's server put in the page cache once "
@@ -628,7 +639,7 @@ def table(result: dict) -> str:
               f"floor {result['floor_s']} s, with docker's own start {result['docker_floor_s']} s",
               f"lazy_prefetch breakdown: {result['breakdown_s']['lazy_prefetch']}",
               f"mount ready {result['mount_ready_s']}; manifest {result['manifest']}; "
-              f"FUSE requests {result['fuse_requests'].get('lazy_prefetch')}",
+              f"FUSE requests {result['requests_per_start'].get('lazy_prefetch')}",
               f"prefetch/docker {result['prefetch_vs_docker']}, prefetch/full "
               f"{result['prefetch_vs_full']}, prefetch/floor {result['prefetch_vs_floor']}; "
               f"goals {result['goals']}"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,12 +107,14 @@ class MountStats:
     manifest: ManifestLoad | None = None  # what loading the manifest cost, before serving
     fuse_requests: dict[str, int] | None = None  # answered by this server, by kind
     pages_pushed: PushCounts | None = None  # hot blocks put in the page cache ahead of reads
+    fuse_cpu_s: dict[str, float] | None = None  # CPU answering them, by kind
+    server_cpu_s: float | None = None  # the server's CPU (user + system) since it took the spec
 
     @classmethod
     def of(cls, image: LazyImage, prefetcher: Prefetcher | None = None,
            recording: Recording | None = None, *, final: bool = False,
            requests: RequestCounts | None = None,
-           pushes: PushCounts | None = None) -> MountStats:
+           pushes: PushCounts | None = None, cpu_since: float | None = None) -> MountStats:
         summary = None
         if recording is not None:
             result = recording.result
@@ -124,7 +127,9 @@ class MountStats:
                    image.image_id if final else None,
                    image.manifest.content_bytes if final else None, image.manifest_load,
                    requests.snapshot() if requests is not None else None,
-                   dataclasses.replace(pushes) if pushes is not None else None)
+                   dataclasses.replace(pushes) if pushes is not None else None,
+                   requests.cpu_seconds() if requests is not None else None,
+                   round(process_cpu() - cpu_since, 3) if cpu_since is not None else None)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = dataclasses.asdict(self.reads)
@@ -140,20 +145,26 @@ class MountStats:
             body["fuse_requests"] = self.fuse_requests
         if self.pages_pushed is not None:
             body["pages_pushed"] = dataclasses.asdict(self.pages_pushed)
+        if self.fuse_cpu_s is not None:
+            body["fuse_cpu_s"] = self.fuse_cpu_s
+        if self.server_cpu_s is not None:
+            body["server_cpu_s"] = self.server_cpu_s
         return body
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> MountStats:
         prefetch, recording = body.get("prefetch"), body.get("recording")
         manifest, requests = body.get("manifest"), body.get("fuse_requests")
-        pushed = body.get("pages_pushed")
+        pushed, cpu = body.get("pages_pushed"), body.get("fuse_cpu_s")
         return cls(_fields(LazyStats, body),
                    _fields(PrefetchStats, prefetch) if prefetch else None,
                    _fields(RecordingSummary, recording) if recording else None,
                    body.get("image_id"), body.get("image_content_bytes"),
                    _fields(ManifestLoad, manifest) if manifest else None,
                    {str(k): int(v) for k, v in requests.items()} if requests else None,
-                   _fields(PushCounts, pushed) if pushed else None)
+                   _fields(PushCounts, pushed) if pushed else None,
+                   {str(k): float(v) for k, v in cpu.items()} if cpu else None,
+                   body.get("server_cpu_s"))
 
     def save(self, path: Path) -> None:
         write_json(path, self.to_json())
@@ -170,9 +181,16 @@ def _fields(kind: type[T], body: dict[str, Any]) -> T:
     return kind(**{k: v for k, v in body.items() if k in names})
 
 
+def process_cpu() -> float:
+    """This process's CPU seconds, user and system."""
+    return sum(os.times()[:2])
+
+
 def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
     """Serve ``spec`` until unmounted; ``peer_read`` (with ``spec.peer_job``) reads packs
-    through the node's peers."""
+    through the node's peers. Its statistics count CPU from here: a spare server's start
+    (imports, warming up) came before the start it serves."""
+    began = process_cpu()
     blobs = BlobStore(open_configured_store(spec.config))
     image = LazyImage(blobs, spec.image, NodeCaches.for_config(spec.config).blocks())
     image.source.peer_read = peer_read
@@ -198,11 +216,11 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
         def refresh() -> None:
             while not stop_stats.wait(STATS_INTERVAL):
                 MountStats.of(image, prefetcher, recording, requests=requests,
-                              pushes=pushes).save(stats_file)
+                              pushes=pushes, cpu_since=began).save(stats_file)
 
         stats_file.parent.mkdir(parents=True, exist_ok=True)
         MountStats.of(image, prefetcher, recording, requests=requests,
-                      pushes=pushes).save(stats_file)
+                      pushes=pushes, cpu_since=began).save(stats_file)
         threading.Thread(target=refresh, name="stats", daemon=True).start()
     tree = ImageTree(image, hot=prefetcher.digests if prefetcher is not None else ())
     try:
@@ -220,6 +238,6 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
         if recording is not None:
             recording.finish("exit")
         if spec.report is not None:
-            MountStats.of(image, prefetcher, recording, final=True,
-                          requests=requests, pushes=pushes).save(spec.report)
+            MountStats.of(image, prefetcher, recording, final=True, requests=requests,
+                          pushes=pushes, cpu_since=began).save(spec.report)
 

@@ -3,9 +3,12 @@
 DCP's ``FileSystemReader`` (and ``FsspecReader`` on top of it) reads a checkpoint file one
 item range at a time, in a loop: over a remote store that is one round trip after another.
 This reader keeps DCP's own logic (planning, transforms, tensor placement) and changes
-only where the bytes come from: before DCP walks its items, every item's byte range is
-submitted to the striped reader, stripes of all items in parallel, with at most
-``max_bytes_in_flight`` fetched ahead of the item DCP is loading.
+where the bytes come from and how they reach a tensor: before DCP walks its items, every
+item's byte range is submitted to the checkpoint reader, stripes of all items in
+parallel, with at most ``max_bytes_in_flight`` fetched ahead of the item being loaded;
+and a tensor item is copied into its destination (the planner's tensor, on any device)
+straight from those bytes, not unpickled into a tensor of its own first. Only this rank's
+items are in its plan, so a rank reads only its own bytes.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import os
 import posixpath
 from collections import deque
 from collections.abc import Generator
-from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
+import torch
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader
+from torch.distributed.checkpoint.planner import LoadItemType
 
 from bootseer.store import Store
 from bootseer.stripedfs.config import StripeConfig
@@ -97,23 +102,52 @@ class StripedStorageReader(FileSystemReader):
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return _StoreFileSystem.validate_checkpoint_id(checkpoint_id)
 
-    def read_data(self, plan: Any, planner: Any) -> Future[None]:
+    def read_data(self, plan: Any, planner: Any) -> torch.futures.Future[None]:
+        """DCP's ``FileSystemReader.read_data`` with two changes: every item's bytes are
+        fetched ahead (:meth:`_submit_more`), and a tensor item is copied into its
+        destination straight from the fetched bytes (:func:`saved_tensor`) instead of
+        being unpickled into a tensor of its own first."""
         # The same order FileSystemReader.read_data walks: grouped by file, then by item.
-        per_file: dict[str, list[tuple[str, int, int]]] = {}
+        per_file: dict[str, list[Any]] = {}
         for item in plan.items:
-            info = self.storage_data[item.storage_index]
-            per_file.setdefault(info.relative_path, []).append(
-                (info.relative_path, info.offset, info.length))
-        self._queue = deque(r for ranges in per_file.values() for r in ranges)
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path,
+                                []).append(item)
+        items = [item for reqs in per_file.values() for item in reqs]
+        self._queue = deque(self._range(item) for item in items)
         try:
             self._submit_more()
-            return super().read_data(plan, planner)
+            for req in items:
+                info = self.storage_data[req.storage_index]
+                data = self._take(self._range(req))
+                transforms = getattr(info, "transform_descriptors", None)
+                if transforms:  # compressed, say: DCP's extensions undo it
+                    data = bytearray(self.transforms.transform_load_stream(
+                        req, transforms, io.BytesIO(data)).read())
+                if req.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(req, io.BytesIO(data))
+                    continue
+                source = narrow_tensor_by_index(saved_tensor(data, info.relative_path),
+                                                req.storage_offsets, req.lengths)
+                target = planner.resolve_tensor(req).detach()
+                if target.size() != source.size():
+                    raise ValueError(f"{self.url}/{info.relative_path}: item "
+                                     f"{req.storage_index} is {tuple(source.size())}, its "
+                                     f"destination {tuple(target.size())}")
+                target.copy_(source)
+                planner.commit_tensor(req, target)
         finally:
             for pending in self._fetched.values():
                 pending.cancel()
             self._fetched.clear()
             self._readers.clear()
             self._in_flight = 0
+        done: torch.futures.Future[None] = torch.futures.Future()
+        done.set_result(None)
+        return done
+
+    def _range(self, req: Any) -> tuple[str, int, int]:
+        info = self.storage_data[req.storage_index]
+        return info.relative_path, info.offset, info.length
 
     def _reader(self, path: str) -> Reader:
         reader = self._readers.get(path)
@@ -128,11 +162,63 @@ class StripedStorageReader(FileSystemReader):
             self._fetched[(path, offset, length)] = self._reader(path).submit_range(offset, length)
             self._in_flight += length
 
-    def _slice_file(self, file: Any, sinfo: Any) -> io.BytesIO:
-        pending = self._fetched.pop((sinfo.relative_path, sinfo.offset, sinfo.length), None)
-        if pending is None:  # an item DCP reads twice: fetch it again
-            pending = self._reader(sinfo.relative_path).submit_range(sinfo.offset, sinfo.length)
+    def _take(self, key: tuple[str, int, int]) -> bytearray:
+        """The bytes of the item ``key`` names, fetched ahead or now (an item DCP reads
+        twice is fetched again)."""
+        pending = self._fetched.pop(key, None)
+        if pending is None:
+            pending = self._reader(key[0]).submit_range(key[1], key[2])
         else:
-            self._in_flight -= sinfo.length
+            self._in_flight -= key[2]
         self._submit_more()
-        return io.BytesIO(pending.result())
+        return pending.result()
+
+
+def saved_tensor(data: bytearray, where: str) -> torch.Tensor:
+    """The tensor ``torch.save`` wrote into ``data``, as a view of ``data``'s bytes.
+
+    ``torch.load`` would copy the tensor's storage out of the bytes before DCP copies it
+    into the destination; loaded onto the ``meta`` device it reads only the pickle and
+    says where the storage's bytes are, so the destination is filled from the fetched
+    bytes directly. A view that does not fit in the bytes is refused by ``as_strided``;
+    a torch that does not say where the storage is loads it the ordinary way.
+    """
+    meta = torch.load(_Unread(data), map_location="meta", weights_only=True)
+    if not isinstance(meta, torch.Tensor):
+        raise ValueError(f"{where}: a tensor item holds a {type(meta).__name__}")
+    storage = meta.untyped_storage()
+    offset = getattr(storage, "_checkpoint_offset", None)
+    if offset is None or not 0 <= offset <= offset + storage.nbytes() <= len(data):
+        return torch.load(_Unread(data), map_location="cpu", weights_only=True)
+    if storage.nbytes() == 0:
+        return torch.empty(meta.shape, dtype=meta.dtype)
+    base = torch.frombuffer(data, dtype=torch.uint8, count=storage.nbytes(), offset=offset)
+    return base.view(meta.dtype).as_strided(meta.shape, meta.stride(), meta.storage_offset())
+
+
+class _Unread(io.RawIOBase):
+    """A read-only file over bytes in memory, without the copy ``io.BytesIO`` makes."""
+
+    def __init__(self, data: bytearray) -> None:
+        super().__init__()
+        self._view, self._pos = memoryview(data), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        piece = self._view[self._pos : self._pos + len(buffer)]
+        memoryview(buffer).cast("B")[: len(piece)] = piece
+        self._pos += len(piece)
+        return len(piece)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos

@@ -81,7 +81,9 @@ _GONE = (errno.ENOENT, errno.ENODEV)
 TREE_ERRORS = frozenset((errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EINVAL,
                          errno.ENFILE))
 
-Handler = Callable[[int, int, memoryview], None]
+#: A request's handler: (unique, node id, body); it may return the kind to count the
+#: request as (else its opcode's).
+Handler = Callable[[int, int, memoryview], 'int | None']
 
 #: Bytes of pages waiting to go into the kernel's page cache: past this, a push is dropped
 #: (it only saves reads, which still work without it).
@@ -101,35 +103,54 @@ REQUEST_NAMES = {p.LOOKUP: "lookup", p.GETATTR: "getattr", p.READLINK: "readlink
                  p.INIT: "init", p.FLUSH: "flush", p.IOCTL: "ioctl"}
 
 
-class RequestCounts:
-    """The requests a server answered, by kind: what a start costs in trips through this
-    process (a read that the kernel's page cache answers never comes here).
+#: The kind a LOOKUP that found nothing is counted as (its own cost, its own remedy:
+#: negative entries the kernel keeps).
+NEGATIVE_LOOKUP = -1
+REQUEST_NAMES[NEGATIVE_LOOKUP] = "lookup_negative"
 
-    Each reader thread counts in a dict of its own, so the hot path takes no lock; a
+
+class RequestCounts:
+    """The requests a server answered, by kind, and the CPU time answering each kind took
+    (the handler's thread time, its reply's system call included): what a start costs in
+    trips through this process (a read that the kernel's page cache answers never comes
+    here), and which trips are worth taking away.
+
+    Each reader thread counts in dicts of its own, so the hot path takes no lock; a
     :meth:`snapshot` sums them (copying a dict is atomic under the GIL)."""
 
     def __init__(self) -> None:
-        self._threads: list[dict[int, int]] = []
+        self._threads: list[tuple[dict[int, int], dict[int, int]]] = []
         self._lock = threading.Lock()
 
-    def for_thread(self) -> dict[int, int]:
-        counts: dict[int, int] = {}
+    def for_thread(self) -> tuple[dict[int, int], dict[int, int]]:
+        """A reader thread's (requests, CPU nanoseconds) by kind."""
+        mine: tuple[dict[int, int], dict[int, int]] = ({}, {})
         with self._lock:
-            self._threads.append(counts)
-        return counts
+            self._threads.append(mine)
+        return mine
 
     def snapshot(self) -> dict[str, int]:
-        """Requests by kind (``read``, ``lookup``, ...; unknown opcodes as ``op<N>``), and
-        ``total``."""
-        with self._lock:
-            threads = [dict(counts) for counts in self._threads]
-        out: dict[str, int] = {}
-        for counts in threads:
-            for opcode, n in counts.items():
-                name = REQUEST_NAMES.get(opcode, f"op{opcode}")
-                out[name] = out.get(name, 0) + n
+        """Requests by kind (``read``, ``lookup``, ``lookup_negative``, ...; unknown
+        opcodes as ``op<N>``), and ``total``."""
+        out = self._summed(0)
         out["total"] = sum(out.values())
         return dict(sorted(out.items()))
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds spent answering each kind, and ``total``."""
+        out = {kind: ns / 1e9 for kind, ns in self._summed(1).items()}
+        out["total"] = sum(out.values())
+        return {kind: round(seconds, 6) for kind, seconds in sorted(out.items())}
+
+    def _summed(self, which: int) -> dict[str, int]:
+        with self._lock:
+            threads = [dict(pair[which]) for pair in self._threads]
+        out: dict[str, int] = {}
+        for counts in threads:
+            for kind, n in counts.items():
+                name = REQUEST_NAMES.get(kind, f"op{kind}")
+                out[name] = out.get(name, 0) + n
+        return out
 
 
 @dataclass
@@ -364,7 +385,8 @@ class _Server:
         view = memoryview(buffer)
         unpack, handlers, enosys = p.IN_HEADER.unpack_from, self.handlers, self.enosys
         readv, fd, header = os.readv, self.fd, p.IN_HEADER.size
-        counts = self.requests.for_thread()
+        counts, cpu = self.requests.for_thread()
+        clock = time.thread_time_ns
         while True:
             try:
                 n = readv(fd, (buffer,))
@@ -376,9 +398,9 @@ class _Server:
                 self.failure = exc
                 return
             _, opcode, unique, nodeid, _, _, _, _, _ = unpack(buffer)
-            counts[opcode] = counts.get(opcode, 0) + 1
+            began, kind = clock(), opcode
             try:
-                handlers.get(opcode, enosys)(unique, nodeid, view[header:n])
+                kind = handlers.get(opcode, enosys)(unique, nodeid, view[header:n]) or opcode
             except OSError as exc:
                 if exc.errno in TREE_ERRORS:
                     self.error(unique, exc.errno)
@@ -386,6 +408,8 @@ class _Server:
                     self._failed(unique, opcode, nodeid, exc)
             except Exception as exc:
                 self._failed(unique, opcode, nodeid, exc)
+            counts[kind] = counts.get(kind, 0) + 1
+            cpu[kind] = cpu.get(kind, 0) + clock() - began
 
     def _failed(self, unique: int, opcode: int, nodeid: int, exc: Exception) -> None:
         """A request the tree could not answer (the store unreachable, a block corrupt
@@ -446,12 +470,14 @@ class _Server:
             bool(negotiated.kernel_flags & p.NO_OPENDIR_SUPPORT)
         self.negotiated = negotiated
 
-    def lookup(self, unique: int, parent: int, body: memoryview) -> None:
+    def lookup(self, unique: int, parent: int, body: memoryview) -> int | None:
+        """A name's entry; a miss is answered as a negative entry and counted as its own
+        kind (:data:`NEGATIVE_LOOKUP`)."""
         name = os.fsdecode(bytes(body).partition(b"\0")[0])
         node = self.tree.lookup(parent, name)
         if node is None:
             self.reply(unique, self.negative)  # node id 0: the kernel caches the miss
-            return
+            return NEGATIVE_LOOKUP
         out = self.entry_outs.get(node.ino)
         if out is None:
             seconds, nanos = self.valid

@@ -18,9 +18,11 @@ def test_statistics_round_trip_and_keep_their_flat_shape(tmp_path: Path) -> None
     stats = MountStats(LazyStats(blocks_fetched=3, bytes_fetched=7, cache_hits=2),
                        PrefetchStats(hot_blocks=5, done=True),
                        RecordingSummary("train", "ready", 5, 2, 1 << 20), "sha256:ab", 99,
-                       ManifestLoad(1000, 12, False, 0.01, 0.002), {"read": 4, "total": 4})
+                       ManifestLoad(1000, 12, False, 0.01, 0.002), {"read": 4, "total": 4},
+                       None, {"read": 0.25, "total": 0.25}, 1.5)
     stats.save(tmp_path / "s.json")
     body = json.loads((tmp_path / "s.json").read_text())
+    assert body["fuse_cpu_s"]["read"] == 0.25 and body["server_cpu_s"] == 1.5
     assert body["blocks_fetched"] == 3 and body["prefetch"]["done"] is True
     assert body["manifest"]["entries"] == 12 and body["fuse_requests"]["read"] == 4
     assert body["recording"]["ended"] == "ready" and body["image_content_bytes"] == 99

@@ -6,6 +6,8 @@ that lie refused before anything is allocated. (The same on a GPU: test_tensorlo
 
 from __future__ import annotations
 
+import ctypes
+import io
 import json
 import os
 import struct
@@ -241,3 +243,32 @@ def test_a_file_truncated_under_the_loader_fails_the_load(tmp_path: Path) -> Non
         os.truncate(tmp_path / "m.safetensors", reader.size - 100)
         with pytest.raises(InvalidRangeError, match="changed while it was read"):
             tensorload.load([(reader, slots)], "cpu", SMALL)
+
+
+@pytest.mark.parametrize("saved", [
+    pytest.param(torch.arange(12, dtype=torch.float32).reshape(3, 4), id="contiguous"),
+    pytest.param(torch.arange(40, dtype=torch.int64)[7:29:3], id="a strided view"),
+    pytest.param(torch.randn(5, 6).to(torch.bfloat16).t(), id="transposed bf16"),
+    pytest.param(torch.tensor(2.5, dtype=torch.float64), id="a scalar"),
+    pytest.param(torch.empty(0, 3), id="empty"),
+])
+def test_a_dcp_item_is_read_as_a_view_of_its_fetched_bytes(saved: torch.Tensor) -> None:
+    from bootseer.stripedfs.dcp import saved_tensor
+
+    buffer = io.BytesIO()
+    torch.save(saved, buffer)
+    data = bytearray(buffer.getvalue())
+    got = saved_tensor(data, "item")
+    assert got.dtype == saved.dtype and got.shape == saved.shape and torch.equal(got, saved)
+    if saved.numel():  # no copy: the tensor's bytes are the fetched bytes
+        start = ctypes.addressof(ctypes.c_char.from_buffer(data))
+        assert start <= got.untyped_storage().data_ptr() < start + len(data)
+
+
+def test_a_dcp_item_that_is_no_tensor_is_refused() -> None:
+    from bootseer.stripedfs.dcp import saved_tensor
+
+    buffer = io.BytesIO()
+    torch.save({"not": "a tensor"}, buffer)
+    with pytest.raises(ValueError, match="holds a dict"):
+        saved_tensor(bytearray(buffer.getvalue()), "item")

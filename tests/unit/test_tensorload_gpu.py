@@ -74,3 +74,14 @@ def test_a_sharded_subset_loads_onto_the_gpu(tmp_path: Path) -> None:
     mine = lambda name: name.startswith("w")  # noqa: E731
     assert_on_device_and_equal(ckpt.load_safetensors(index, device="cuda:0", tensors=mine),
                                {k: v for k, v in tensors.items() if mine(k)})
+
+
+def test_a_dcp_checkpoint_loads_into_tensors_on_the_gpu(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    saved = {k: v for k, v in state().items() if k != "big"}
+    dcp.save(saved, checkpoint_id=tmp_path / "dcp", no_dist=True)
+    target = {k: torch.zeros_like(v, device="cuda") for k, v in saved.items()}
+    dcp.load(target, storage_reader=ckpt.StorageReader(f"file://{tmp_path}/dcp"),
+             no_dist=True)
+    assert_on_device_and_equal(target, saved)

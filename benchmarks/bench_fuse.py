@@ -1,0 +1,174 @@
+"""``make bench-fuse``: reads of a fully local file through a lazy image's mount vs the same
+file on the host's own file system — what serving local data from Python costs.
+
+An image with one ``--mib`` file of random bytes (and a few small ones) is converted into a
+``file://`` store, every block of it is staged on the node (``bootseer warm --all``), and
+it is mounted (``bootseer image mount``, no prefetch): every byte is local, so what is
+left is the FUSE path itself. The same bytes are written to a host file beside it. With
+the page cache dropped before each run (``--runs``, rounds interleaved):
+
+* ``seq``: the whole file read in 1 MiB ``read()`` calls;
+* ``rand``: ``--random-reads`` ``pread()`` of 4 KiB at random 4 KiB-aligned offsets (the
+  same offsets, seeded, for both).
+
+Reports MB/s and reads per second for the mount and the host, ``seq_vs_host`` and
+``rand_vs_host`` (the mount's rate over the host's; goal >= 0.9), and the mount server's
+CPU and requests by kind from its report. No link, no cap: local disk and page cache.
+Writes ``bench-results/fuse.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import logging
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from benchlib import Recording, busy_fraction, cpu_times, drop_page_cache
+
+log = logging.getLogger("bench-fuse")
+MIB = 1 << 20
+
+
+def write_image(layout: Path, data: bytes) -> None:
+    """An OCI layout of one uncompressed layer holding ``/data/big.bin`` and small files."""
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w", format=tarfile.PAX_FORMAT) as out:
+        for name, body in (("data/big.bin", data), ("data/small.txt", b"small\n"),
+                           ("etc/hostname", b"bench\n")):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(body), 0o644
+            out.addfile(info, io.BytesIO(body))
+    layer = tar.getvalue()
+
+    def blob(body: bytes, media_type: str) -> dict:
+        digest = hashlib.sha256(body).hexdigest()
+        path = layout / "blobs" / "sha256" / digest
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body)
+        return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(body)}
+
+    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+    config = blob(json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                              "rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode(),
+                  "application/vnd.oci.image.config.v1+json")
+    manifest = blob(json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": config,
+        "layers": [blob(layer, "application/vnd.oci.image.layer.v1.tar")]}).encode(),
+        "application/vnd.oci.image.manifest.v1+json")
+    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [manifest]}))
+
+
+def seq_read(path: Path) -> int:
+    done = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(MIB):
+            done += len(chunk)
+    return done
+
+
+def rand_read(path: Path, offsets: list[int]) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return sum(len(os.pread(fd, 4096, offset)) for offset in offsets)
+    finally:
+        os.close(fd)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results/fuse.json"))
+    parser.add_argument("--mib", type=int, default=1024)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--random-reads", type=int, default=4096)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    recording = Recording("fuse")
+    with tempfile.TemporaryDirectory(prefix="bench-fuse-", dir="/var/tmp") as tmp:
+        work = Path(tmp)
+        env = {**os.environ, "BOOTSEER_STORE": (work / "store").as_uri(),
+               "BOOTSEER_CACHE_DIR": str(work / "cache")}
+
+        def bootseer(*argv: str) -> None:
+            subprocess.run([sys.executable, "-m", "bootseer", *argv], env=env, check=True,
+                           stdout=subprocess.DEVNULL)
+
+        data = random.Random(1).randbytes(args.mib * MIB)
+        host = work / "host.bin"
+        host.write_bytes(data)
+        write_image(work / "layout", data)
+        del data
+        log.info("converting and staging every block")
+        bootseer("image", "convert", str(work / "layout"), "--name", "fusebench")
+        bootseer("warm", "--image", "fusebench", "--all", "--no-agent")
+        mnt, report = work / "mnt", work / "report.json"
+        mnt.mkdir()
+        bootseer("image", "mount", "fusebench", str(mnt), "--no-prefetch", "--report",
+                 str(report))
+        mounted = mnt / "data" / "big.bin"
+        rng = random.Random(2)
+        offsets = [rng.randrange(args.mib * MIB // 4096) * 4096
+                   for _ in range(args.random_reads)]
+        times: dict[str, list[float]] = {}
+        busy: dict[str, list[float]] = {}
+        try:
+            if seq_read(mounted) != host.stat().st_size:
+                raise AssertionError("the mount's file is not the host file's size")
+            for _ in range(args.runs):
+                for case, path, read in (("seq_mount", mounted, seq_read),
+                                         ("seq_host", host, seq_read),
+                                         ("rand_mount", mounted, lambda p: rand_read(p, offsets)),
+                                         ("rand_host", host, lambda p: rand_read(p, offsets))):
+                    drop_page_cache()
+                    cpu0, start = cpu_times(), time.perf_counter()
+                    read(path)
+                    times.setdefault(case, []).append(time.perf_counter() - start)
+                    busy.setdefault(case, []).append(busy_fraction(cpu0, cpu_times()))
+                    log.info("%s: %.3f s", case, times[case][-1])
+        finally:
+            bootseer("image", "umount", str(mnt))
+        deadline = time.monotonic() + 30
+        while not report.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        server = json.loads(report.read_text()) if report.exists() else {}
+    med = {case: statistics.median(t) for case, t in times.items()}
+    size = args.mib * MIB
+    result = {
+        **recording.header(runs=args.runs, caps={"link": "none: local disk and page cache"}),
+        "file_bytes": size, "random_reads": args.random_reads,
+        "seq_mount_MBps": round(size / med["seq_mount"] / 1e6, 1),
+        "seq_host_MBps": round(size / med["seq_host"] / 1e6, 1),
+        "rand_mount_reads_per_s": round(args.random_reads / med["rand_mount"]),
+        "rand_host_reads_per_s": round(args.random_reads / med["rand_host"]),
+        "seq_vs_host": round(med["seq_host"] / med["seq_mount"], 3),
+        "rand_vs_host": round(med["rand_host"] / med["rand_mount"], 3),
+        "goals": {"seq_vs_host_ge_0.9": med["seq_host"] / med["seq_mount"] >= 0.9,
+                  "rand_vs_host_ge_0.9": med["rand_host"] / med["rand_mount"] >= 0.9},
+        "server_cpu_s": server.get("server_cpu_s"),
+        "server_requests": server.get("fuse_requests"),
+        "server_fuse_cpu_s": server.get("fuse_cpu_s"),
+        "server_note": "the mount server over the whole benchmark (every run of both "
+                       "cases and a first read that checks the size), from its report",
+        "cases": {case: {"median_s": round(med[case], 4), "runs_s": [round(t, 4) for t in ts],
+                         "cpu_busy_fraction": round(statistics.median(busy[case]), 2)}
+                  for case, ts in times.items()},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "cases"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
