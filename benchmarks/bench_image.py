@@ -324,7 +324,7 @@ class Bench:
                          if not k.startswith("BOOTSEER_")})
         log.info("HDFS up in %.1f s at %s", time.perf_counter() - t, self.url)
         setup: dict[str, Any] = {}
-        if LAZY_CASES & set(self.cases):
+        if set(LAZY_CASES) & set(self.cases):
             t = time.perf_counter()
             subprocess.run(self.bootseer("image", "convert", str(self.layout), "--name",
                                          self.image.name),
@@ -564,7 +564,8 @@ class Bench:
                              for case in ("lazy_prefetch", "lazy_warmed") if case in measured},
             "pages_pushed_note": "hot blocks the mount's server put in the page cache once "
                                  "their file was looked up (FUSE_NOTIFY_STORE), per start, "
-                                 "medians: reads of them never reach the server",
+                                 "medians: reads of them never reach the server; cpu_s: "
+                                 "the server's CPU in those writes (part of server_cpu_s)",
             "bytes_fetched_lazy": median_of(image_stat("lazy", "bytes_fetched")),
             "bytes_fetched_lazy_prefetch": median_of(total),
             "bytes_fetched_lazy_prefetch_note": "demand fetches + the prefetcher's fetches",
