@@ -105,7 +105,8 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "bootseer", *argv], env=env, check=True,
                            stdout=subprocess.DEVNULL)
 
-        data = random.Random(1).randbytes(args.mib * MIB)
+        rng = random.Random(1)
+        data = b"".join(rng.randbytes(MIB) for _ in range(args.mib))
         host = work / "host.bin"
         host.write_bytes(data)
         write_image(work / "layout", data)
