@@ -1,14 +1,14 @@
 """A ``torch.distributed.checkpoint`` storage reader that reads every item in parallel.
 
 DCP's ``FileSystemReader`` (and ``FsspecReader`` on top of it) reads a checkpoint file one
-item range at a time, in a loop: over a remote store that is one round trip after another.
+item range at a time, in a loop, and unpickles each item into a tensor of its own before
+copying it into its destination: over a remote store that is one round trip after another.
 This reader keeps DCP's own logic (planning, transforms, tensor placement) and changes
-where the bytes come from and how they reach a tensor: before DCP walks its items, every
-item's byte range is submitted to the checkpoint reader, stripes of all items in
-parallel, with at most ``max_bytes_in_flight`` fetched ahead of the item being loaded;
-and a tensor item is copied into its destination (the planner's tensor, on any device)
-straight from those bytes, not unpickled into a tensor of its own first. Only this rank's
-items are in its plan, so a rank reads only its own bytes.
+where the bytes come from and how they reach a tensor (:meth:`StripedStorageReader.read_data`):
+a local file's items go straight into their destinations through the tensor loader; a
+remote file's items are fetched in parallel, at most ``max_bytes_in_flight`` ahead, and
+copied into their destinations from the fetched bytes. Only this rank's items are in its
+plan, so a rank reads only its own bytes.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemRe
 from torch.distributed.checkpoint.planner import LoadItemType
 
 from bootseer.store import Store
+from bootseer.stripedfs import tensorload
 from bootseer.stripedfs.config import StripeConfig
 from bootseer.stripedfs.files import CheckpointSource, Reader, striped_file
-from bootseer.stripedfs.localfile import LocalRange
+from bootseer.stripedfs.localfile import LocalFileReader, LocalRange
 from bootseer.stripedfs.reader import PendingRange
 
 
@@ -103,47 +104,84 @@ class StripedStorageReader(FileSystemReader):
         return _StoreFileSystem.validate_checkpoint_id(checkpoint_id)
 
     def read_data(self, plan: Any, planner: Any) -> torch.futures.Future[None]:
-        """DCP's ``FileSystemReader.read_data`` with two changes: every item's bytes are
-        fetched ahead (:meth:`_submit_more`), and a tensor item is copied into its
-        destination straight from the fetched bytes (:func:`saved_tensor`) instead of
-        being unpickled into a tensor of its own first."""
-        # The same order FileSystemReader.read_data walks: grouped by file, then by item.
+        """DCP's ``FileSystemReader.read_data``, the items in its order (by file, then by
+        item), with its bytes read differently:
+
+        * a file on this node (a staged copy, a ``file://`` store): each tensor item whose
+          destination can take its bytes as they are (same dtype and shape, both
+          contiguous, the whole item wanted) is read straight into the destination by the
+          tensor loader, every such item of the file at once (through the pinned pool for
+          a GPU); only the item's pickle and zip directory are read to find where its
+          bytes lie;
+        * any other item is fetched ahead (:meth:`_submit_more`, every item of a remote
+          file in parallel) and copied into its destination from the fetched bytes
+          (:func:`saved_tensor`), not unpickled into a tensor of its own first.
+        """
         per_file: dict[str, list[Any]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path,
                                 []).append(item)
-        items = [item for reqs in per_file.values() for item in reqs]
-        self._queue = deque(self._range(item) for item in items)
+        local = {path for path in per_file if isinstance(self._reader(path), LocalFileReader)}
+        self._queue = deque(self._range(item) for path, reqs in per_file.items()
+                            if path not in local for item in reqs)
         try:
             self._submit_more()
-            for req in items:
-                info = self.storage_data[req.storage_index]
-                data = self._take(self._range(req))
-                transforms = getattr(info, "transform_descriptors", None)
-                if transforms:  # compressed, say: DCP's extensions undo it
-                    data = bytearray(self.transforms.transform_load_stream(
-                        req, transforms, io.BytesIO(data)).read())
-                if req.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(req, io.BytesIO(data))
-                    continue
-                source = narrow_tensor_by_index(saved_tensor(data, info.relative_path),
-                                                req.storage_offsets, req.lengths)
-                target = planner.resolve_tensor(req).detach()
-                if target.size() != source.size():
-                    raise ValueError(f"{self.url}/{info.relative_path}: item "
-                                     f"{req.storage_index} is {tuple(source.size())}, its "
-                                     f"destination {tuple(target.size())}")
-                target.copy_(source)
-                planner.commit_tensor(req, target)
+            for path, reqs in per_file.items():
+                if path in local:
+                    self._load_local(self._reader(path), reqs, planner)
+                else:
+                    for req in reqs:
+                        self._load_fetched(req, planner)
         finally:
             for pending in self._fetched.values():
                 pending.cancel()
             self._fetched.clear()
+            for reader in self._readers.values():
+                reader.close()
             self._readers.clear()
             self._in_flight = 0
         done: torch.futures.Future[None] = torch.futures.Future()
         done.set_result(None)
         return done
+
+    def _load_local(self, reader: LocalFileReader, reqs: list[Any], planner: Any) -> None:
+        direct = []
+        for req in reqs:
+            info = self.storage_data[req.storage_index]
+            target = None
+            if req.type != LoadItemType.BYTE_IO and \
+                    not getattr(info, "transform_descriptors", None):
+                target = planner.resolve_tensor(req).detach()
+                start = _whole_item(_ItemFile(reader, info.offset, info.length), req, target)
+                if start is not None:
+                    direct.append((req, target, info.offset + start))
+                    continue
+            self._load_fetched(req, planner, target)
+        tensorload.read_into([(reader, offset, target) for _, target, offset in direct],
+                             self.config)
+        for req, target, _ in direct:
+            planner.commit_tensor(req, target)
+
+    def _load_fetched(self, req: Any, planner: Any, target: torch.Tensor | None = None) -> None:
+        """One item from its fetched bytes (``target``: its destination, if resolved)."""
+        info = self.storage_data[req.storage_index]
+        data = self._take(self._range(req))
+        transforms = getattr(info, "transform_descriptors", None)
+        if transforms:  # compressed, say: DCP's extensions undo it
+            data = bytearray(self.transforms.transform_load_stream(
+                req, transforms, io.BytesIO(data)).read())
+        if req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(req, io.BytesIO(data))
+            return
+        source = narrow_tensor_by_index(saved_tensor(data, info.relative_path),
+                                        req.storage_offsets, req.lengths)
+        if target is None:
+            target = planner.resolve_tensor(req).detach()
+        if target.size() != source.size():
+            raise ValueError(f"{self.url}/{info.relative_path}: item {req.storage_index} is "
+                             f"{tuple(source.size())}, its destination {tuple(target.size())}")
+        target.copy_(source)
+        planner.commit_tensor(req, target)
 
     def _range(self, req: Any) -> tuple[str, int, int]:
         info = self.storage_data[req.storage_index]
@@ -222,3 +260,48 @@ class _Unread(io.RawIOBase):
 
     def tell(self) -> int:
         return self._pos
+
+
+class _ItemFile(_Unread):
+    """One item of a local checkpoint file, read on demand (the pickle and the zip
+    directory ``torch.load`` onto ``meta`` asks for, not the tensor's bytes)."""
+
+    def __init__(self, reader: LocalFileReader, offset: int, length: int) -> None:
+        io.RawIOBase.__init__(self)
+        self._reader, self._offset, self.length, self._pos = reader, offset, length, 0
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")[: max(0, self.length - self._pos)]
+        n = self._reader.readinto(self._offset + self._pos, view) if len(view) else 0
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.length}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+
+def _whole_item(item: _ItemFile, req: Any, target: torch.Tensor) -> int | None:
+    """Where in ``item`` the bytes ``target`` takes as they are start, or None where they
+    cannot be read into it directly (a part of the saved tensor wanted, another dtype or
+    layout, an empty tensor, a torch that does not say where the storage is)."""
+    try:
+        meta = torch.load(item, map_location="meta", weights_only=True)
+    except Exception:  # the fetched path reports it, with the item's name
+        return None
+    if not isinstance(meta, torch.Tensor):
+        return None
+    storage = meta.untyped_storage()
+    offset = getattr(storage, "_checkpoint_offset", None)
+    nbytes = meta.numel() * meta.element_size()
+    if offset is None or nbytes == 0 or not meta.is_contiguous() or \
+            not target.is_contiguous() or meta.dtype != target.dtype or \
+            tuple(target.shape) != tuple(meta.shape) or \
+            tuple(req.storage_offsets) != (0,) * meta.dim() or \
+            tuple(req.lengths) != tuple(meta.shape):
+        return None
+    start = offset + meta.storage_offset() * meta.element_size()
+    if not 0 <= start <= start + nbytes <= item.length:
+        return None
+    return start

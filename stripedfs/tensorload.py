@@ -30,7 +30,7 @@ import ctypes
 import functools
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -112,16 +112,15 @@ def runs(slots: Sequence[TensorSlot]) -> list[_Run]:
 def load(files: Sequence[tuple[ChunkReader, Sequence[TensorSlot]]], device: str | torch.device,
          config: StripeConfig, *, staged: bool | None = None) -> dict[str, torch.Tensor]:
     """The tensors ``files`` describe, on ``device``: each file's slots read through its
-    reader. Names must be unique across files (the caller checks). ``staged`` says whether
-    chunks go through staging buffers (default: for every device but the host; True on
-    the host runs a device load's steps without a device)."""
+    reader. Names must be unique across files (the caller checks). ``staged``: as for
+    :func:`read_into`."""
     import torch
 
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     tensors: dict[str, torch.Tensor] = {}
-    chunks: list[_Chunk] = []
+    pieces: list[tuple[ChunkReader, int, torch.Tensor]] = []
     for reader, slots in files:
         for slot in slots:
             if slot.nbytes == 0:
@@ -131,18 +130,36 @@ def load(files: Sequence[tuple[ChunkReader, Sequence[TensorSlot]]], device: str 
             for slot in run.slots:
                 view = dest[slot.start - run.start : slot.end - run.start]
                 tensors[slot.name] = view.view(slot.dtype).reshape(slot.shape)
-            chunks.extend(_Chunk(reader, offset, dest[offset - run.start :
-                                                      offset - run.start + length])
-                          for offset, length in reader.chunks(run.start, run.end))
-    if staged is None:
-        staged = device.type != "cpu"
-    if staged and chunks:
-        largest = max(chunk.dest.numel() for chunk in chunks)
-        fill = _Staged(device, config, largest).fill
-    else:
-        fill = _into_host
-    _run_all(chunks, fill, config.max_concurrent_fetches)
+            pieces.append((reader, run.start, dest))
+    read_into(pieces, config, staged=staged)
     return tensors
+
+
+def read_into(pieces: Sequence[tuple[ChunkReader, int, torch.Tensor]], config: StripeConfig,
+              *, staged: bool | None = None) -> None:
+    """Fill each piece's destination (a contiguous tensor, on any device) with its bytes
+    from its reader at its offset, every chunk of every piece on the fetch pool at once.
+    ``staged`` says whether chunks go through staging buffers (default: for destinations
+    off the host; True on the host runs a device load's steps without a device)."""
+    import torch
+
+    chunks: list[_Chunk] = []
+    for reader, start, dest in pieces:
+        flat = dest.reshape(-1).view(torch.uint8)
+        chunks.extend(_Chunk(reader, offset, flat[offset - start : offset - start + length])
+                      for offset, length in reader.chunks(start, start + flat.numel()))
+    by_device: dict[object, list[_Chunk]] = {}
+    for chunk in chunks:
+        by_device.setdefault(chunk.dest.device, []).append(chunk)
+    fills = []
+    for device, mine in by_device.items():
+        if (device.type != "cpu") if staged is None else staged:
+            largest = max(chunk.dest.numel() for chunk in mine)
+            fills.append((mine, _Staged(device, config, largest).fill))
+        else:
+            fills.append((mine, _into_host))
+    _run_all([(fill, chunk) for mine, fill in fills for chunk in mine],
+             config.max_concurrent_fetches)
 
 
 _PAGE = 4096
@@ -172,10 +189,11 @@ def _populate(view: memoryview) -> None:
         _libc().madvise(start, end - start, _MADV_POPULATE_WRITE)
 
 
-def _run_all(chunks: list[_Chunk], fill, workers: int) -> None:  # noqa: ANN001
+def _run_all(work: list[tuple[Callable[[_Chunk], None], _Chunk]], workers: int) -> None:
     """Every chunk filled on the fetch pool; the first error is raised once no worker
     writes into the tensors any more."""
-    futures: list[Future] = [shared_pool(workers).submit(fill, chunk) for chunk in chunks]
+    pool = shared_pool(workers)
+    futures: list[Future] = [pool.submit(fill, chunk) for fill, chunk in work]
     try:
         for future in futures:
             future.result()

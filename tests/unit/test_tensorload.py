@@ -272,3 +272,36 @@ def test_a_dcp_item_that_is_no_tensor_is_refused() -> None:
     torch.save({"not": "a tensor"}, buffer)
     with pytest.raises(ValueError, match="holds a dict"):
         saved_tensor(bytearray(buffer.getvalue()), "item")
+
+
+def test_dcp_items_of_a_local_file_are_read_straight_into_their_destinations(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Items whose destination takes their bytes as they are go to the tensor loader in
+    one batch; the others (another dtype, a destination that is a strided view, a tensor
+    saved non-contiguous, an empty one) are copied from their fetched bytes. Every one
+    ends byte-exact."""
+    import torch.distributed.checkpoint as dcp
+
+    g = torch.Generator().manual_seed(11)
+    state = {"w": torch.randn(256, 33, generator=g), "b": torch.randn(7, generator=g).half(),
+             "ids": torch.arange(1000), "mask": torch.rand(99, generator=g) > 0.5,
+             "t": torch.randn(40, 30, generator=g).t(), "cast": torch.randn(5, generator=g),
+             "strided": torch.randn(6, 4, generator=g), "empty": torch.empty(0, 2)}
+    dcp.save(state, checkpoint_id=tmp_path / "dcp", no_dist=True)
+    target = {k: torch.zeros_like(v.contiguous()) for k, v in state.items()}
+    target["cast"] = torch.zeros(5, dtype=torch.float64)
+    target["strided"] = torch.zeros(4, 6).t()  # not contiguous
+    direct: list[torch.Tensor] = []
+    read_into = tensorload.read_into
+
+    def spy(pieces, config, **kwargs):
+        direct.extend(dest for _, _, dest in pieces)
+        return read_into(pieces, config, **kwargs)
+
+    monkeypatch.setattr(tensorload, "read_into", spy)
+    dcp.load(target, storage_reader=ckpt.StorageReader(f"file://{tmp_path}/dcp"),
+             no_dist=True)
+    for name, tensor in state.items():
+        assert torch.equal(target[name], tensor.to(target[name].dtype)), name
+    by_pointer = {t.data_ptr(): name for name, t in target.items()}
+    assert sorted(by_pointer[t.data_ptr()] for t in direct) == ["b", "ids", "mask", "w"]
