@@ -145,6 +145,8 @@ def read_into(pieces: Sequence[tuple[ChunkReader, int, torch.Tensor]], config: S
 
     chunks: list[_Chunk] = []
     for reader, start, dest in pieces:
+        if not dest.is_contiguous():  # reshape would copy: the bytes would land elsewhere
+            raise ValueError(f"{reader.name}: a destination must be contiguous")
         flat = dest.reshape(-1).view(torch.uint8)
         chunks.extend(_Chunk(reader, offset, flat[offset - start : offset - start + length])
                       for offset, length in reader.chunks(start, start + flat.numel()))
