@@ -34,7 +34,9 @@ checkpoint of ``--page-cache-gib`` already in the page cache, loaded into host m
 ``load_safetensors`` of its index vs the safetensors library with a forced copy (its
 tensors are an unread mmap otherwise) vs a careful hand-written loader vs a plain
 ``read()`` of the files (``benchmarks/loadcases.py``), runs interleaved: the API's own CPU
-cost, which a capped link hides (``page_cache_api_vs_lib``, goal >= 1.0).
+cost, which a capped link hides (``page_cache_api_vs_lib``, goal >= 1.0); and a DCP
+checkpoint of half that size loaded through ``bootseer.checkpoint.StorageReader`` vs DCP's
+own ``FileSystemReader`` (``page_cache_dcp_api_vs_torch``).
 
 Every capped case reports the bytes each DataNode served (its tc class's counter, per run; over
 the bytes read, ``fetched_vs_size``) and the machine's CPU busy fraction. Medians of
@@ -320,6 +322,25 @@ class Bench:
             if name != "plain_read" and not loadcases.same(load(paths, "cpu"), reference):
                 raise AssertionError(f"page_cache: {name} loaded different tensors")
         del reference
+        out = self.interleaved(loaders, paths, size)
+        shutil.rmtree(self.work / "local-st")
+        directory = self.work / "local-dcp"
+        saved = loadcases.write_dcp(directory, self.args.page_cache_gib << 29)
+        dcp_size = sum(path.stat().st_size for path in directory.iterdir())
+        dcp_loaders = {"dcp_api": loadcases.dcp_bootseer, "dcp_torch": loadcases.dcp_torch}
+        for name, load in dcp_loaders.items():
+            if not loadcases.same(load([directory], "cpu"), saved):
+                raise AssertionError(f"page_cache: {name} loaded different tensors")
+        del saved
+        dcp = self.interleaved(dcp_loaders, [directory], dcp_size)
+        shutil.rmtree(directory)
+        log.info("page cache: %s", {k: v["GBps"] for k, v in {**out, **dcp}.items()})
+        return {"bytes": size, "shards": len(paths), "runs": self.args.page_cache_runs,
+                "cap": "none: local files already in the page cache, into host memory",
+                **out, "dcp_bytes": dcp_size, **dcp}
+
+    def interleaved(self, loaders: dict, paths: list[Path], size: int) -> dict:
+        """Each loader ``--page-cache-runs`` times into host memory, rounds interleaved."""
         times: dict[str, list[float]] = {name: [] for name in loaders}
         busy: dict[str, list[float]] = {name: [] for name in loaders}
         for _ in range(self.args.page_cache_runs):
@@ -329,16 +350,11 @@ class Bench:
                 times[name].append(time.perf_counter() - start)
                 busy[name].append(busy_fraction(cpu0, cpu_times()))
                 del tensors
-        out = {name: {"median_s": round(statistics.median(t), 3),
-                      "GBps": round(size / statistics.median(t) / 1e9, 2),
-                      "runs_s": [round(x, 3) for x in t],
-                      "cpu_busy_fraction": round(statistics.median(busy[name]), 2)}
-               for name, t in times.items()}
-        log.info("page cache: %s", {k: v["GBps"] for k, v in out.items()})
-        shutil.rmtree(self.work / "local-st")
-        return {"bytes": size, "shards": len(paths), "runs": self.args.page_cache_runs,
-                "cap": "none: local files already in the page cache, into host memory",
-                **out}
+        return {name: {"median_s": round(statistics.median(t), 3),
+                       "GBps": round(size / statistics.median(t) / 1e9, 2),
+                       "runs_s": [round(x, 3) for x in t],
+                       "cpu_busy_fraction": round(statistics.median(busy[name]), 2)}
+                for name, t in times.items()}
 
     @staticmethod
     def page_cache_ratios(page_cache: dict | None) -> dict:
@@ -350,6 +366,8 @@ class Bench:
         return {"page_cache_api_vs_lib": over("library_copy"),
                 "page_cache_api_vs_read": over("plain_read"),
                 "page_cache_api_vs_best_practice": over("best_practice"),
+                "page_cache_dcp_api_vs_torch": None if page_cache is None else round(
+                    rate("dcp_api") / rate("dcp_torch"), 3),
                 "page_cache": page_cache}
 
     def run(self) -> dict:

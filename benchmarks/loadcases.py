@@ -12,7 +12,10 @@ Each loader takes the checkpoint's shard paths and a device and returns the tens
   reading ``CHUNK`` bytes at a time with ``preadv`` into its own slot of one reused pinned
   buffer and copying it asynchronously to the device on its own stream; tensors are views
   of the destination buffer (on the host the reads land in the destination directly);
-* ``plain_read``: ``read()`` of every file, the bytes and nothing else.
+* ``plain_read``: ``read()`` of every file, the bytes and nothing else;
+* for a DCP checkpoint (``write_dcp``; its directory is the one path): ``dcp_bootseer``
+  (``dcp.load`` through ``bootseer.checkpoint.StorageReader``) and ``dcp_torch`` (through
+  DCP's own ``FileSystemReader``), each into freshly allocated destinations.
 """
 
 from __future__ import annotations
@@ -59,6 +62,42 @@ def write_checkpoint(directory: Path, total_bytes: int, shards: int) -> list[Pat
     (directory / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map}))
     return paths
+
+
+def write_dcp(directory: Path, total_bytes: int) -> dict[str, torch.Tensor]:
+    """A DCP checkpoint of about ``total_bytes`` of bf16 tensors of 64 MiB (what it saved
+    is returned, to check loads against)."""
+    import torch.distributed.checkpoint as dcp
+
+    g = torch.Generator().manual_seed(3)
+    state = {f"layers.{i}.w": torch.randn(32 * MIB, generator=g).to(torch.bfloat16)
+             for i in range(max(1, total_bytes // (64 * MIB)))}
+    dcp.save(state, checkpoint_id=directory, no_dist=True)
+    return state
+
+
+def _dcp_targets(directory: Path) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(directory).read_metadata().state_dict_metadata
+    return {name: torch.empty(md.size, dtype=md.properties.dtype)
+            for name, md in metadata.items()}
+
+
+def dcp_bootseer(paths: list[Path], device: str) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
+
+    target = _dcp_targets(paths[0])
+    dcp.load(target, storage_reader=ckpt.StorageReader(paths[0].as_uri()), no_dist=True)
+    return target
+
+
+def dcp_torch(paths: list[Path], device: str) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
+
+    target = _dcp_targets(paths[0])
+    dcp.load(target, storage_reader=dcp.FileSystemReader(paths[0]), no_dist=True)
+    return target
 
 
 def bootseer(config: StripeConfig | None = None) -> Loader:
