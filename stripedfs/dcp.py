@@ -145,6 +145,8 @@ class StripedStorageReader(FileSystemReader):
         return done
 
     def _load_local(self, reader: LocalFileReader, reqs: list[Any], planner: Any) -> None:
+        """One local file's items: those that can, straight into their destinations in one
+        batch (committed once all are in); the others from their fetched bytes."""
         direct = []
         for req in reqs:
             info = self.storage_data[req.storage_index]
