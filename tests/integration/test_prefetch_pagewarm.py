@@ -3,11 +3,14 @@ real FUSE mount whose reads of hot blocks then never reach its server."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
+import mmap
 import os
 import threading
 import time
+from pathlib import Path
 
 from support.images import BIG, MIB, bootseer, recorded_big_image
 
@@ -152,15 +155,43 @@ def test_a_mounts_reads_of_hot_blocks_are_page_cache_hits(dirs) -> None:
         time.sleep(0.2)
     assert pushed.pop("cpu_s") > 0  # what the writes cost the server
     assert pushed == {"pushes": 3, "bytes": 3 * MIB, "dropped": 0, "unknown": 0}
+    # A busy machine may reclaim a pushed page before it is read (a clean page cache page,
+    # seen once in a full CI run): only the blocks wholly in the page cache must not reach
+    # the server, and at least one must be.
+    evicted = [n for n in (1, 3, 4) if not _resident(path, n * MIB, MIB)]
+    assert len(evicted) < 3
     with open(path, "rb", buffering=0) as f:  # no read past what is asked
         for n in (1, 3, 4):
             f.seek(n * MIB + 10)
             assert f.read(MIB - 10) == BIG[n * MIB + 10 : (n + 1) * MIB]
         time.sleep(0.6)  # a stats refresh
-        assert stats()["fuse_requests"].get("read", 0) == 0
+        assert stats()["fuse_requests"].get("read", 0) <= len(evicted)
         f.seek(10)
         assert f.read(100) == BIG[10:110]  # block 0 is not hot: the server reads it
     deadline = time.monotonic() + 5
     while stats()["fuse_requests"].get("read", 0) == 0:
         assert time.monotonic() < deadline
         time.sleep(0.2)
+
+
+def _resident(path: Path, offset: int, length: int) -> bool:
+    """Whether every page of ``path``'s ``[offset, offset+length)`` is in the page cache
+    (``mincore`` of a mapping of it: mapping reads nothing)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, offset)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            pages = ctypes.create_string_buffer(-(-length // mmap.PAGESIZE))
+            assert libc.mincore(address, length, pages) == 0
+            return all(byte & 1 for byte in pages.raw)
+        finally:
+            libc.munmap(address, length)
+    finally:
+        os.close(fd)
