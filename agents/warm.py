@@ -126,6 +126,7 @@ def warmers(blobs: BlobStore, config: Config, request: WarmRequest, *,
         plan.append((ImageWarmer(blobs, image_cache or caches.blocks(),
                                  workload=request.workload, all_blocks=request.all_blocks,
                                  prefetch=PrefetchConfig.from_config(config),
+                                 whole_files=config.image.passthrough,
                                  lazy=lazy, fanout=fanout), (request.image,)))
     if request.envs:
         plan.append((SnapshotWarmer(blobs, caches.snapshots(),

@@ -33,7 +33,11 @@ last one:
   ``lazy_s`` (no prefetch, no recording), ``record_s`` (once: records the hot list and
   writes the hot pack), ``lazy_prefetch_s`` (prefetch of the recorded hot list),
   ``lazy_warmed_s`` (``bootseer warm`` through the agent first, untimed: every hot block
-  local; the warm's own time, the prefetch with no start competing, is ``warm_s``);
+  local, and every file the hot list touches kept whole, so that the start's opens of
+  them pass through to the kernel; the warm's own time, with no start competing, is
+  ``warm_s``); ``lazy_warmed_served_s``: the same with ``image.passthrough`` off (the
+  warm stages the hot blocks only, the server serves every read: the start before
+  passthrough, measured in the same run);
 * ``local_s``: ``full_pull.py run`` on the image unpacked beforehand on local disk: the
   floor.
 
@@ -115,8 +119,9 @@ IMAGES = {"cpu": BenchImage("torch", {"with_torch": True}, "image.json"),
 WORKLOAD = ["python3", "-c",
             "import torch; x = torch.ones(256, 256); print(float((x @ x).sum()))"]
 EXPECTED = "16777216.0"  # 256 * 256 * 256
-CASES = ("local", "full_pull", "docker_pull_run", "lazy", "lazy_prefetch", "lazy_warmed")
-LAZY_CASES = ("lazy", "lazy_prefetch", "lazy_warmed")
+CASES = ("local", "full_pull", "docker_pull_run", "lazy", "lazy_prefetch", "lazy_warmed",
+         "lazy_warmed_served")
+LAZY_CASES = ("lazy", "lazy_prefetch", "lazy_warmed", "lazy_warmed_served")
 PATH = "bootseer-runtime + agent (bootseer.fuse)"
 LATENCY = "none added: kernel has no sch_netem"
 
@@ -247,14 +252,15 @@ class Bench:
             engine.stop()
         return {"docker_pull_run": pulled, "docker_local": again}
 
-    def lazy_start(self, *, prefetch: bool, record: str,
-                   warm: bool = False) -> Callable[[Path, str], Run]:
+    def lazy_start(self, *, prefetch: bool, record: str, warm: bool = False,
+                   passthrough: bool = True) -> Callable[[Path, str], Run]:
         """``docker run --runtime bootseer`` of the stub on a fresh node agent (its own
         cache); the agent's record of the start is kept with the run."""
         def measure(run_dir: Path, what: str) -> Run:
             env = self.env | {"BOOTSEER_STORE": self.url,
                               "BOOTSEER_CACHE_DIR": str(run_dir / "cache"),
                               "BOOTSEER_IMAGE_PREFETCH": "true" if prefetch else "false",
+                              "BOOTSEER_IMAGE_PASSTHROUGH": str(passthrough).lower(),
                               "BOOTSEER_IMAGE_RECORD_IMAGES": self.image.name}
             agent = start_agent(self.agent_sock, env, timeout=120, spares_warm=True)
             try:
@@ -281,8 +287,8 @@ class Bench:
                 agent.wait(60)
             run.extra["start"] = self.start_detail(start, run.started)
             if warmed is not None:
-                run.extra["warm"] = {k: warmed[k] for k in ("seconds", "fetched_bytes",
-                                                            "fetch_requests")}
+                run.extra["warm"] = {k: warmed.get(k) for k in (
+                    "seconds", "fetched_bytes", "fetch_requests", "whole_files")}
             return run
         return measure
 
@@ -415,7 +421,7 @@ class Bench:
         if "lazy" in self.cases:
             log.info("lazy: docker run --runtime bootseer, no prefetch")
             measured |= self.case("lazy", self.lazy_start(prefetch=False, record="never"))
-        if "lazy_prefetch" in self.cases or "lazy_warmed" in self.cases:
+        if {"lazy_prefetch", "lazy_warmed", "lazy_warmed_served"} & set(self.cases):
             log.info("record: one start that records the hot list and writes the hot pack")
             measured |= self.case("record", self.lazy_start(prefetch=False, record="always"),
                                   runs=1)
@@ -428,6 +434,11 @@ class Bench:
                      "start: what is left when every hot block is already local")
             measured |= self.case("lazy_warmed", self.lazy_start(prefetch=True, record="never",
                                                                  warm=True))
+        if "lazy_warmed_served" in self.cases:
+            log.info("lazy_warmed_served: the same with image.passthrough off (every read "
+                     "served by the mount's server)")
+            measured |= self.case("lazy_warmed_served", self.lazy_start(
+                prefetch=True, record="never", warm=True, passthrough=False))
         if self.registry is not None:  # proof that the pulls went through the cap
             sent = re.search(r"Sent (\d+) bytes", describe(self.registry_tc))
             setup["registry_class_sent_bytes"] = int(sent.group(1)) if sent else None
@@ -494,6 +505,7 @@ class Bench:
         prefetched = image_stat("lazy_prefetch", "prefetch", "bytes_fetched")
         total = [d + (p or 0) if d is not None else None for d, p in zip(demand, prefetched)]
         record = measured.get("record")
+        warmed_cpu = median_of(image_stat("lazy_warmed", "server_cpu_s"))
         return {
             **self.recording.header(runs=self.args.runs, caps=self.hdfs.caps(
                 applies_to="egress of the HDFS DataNode's data transfer port and of the "
@@ -561,25 +573,34 @@ class Bench:
                                "request (the handler's thread time, its reply included), "
                                "medians",
             "pages_pushed": {case: per_start(case, "pages_pushed")
-                             for case in ("lazy_prefetch", "lazy_warmed") if case in measured},
+                             for case in LAZY_CASES if case in measured},
             "pages_pushed_note": "hot blocks the mount's server put in the page cache once "
                                  "their file was looked up (FUSE_NOTIFY_STORE), per start, "
                                  "medians: reads of them never reach the server; cpu_s: "
                                  "the server's CPU in those writes (part of server_cpu_s)",
+            "passthrough": {case: per_start(case, "passthrough")
+                            for case in LAZY_CASES if case in measured},
+            "passthrough_note": "per start, medians: backing files the server registered "
+                                "(files opened whose reads the kernel did itself: "
+                                "requests_per_start's open_passthrough), nodes it served "
+                                "itself, registrations refused",
             "bytes_fetched_lazy": median_of(image_stat("lazy", "bytes_fetched")),
             "bytes_fetched_lazy_prefetch": median_of(total),
             "bytes_fetched_lazy_prefetch_note": "demand fetches + the prefetcher's fetches",
             "demand_bytes_lazy_prefetch": median_of(demand),
             "prefetched_bytes": median_of(prefetched),
             "prefetch_finished_s": median_of(image_stat("lazy_prefetch", "prefetch", "seconds")),
-            "warm_s": median_of([r.extra["warm"]["seconds"]
-                                 for r in measured.get("lazy_warmed", [])]),
-            "warm_MBps": median_of([round(r.extra["warm"]["fetched_bytes"] / MB
-                                          / r.extra["warm"]["seconds"], 1)
-                                    for r in measured.get("lazy_warmed", [])
-                                    if r.extra["warm"]["seconds"]]),
-            "warm_note": "lazy_warmed's untimed bootseer warm through the agent: the hot list's "
-                         "prefetch alone, with no start competing (the agent's own report)",
+            **{f"{key}_{figure_name}": median_of([
+                round(r.extra["warm"][field] / (MB if field == "fetched_bytes" else 1), 3)
+                for r in measured.get(case, []) if r.extra["warm"].get(field) is not None])
+               for key, case in (("warm", "lazy_warmed"), ("warm_served", "lazy_warmed_served"))
+               for figure_name, field in (("s", "seconds"), ("MB", "fetched_bytes"),
+                                          ("whole_files", "whole_files"))},
+            "warm_note": "the untimed bootseer warm through the agent before each lazy_warmed "
+                         "(warm_*: the hot list's blocks, then the rest of every file it "
+                         "touches, kept whole) and lazy_warmed_served start (warm_served_*: "
+                         "the hot blocks only), with no start competing (the agent's own "
+                         "report): seconds, MB fetched, files kept whole",
             "breakdown_s": {case: breakdown(case) for case in ("lazy", "record", "lazy_prefetch",
                                                                 "lazy_warmed")},
             "breakdown_note": "medians, seconds, from the agent's start record: spawning docker "
@@ -590,6 +611,9 @@ class Bench:
                 step: median_of([r.steps[i] for r in measured.get("docker_pull_run", [])])
                 for i, step in enumerate(("pull", "run"))},
             "warmed_vs_local": ratio(med.get("lazy_warmed"), med.get("local")),
+            "warmed_served_vs_local": ratio(med.get("lazy_warmed_served"), med.get("local")),
+            "warmed_vs_warmed_served": ratio(med.get("lazy_warmed"),
+                                             med.get("lazy_warmed_served")),
             "floor_s": round(floor, 3) if floor is not None else None,
             "floor": "local_s + hot_bytes / link rate",
             "docker_floor_s": round(docker_floor, 3) if docker_floor is not None else None,
@@ -604,6 +628,11 @@ class Bench:
             "docker_local_vs_local": ratio(med.get("docker_local"), med.get("local")),
             "goals": {
                 "prefetch_le_1.3_floor": (pre <= 1.3 * floor) if pre and floor else None,
+                "prefetch_le_1.2_floor": (pre <= 1.2 * floor) if pre and floor else None,
+                "warmed_le_1.1_local": (med["lazy_warmed"] <= 1.1 * med["local"])
+                if "lazy_warmed" in med and "local" in med else None,
+                "warmed_server_cpu_le_0.3_s": (warmed_cpu <= 0.3)
+                if warmed_cpu is not None else None,
                 **({"prefetch_le_0.15_full": (pre <= 0.15 * full) if pre and full else None,
                     "mount_ready_le_0.5_s": (statistics.median(ready) <= 0.5) if ready
                     else None} if cuda else

@@ -98,6 +98,10 @@ class ImageConfig:
     #: image on every node, so writing it is the operator's grant, not a container's
     #: choice: by default no container records (``bootseer image run`` still does).
     record_images: Strings = ()
+    #: Files kept whole on the node (``warm`` makes the files it stages whole) are read
+    #: by the kernel itself, not through the mount's server (FUSE passthrough: Linux 6.9
+    #: or later, root-run servers; anything else serves every read as before).
+    passthrough: bool = True
 
 
 def default_snapshot_concurrency() -> int:

@@ -6,6 +6,9 @@ connection over. Everything but file content comes from the manifest, which neve
 while mounted: the tree is immutable (the kernel keeps names, attributes, listings and
 pages for a day) and its opens need no state. Given the image's hot blocks, the tree puts
 them in the page cache of each file the kernel looks up (:mod:`bootseer.prefetch.pagewarm`).
+A file kept whole on the node (:mod:`bootseer.prefetch.wholefiles`) is offered as its
+backing file, for the kernel to read itself, except while a recording runs (it must see
+every read); such a file's pages are not pushed.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import errno
 import os
 from collections.abc import Iterable
 
-from bootseer.fuse.tree import ROOT, Node, PushPages, Tree
+from bootseer.fuse.tree import ROOT, Backing, Node, PushPages, Tree
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.pagewarm import PageWarmer
 from bootseer.prefetch.rootfs import FILE_TYPE, Kind
+from bootseer.prefetch.wholefiles import WholeFiles
 
 #: Seconds the kernel may trust a name or attribute: the image is immutable, so only
 #: memory pressure should drop them.
@@ -30,11 +34,16 @@ class ImageTree(Tree):
     immutable = True
     stateless_open = True
 
-    def __init__(self, image: LazyImage, hot: Iterable[str] = ()) -> None:
-        """``hot``: digests of the blocks this start is expected to read (its hot list)."""
+    def __init__(self, image: LazyImage, hot: Iterable[str] = (), *,
+                 passthrough: bool = True) -> None:
+        """``hot``: digests of the blocks this start is expected to read (its hot list);
+        ``passthrough``: offer whole files as backing files (``image.passthrough``)."""
         self.image = image
         self.hot = frozenset(hot)
         self.warmer: PageWarmer | None = None
+        self.whole = WholeFiles(image)
+        self.offers_backing = passthrough
+        self.passing = False  # the connection passes through
         self.by_path = image.manifest.by_path
         #: node number → index of its entry: a hard link group's is its first path (kind
         #: FILE). Entries and nodes are built as the kernel asks for them.
@@ -104,7 +113,18 @@ class ImageTree(Tree):
 
     def looked_up(self, ino: int) -> None:
         if self.warmer is not None and (entry := self.entry(ino)) is not None:
+            if self.passing and not self.image.recording and self.whole.has(entry):
+                return  # the kernel will read the whole file: its pages are not ours
             self.warmer.looked_up(entry)
+
+    def use_passthrough(self) -> None:
+        self.passing = True
+
+    def backing(self, ino: int) -> Backing | None:
+        entry = self.entry(ino)
+        if entry is None or self.image.recording:
+            return None
+        return self.whole.open(entry)
 
     def read(self, ino: int, handle: int, offset: int, size: int) -> bytes:
         entry = self.entry(ino)

@@ -113,7 +113,7 @@ class LazyImage:
         self.manifest, self.manifest_load = load_manifest_timed(blobs, self.image_id, cache)
         self.source = BlockSource(blobs.store, self.manifest, self.image_id)
         self.memory = MemoryTier(recent_blocks, prefetch_memory)
-        self.inflight = InFlight(self._is_local)
+        self.inflight = InFlight(self.is_local)
         self.stats = LazyStats()
         #: While set, the first access of every block is noted (see bootseer.prefetch.hotlist).
         self.recorder: Recorder | None = None
@@ -132,6 +132,11 @@ class LazyImage:
         # is written, or it counts the block missing (test_security, 16 warms at once).
         self._unsaved: set[str] = set()
         self._saved = threading.Condition()
+
+    @property
+    def recording(self) -> bool:
+        """A recording is under way: every read must reach :meth:`read` to be seen."""
+        return self.recorder is not None and not self.recorder.stopped
 
     # -- metadata -----------------------------------------------------------------------------
 
@@ -253,7 +258,8 @@ class LazyImage:
         data = self.memory.peek(digest)
         return data if data is not None else self.cache.get(digest)
 
-    def _is_local(self, digest: str) -> bool:
+    def is_local(self, digest: str) -> bool:
+        """Whether the block is on the node (memory or the disk cache)."""
         return digest in self.memory or digest in self.cache
 
     def _local(self, digest: str) -> bytes | None:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from bootseer import boundedjson
 from bootseer.errors import BootseerError
+from bootseer.fuse.passthrough import PassthroughCounts
 from bootseer.fuse.server import PushCounts, RequestCounts, serve_at
 from bootseer.fuse.server import serve as serve_connection
 from bootseer.jsonfile import write_json
@@ -109,12 +110,14 @@ class MountStats:
     pages_pushed: PushCounts | None = None  # hot blocks put in the page cache ahead of reads
     fuse_cpu_s: dict[str, float] | None = None  # CPU answering them, by kind
     server_cpu_s: float | None = None  # the server's CPU (user + system) since it took the spec
+    passthrough: PassthroughCounts | None = None  # files the kernel was given to read itself
 
     @classmethod
     def of(cls, image: LazyImage, prefetcher: Prefetcher | None = None,
            recording: Recording | None = None, *, final: bool = False,
-           requests: RequestCounts | None = None,
-           pushes: PushCounts | None = None, cpu_since: float | None = None) -> MountStats:
+           requests: RequestCounts | None = None, pushes: PushCounts | None = None,
+           cpu_since: float | None = None,
+           passthrough: PassthroughCounts | None = None) -> MountStats:
         summary = None
         if recording is not None:
             result = recording.result
@@ -129,7 +132,8 @@ class MountStats:
                    requests.snapshot() if requests is not None else None,
                    dataclasses.replace(pushes) if pushes is not None else None,
                    requests.cpu_seconds() if requests is not None else None,
-                   round(process_cpu() - cpu_since, 3) if cpu_since is not None else None)
+                   round(process_cpu() - cpu_since, 3) if cpu_since is not None else None,
+                   dataclasses.replace(passthrough) if passthrough is not None else None)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = dataclasses.asdict(self.reads)
@@ -149,6 +153,8 @@ class MountStats:
             body["fuse_cpu_s"] = self.fuse_cpu_s
         if self.server_cpu_s is not None:
             body["server_cpu_s"] = self.server_cpu_s
+        if self.passthrough is not None:
+            body["passthrough"] = dataclasses.asdict(self.passthrough)
         return body
 
     @classmethod
@@ -156,6 +162,7 @@ class MountStats:
         prefetch, recording = body.get("prefetch"), body.get("recording")
         manifest, requests = body.get("manifest"), body.get("fuse_requests")
         pushed, cpu = body.get("pages_pushed"), body.get("fuse_cpu_s")
+        passthrough = body.get("passthrough")
         return cls(_fields(LazyStats, body),
                    _fields(PrefetchStats, prefetch) if prefetch else None,
                    _fields(RecordingSummary, recording) if recording else None,
@@ -164,7 +171,8 @@ class MountStats:
                    {str(k): int(v) for k, v in requests.items()} if requests else None,
                    _fields(PushCounts, pushed) if pushed else None,
                    {str(k): float(v) for k, v in cpu.items()} if cpu else None,
-                   body.get("server_cpu_s"))
+                   body.get("server_cpu_s"),
+                   _fields(PassthroughCounts, passthrough) if passthrough else None)
 
     def save(self, path: Path) -> None:
         write_json(path, self.to_json())
@@ -209,26 +217,29 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
         MountInfo(image.image_id, image.manifest.config, image.manifest.content_bytes,
                   record).save(spec.info)
     stop_stats = threading.Event()
-    requests, pushes = RequestCounts(), PushCounts()
+    requests, pushes, passthrough = RequestCounts(), PushCounts(), PassthroughCounts()
     if spec.stats is not None:
         stats_file = spec.stats
 
         def refresh() -> None:
             while not stop_stats.wait(STATS_INTERVAL):
                 MountStats.of(image, prefetcher, recording, requests=requests,
-                              pushes=pushes, cpu_since=began).save(stats_file)
+                              pushes=pushes, cpu_since=began,
+                              passthrough=passthrough).save(stats_file)
 
         stats_file.parent.mkdir(parents=True, exist_ok=True)
         MountStats.of(image, prefetcher, recording, requests=requests,
-                      pushes=pushes, cpu_since=began).save(stats_file)
+                      pushes=pushes, cpu_since=began, passthrough=passthrough).save(stats_file)
         threading.Thread(target=refresh, name="stats", daemon=True).start()
-    tree = ImageTree(image, hot=prefetcher.digests if prefetcher is not None else ())
+    tree = ImageTree(image, hot=prefetcher.digests if prefetcher is not None else (),
+                     passthrough=spec.config.image.passthrough)
     try:
         if spec.fuse_fd is not None:
             serve_connection(tree, spec.fuse_fd, takeover_state=spec.takeover_state,
-                             requests=requests, pushes=pushes)
+                             requests=requests, pushes=pushes, passthrough=passthrough)
         else:
-            serve_at(tree, spec.mountpoint, spec.fsname, requests=requests, pushes=pushes)
+            serve_at(tree, spec.mountpoint, spec.fsname, requests=requests, pushes=pushes,
+                     passthrough=passthrough)
     finally:
         stop_stats.set()
         if spec.stats is not None:
@@ -239,5 +250,6 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
             recording.finish("exit")
         if spec.report is not None:
             MountStats.of(image, prefetcher, recording, final=True, requests=requests,
-                          pushes=pushes, cpu_since=began).save(spec.report)
+                          pushes=pushes, cpu_since=began,
+                          passthrough=passthrough).save(spec.report)
 

@@ -3,8 +3,12 @@
 A scheduler (or an operator) runs it on every node of a job ahead of a restart; the
 start then finds its hot blocks, and the image manifest, in the local cache. Without a hot
 list there is nothing known to stage but the manifest (``all_blocks`` stages the whole
-image instead). The result says whether everything needed is now local: a block can fail
-to arrive (the store is unreachable) or not fit (the cache is smaller than the hot set).
+image instead). With ``whole_files`` (``image.passthrough``), every file the hot list
+touches is then completed and kept whole (:mod:`bootseer.prefetch.wholefiles`), so that
+the start's reads of it are the kernel's: that stages more than the hot blocks (the rest
+of each file touched), ahead of the start rather than during it. The result says whether
+everything needed is now local: a block can fail to arrive (the store is unreachable) or
+not fit (the cache is smaller than the hot set).
 
 Hot blocks come by ranged reads of the hot pack (:mod:`bootseer.prefetch.prefetcher`).
 When the warm is one of a job's with peer-to-peer on (a :class:`~bootseer.p2p.Fanout`),
@@ -30,11 +34,13 @@ from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
 from bootseer.p2p import Fanout, FetchResult
 from bootseer.prefetch import hotlist
-from bootseer.prefetch.blockformat import PACK_PREFIX
+from bootseer.prefetch.blockformat import PACK_PREFIX, FileEntry
 from bootseer.prefetch.config import PrefetchConfig
 from bootseer.prefetch.hotlist import HotBlock, HotList
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.prefetcher import Prefetcher
+from bootseer.prefetch.rootfs import Kind
+from bootseer.prefetch.wholefiles import WholeFiles
 from bootseer.store import BlobStore
 from bootseer.warming import NO_HOOKS, Hooks, PartKind, PartResult
 
@@ -53,20 +59,22 @@ class ImageWarmer:
 
     def __init__(self, blobs: BlobStore, cache: NodeCache, *, workload: str,
                  all_blocks: bool = False, prefetch: PrefetchConfig,
-                 lazy: LazyImage | None = None, fanout: Fanout | None = None) -> None:
+                 whole_files: bool = False, lazy: LazyImage | None = None,
+                 fanout: Fanout | None = None) -> None:
         self.blobs, self.cache, self.lazy, self.fanout = blobs, cache, lazy, fanout
         self.workload, self.all_blocks, self.prefetch = workload, all_blocks, prefetch
+        self.whole_files = whole_files
 
     def warm(self, name: str, hooks: Hooks) -> PartResult:
         return warm_image(self.blobs, self.cache, name, self.workload,
                           all_blocks=self.all_blocks, prefetch=self.prefetch, lazy=self.lazy,
-                          fanout=self.fanout, hooks=hooks)
+                          fanout=self.fanout, whole_files=self.whole_files, hooks=hooks)
 
 
 def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
                all_blocks: bool = False, prefetch: PrefetchConfig | None = None,
                lazy: LazyImage | None = None, fanout: Fanout | None = None,
-               hooks: Hooks = NO_HOOKS) -> PartResult:
+               whole_files: bool = False, hooks: Hooks = NO_HOOKS) -> PartResult:
     """Fetch the hot blocks of (``image``, ``workload``) into ``cache``; wait until done.
 
     ``hooks.on_plan`` gets the bytes to stage before the fetching starts,
@@ -76,7 +84,7 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
     ``hooks.before_fetch`` is called before each fetch and may block (the agent's
     priorities). The result's ``detail``: the ``image_id``, the ``workload``, whether the
     image has a ``hot_list`` for it, from how many ``recordings``, and the
-    ``fetch_requests`` sent.
+    ``fetch_requests`` sent, and with ``whole_files`` the ``whole_files`` kept whole.
     """
     started = time.monotonic()
     lazy = lazy or LazyImage(blobs, image, cache)  # also caches the manifest
@@ -106,16 +114,31 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
         prefetcher.start().wait()
     lazy.wait_for(prefetcher.digests)  # blocks a concurrent warm of the image was fetching
     stats = prefetcher.stats
+    detail: dict[str, object] = {}
+    before = lazy.stats.bytes_fetched  # what completing the files fetches, if asked
+    if whole_files:
+        detail["whole_files"] = WholeFiles(lazy).make_whole(_files_of(lazy, wanted, all_blocks))
     return PartResult(
         IMAGE, image, items=stats.hot_blocks, bytes=stats.hot_bytes,
         already_local=stats.already_local, fetched=stats.blocks_fetched,
-        store_bytes=stats.bytes_fetched + sum(p.store_bytes for p in packs),
+        store_bytes=stats.bytes_fetched + lazy.stats.bytes_fetched - before +
+        sum(p.store_bytes for p in packs),
         missing=sum(1 for d in prefetcher.digests if d not in cache),
         seconds=round(time.monotonic() - started, 3),
         peer_bytes=sum(p.peer_bytes for p in packs),
         detail={"image_id": lazy.image_id, "workload": workload,
                 "hot_list": hot is not None, "recordings": hot.recordings if hot else 0,
-                "fetch_requests": stats.fetch_requests})
+                "fetch_requests": stats.fetch_requests, **detail})
+
+
+def _files_of(lazy: LazyImage, wanted: HotList, all_blocks: bool) -> list[FileEntry]:
+    """The files to keep whole: every regular file with ``all_blocks``, else those the
+    hot list's blocks were read from."""
+    by_path = lazy.manifest.by_path
+    if all_blocks:
+        return [e for e in lazy.manifest.entries if e.kind is Kind.FILE]
+    paths = dict.fromkeys(block.path for block in wanted.blocks if block.path)
+    return [e for path in paths if (e := by_path.get(path)) is not None]
 
 
 def _packs_to_share(lazy: LazyImage, wanted: HotList, all_blocks: bool) -> list[str]:

@@ -11,14 +11,20 @@ from __future__ import annotations
 import struct
 
 #: The protocol this server speaks: 7.23 is the oldest whose structs it uses unchanged
-#: (the full-size ``fuse_init_out``), 7.38 the newest whose additions it knows.
+#: (the full-size ``fuse_init_out``), 7.40 the newest whose additions it knows (7.40:
+#: passthrough, its ``backing_id`` and ``max_stack_depth``).
 KERNEL_VERSION = 7
 MIN_MINOR = 23
-MAX_MINOR = 38
+MAX_MINOR = 40
 
 #: ioctl(new_fd, FUSE_DEV_IOC_CLONE, &old_fd) = _IOR(229, 0, uint32_t): attach a fresh
 #: /dev/fuse file to old_fd's connection, with a request queue of its own.
 FUSE_DEV_IOC_CLONE = 0x8004E500
+#: ioctl(fd, FUSE_DEV_IOC_BACKING_OPEN, &fuse_backing_map) = _IOW(229, 1, 16 bytes): register
+#: an open file as a backing file of fd's connection; returns its backing id (> 0).
+FUSE_DEV_IOC_BACKING_OPEN = 0x4010E501
+#: ioctl(fd, FUSE_DEV_IOC_BACKING_CLOSE, &backing_id) = _IOW(229, 2, uint32_t)
+FUSE_DEV_IOC_BACKING_CLOSE = 0x4004E502
 
 # -- opcodes -------------------------------------------------------------------------------
 LOOKUP = 1
@@ -75,12 +81,16 @@ PARALLEL_DIROPS = 1 << 18  # lookups and readdirs of one directory in parallel
 MAX_PAGES = 1 << 22  # init_out.max_pages is valid: reads up to max_pages pages per request
 CACHE_SYMLINKS = 1 << 23  # the kernel keeps READLINK answers in its page cache
 NO_OPENDIR_SUPPORT = 1 << 24  # (from the kernel) the same for OPENDIR
+INIT_EXT = 1 << 30  # flags2 in fuse_init_in/out carries flags 32-63
+#: (flags 32-63: as one 64-bit value, flags | flags2 << 32)
+PASSTHROUGH = 1 << 37  # opens may name a backing file whose reads the kernel does itself
 
 # -- open_out.open_flags -------------------------------------------------------------------
 FOPEN_DIRECT_IO = 1 << 0  # reads bypass the page cache, each goes to the server as asked
 FOPEN_KEEP_CACHE = 1 << 1  # do not drop the file's cached pages on open
 FOPEN_CACHE_DIR = 1 << 3  # the kernel may cache this directory's listing
 FOPEN_NOFLUSH = 1 << 5  # no FLUSH on close (nothing is ever written)
+FOPEN_PASSTHROUGH = 1 << 7  # reads and mmaps go to the backing file open_out names
 
 # -- structs -------------------------------------------------------------------------------
 #: fuse_in_header: len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding
@@ -89,9 +99,12 @@ IN_HEADER = struct.Struct("=IIQQIIIHH")
 OUT_HEADER = struct.Struct("=IiQ")
 #: fuse_init_in (the start of it): major, minor, max_readahead, flags
 INIT_IN = struct.Struct("=IIII")
+#: fuse_init_in from 7.36 with FUSE_INIT_EXT (the start of it): ..., flags, flags2
+INIT_IN_EXT = struct.Struct("=IIIII")
 #: fuse_init_out: major, minor, max_readahead, flags, max_background, congestion_threshold,
-#: max_write, time_gran, max_pages, map_alignment, flags2, unused[7]
-INIT_OUT = struct.Struct("=IIIIHHIIHHI28x")
+#: max_write, time_gran, max_pages, map_alignment, flags2, max_stack_depth,
+#: request_timeout, unused[11]
+INIT_OUT = struct.Struct("=IIIIHHIIHHIIH22x")
 #: fuse_attr: ino, size, blocks, atime, mtime, ctime, atimensec, mtimensec, ctimensec,
 #: mode, nlink, uid, gid, rdev, blksize, flags
 ATTR = struct.Struct("=QQQQQQIIIIIIIIII")
@@ -117,3 +130,5 @@ DIRENT = struct.Struct("=QQII")
 NOTIFY_STORE_OUT = struct.Struct("=QQII")
 #: fuse_release_in (the start of it): fh
 RELEASE_IN = struct.Struct("=Q")
+#: fuse_backing_map: fd, flags, padding
+BACKING_MAP = struct.Struct("=iIQ")

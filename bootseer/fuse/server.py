@@ -23,7 +23,9 @@ about metadata are packed once and reused, opens cost no round trip where the ke
 allows it (see :meth:`_Server.agree`; else they answer ``FOPEN_KEEP_CACHE``), directory
 listings and symlink targets are cached by the kernel. Reads may be up to
 :data:`MAX_PAGES` pages. Such a tree may also put pages into the kernel's page cache before
-anyone reads them (:class:`PagePusher`, ``FUSE_NOTIFY_STORE``).
+anyone reads them (:class:`PagePusher`, ``FUSE_NOTIFY_STORE``). A tree that can name local
+files holding a node's bytes has a privileged server ask for passthrough, and the kernel
+then reads those nodes itself (:mod:`bootseer.fuse.passthrough`; opens are answered then).
 
 Speed matters, since every request costs a trip through this Python process: the structs
 are compiled once and a request is read into a per-thread buffer rather than a new one.
@@ -51,6 +53,12 @@ from bootseer import boundedjson
 from bootseer.fuse import FuseError
 from bootseer.fuse import proto as p
 from bootseer.fuse.connection import READAHEAD, clone_fd, detach, open_connection
+from bootseer.fuse.passthrough import (
+    MAX_STACK_DEPTH,
+    Passthrough,
+    PassthroughCounts,
+    may_pass_through,
+)
 from bootseer.fuse.tree import Node, Tree
 from bootseer.jsonfile import write_json
 
@@ -71,6 +79,7 @@ CONGESTION_THRESHOLD = 48
 WANTED_FLAGS = p.ASYNC_READ | p.PARALLEL_DIROPS | p.MAX_PAGES | p.CACHE_SYMLINKS
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC
+_PASSTHROUGH_FLAGS = p.FOPEN_PASSTHROUGH | p.FOPEN_NOFLUSH
 _OK_HEADER = p.OUT_HEADER.size
 #: A write of an answer fails so when its request is gone (interrupted, or the connection
 #: aborted); nobody is waiting for it any more.
@@ -107,6 +116,9 @@ REQUEST_NAMES = {p.LOOKUP: "lookup", p.GETATTR: "getattr", p.READLINK: "readlink
 #: negative entries the kernel keeps).
 NEGATIVE_LOOKUP = -1
 REQUEST_NAMES[NEGATIVE_LOOKUP] = "lookup_negative"
+#: An OPEN answered with a backing file: the kernel reads that open file itself.
+PASSTHROUGH_OPEN = -2
+REQUEST_NAMES[PASSTHROUGH_OPEN] = "open_passthrough"
 
 
 class RequestCounts:
@@ -249,12 +261,12 @@ class Negotiated:
     server loads it (the kernel sends INIT once per connection)."""
 
     minor: int  # protocol 7.<minor> as answered
-    flags: int  # FUSE_INIT flags in force
+    flags: int  # FUSE_INIT flags in force (flags 32-63 included: flags | flags2 << 32)
     max_readahead: int
     max_write: int
     max_pages: int
     kernel_minor: int  # what the kernel offered
-    kernel_flags: int
+    kernel_flags: int  # (flags 32-63 included)
 
     def save(self, path: Path) -> None:
         write_json(path, asdict(self))
@@ -272,7 +284,8 @@ class Negotiated:
 
 def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
           threads: int = DEFAULT_THREADS, requests: RequestCounts | None = None,
-          pushes: PushCounts | None = None) -> Negotiated | None:
+          pushes: PushCounts | None = None,
+          passthrough: PassthroughCounts | None = None) -> Negotiated | None:
     """Serve ``tree`` on the FUSE connection of ``fd`` until it is unmounted (or aborted).
 
     ``fd`` is a mounted connection's file (:mod:`bootseer.fuse.connection`); it is cloned,
@@ -282,7 +295,9 @@ def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
     already initialised. A state file left from an earlier mount is harmless: a fresh
     connection always sends INIT first, and answering it rewrites the file. ``requests``
     counts what is answered (a fresh one if not given); ``pushes`` what an immutable tree
-    put into the page cache ahead of reads (:meth:`Tree.use_pusher`).
+    put into the page cache ahead of reads (:meth:`Tree.use_pusher`); ``passthrough``
+    what the kernel was given to read itself (its decisions are logged beside
+    ``takeover_state``, for the next server).
 
     Returns what is in force for the connection (None if it ended before INIT).
     """
@@ -292,7 +307,8 @@ def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
                  negotiated.flags)
     clone = clone_fd(fd)
     server = _Server(tree, clone, takeover_state, negotiated,
-                     requests if requests is not None else RequestCounts())
+                     requests if requests is not None else RequestCounts(),
+                     passthrough if passthrough is not None else PassthroughCounts())
     pusher = None
     if tree.immutable and not tree.direct_io:
         pusher = PagePusher(clone, pushes if pushes is not None else PushCounts())
@@ -308,6 +324,8 @@ def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
         worker.join()
     if pusher is not None:
         pusher.stop()
+    if server.passthrough is not None:
+        server.passthrough.close()
     os.close(clone)
     if server.failure is not None:
         raise FuseError(f"serving FUSE failed: {server.failure}") from server.failure
@@ -316,7 +334,8 @@ def serve(tree: Tree, fd: int, *, takeover_state: Path | None = None,
 
 def serve_at(tree: Tree, mountpoint: Path, source: str, *,
              threads: int = DEFAULT_THREADS, requests: RequestCounts | None = None,
-             pushes: PushCounts | None = None) -> None:
+             pushes: PushCounts | None = None,
+             passthrough: PassthroughCounts | None = None) -> None:
     """Mount a connection at ``mountpoint`` for this process (root: mount(2); anyone else:
     fusermount3) and serve ``tree`` on it until it is unmounted; SIGTERM and SIGINT
     unmount it, so the caller's cleanup after this returns still runs. The connection
@@ -329,7 +348,8 @@ def serve_at(tree: Tree, mountpoint: Path, source: str, *,
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        serve(tree, fd, threads=threads, requests=requests, pushes=pushes)
+        serve(tree, fd, threads=threads, requests=requests, pushes=pushes,
+              passthrough=passthrough)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -340,13 +360,15 @@ class _Server:
     """The request handlers, shared by the reader threads; no state but caches."""
 
     def __init__(self, tree: Tree, fd: int, state_path: Path | None,
-                 negotiated: Negotiated | None, requests: RequestCounts) -> None:
+                 negotiated: Negotiated | None, requests: RequestCounts,
+                 passthrough: PassthroughCounts) -> None:
         self.tree, self.fd, self.state_path = tree, fd, state_path
-        self.requests = requests
+        self.requests, self.passthrough_counts = requests, passthrough
         self.no_open = self.no_opendir = False
         self.negotiated: Negotiated | None = None
+        self.passthrough: Passthrough | None = None
         if negotiated is not None:
-            self.agree(negotiated)
+            self.agree(negotiated, fresh=False)
         self.failure: OSError | None = None
         ttl = tree.ttl
         self.valid = (math.floor(ttl), int((ttl % 1) * 1e9))
@@ -439,6 +461,8 @@ class _Server:
 
     def init(self, unique: int, nodeid: int, body: memoryview) -> None:
         major, minor, max_readahead, flags = p.INIT_IN.unpack_from(body)
+        if flags & p.INIT_EXT and len(body) >= p.INIT_IN_EXT.size:
+            flags |= p.INIT_IN_EXT.unpack_from(body)[4] << 32
         if major != p.KERNEL_VERSION or minor < p.MIN_MINOR:
             log.error("kernel FUSE protocol %d.%d is not supported (need %d.%d or later)",
                       major, minor, p.KERNEL_VERSION, p.MIN_MINOR)
@@ -446,7 +470,10 @@ class _Server:
             return
         # The kernel takes the smaller of this and the mount's readahead: asking for more
         # than it offered keeps what the connection's mount set.
-        negotiated = Negotiated(minor=min(minor, p.MAX_MINOR), flags=flags & WANTED_FLAGS,
+        wanted = WANTED_FLAGS
+        if self.tree.offers_backing and may_pass_through():
+            wanted |= p.PASSTHROUGH | p.INIT_EXT
+        negotiated = Negotiated(minor=min(minor, p.MAX_MINOR), flags=flags & wanted,
                                 max_readahead=max(max_readahead, READAHEAD),
                                 max_write=MAX_WRITE,
                                 max_pages=MAX_PAGES, kernel_minor=minor, kernel_flags=flags)
@@ -454,21 +481,31 @@ class _Server:
         # a connection no successor could know it is initialised.
         if self.state_path is not None:
             negotiated.save(self.state_path)
-        self.agree(negotiated)
+        self.agree(negotiated, fresh=True)
         log.info("FUSE connection initialised: protocol 7.%d, flags %#x (kernel: 7.%d, %#x)",
                  negotiated.minor, negotiated.flags, minor, flags)
+        agreed = negotiated.flags
         self.reply(unique, p.INIT_OUT.pack(
-            p.KERNEL_VERSION, negotiated.minor, negotiated.max_readahead, negotiated.flags,
-            MAX_BACKGROUND, CONGESTION_THRESHOLD, MAX_WRITE, 1, MAX_PAGES, 0, 0))
+            p.KERNEL_VERSION, negotiated.minor, negotiated.max_readahead, agreed & 0xFFFFFFFF,
+            MAX_BACKGROUND, CONGESTION_THRESHOLD, MAX_WRITE, 1, MAX_PAGES, 0, agreed >> 32,
+            MAX_STACK_DEPTH if agreed & p.PASSTHROUGH else 0, 0))
 
-    def agree(self, negotiated: Negotiated) -> None:
-        """Take on what INIT settled. For a tree whose opens need no state, where the
-        kernel supports it, OPEN and OPENDIR are answered ENOSYS once, and then never sent
-        again: opening costs no round trip (nor does RELEASE), and the kernel's default for
-        such opens is to keep the page cache and cache directories, just what an immutable
-        tree wants."""
+    def agree(self, negotiated: Negotiated, *, fresh: bool) -> None:
+        """Take on what INIT settled (``fresh``: just now, else by a predecessor). For a
+        tree whose opens need no state, where the kernel supports it, OPEN and OPENDIR are
+        answered ENOSYS once, and then never sent again: opening costs no round trip (nor
+        does RELEASE), and the kernel's default for such opens is to keep the page cache
+        and cache directories, just what an immutable tree wants. With passthrough, OPEN
+        must be answered: that is where a backing file is named."""
         stateless = self.tree.stateless_open and self.tree.immutable
-        self.no_open = stateless and bool(negotiated.kernel_flags & p.NO_OPEN_SUPPORT)
+        if negotiated.flags & p.PASSTHROUGH:
+            log_path = None if self.state_path is None else \
+                self.state_path.with_name(self.state_path.name + ".backing")
+            self.passthrough = Passthrough(self.fd, self.tree, log_path, fresh=fresh,
+                                           counts=self.passthrough_counts)
+            self.tree.use_passthrough()
+        self.no_open = stateless and bool(negotiated.kernel_flags & p.NO_OPEN_SUPPORT) and \
+            self.passthrough is None
         self.no_opendir = self.tree.immutable and \
             bool(negotiated.kernel_flags & p.NO_OPENDIR_SUPPORT)
         self.negotiated = negotiated
@@ -505,15 +542,20 @@ class _Server:
     def readlink(self, unique: int, nodeid: int, body: memoryview) -> None:
         self.reply(unique, self.tree.readlink(nodeid))
 
-    def open(self, unique: int, nodeid: int, body: memoryview) -> None:
+    def open(self, unique: int, nodeid: int, body: memoryview) -> int | None:
         flags, _ = p.OPEN_IN.unpack_from(body)
         if flags & _WRITE_FLAGS:
             self.error(unique, errno.EROFS)
         elif self.no_open:
             self.error(unique, errno.ENOSYS)
         else:
+            backing = self.passthrough.backing_id(nodeid) if self.passthrough else 0
+            if backing:
+                self.reply(unique, p.OPEN_OUT.pack(0, _PASSTHROUGH_FLAGS, backing))
+                return PASSTHROUGH_OPEN
             handle = self.tree.open(nodeid)
             self.reply(unique, p.OPEN_OUT.pack(handle, self.open_flags, 0))
+        return None
 
     def read(self, unique: int, nodeid: int, body: memoryview) -> None:
         handle, offset, size = p.READ_IN.unpack_from(body)

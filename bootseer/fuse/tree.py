@@ -50,6 +50,17 @@ class Node:
         return stat.S_ISDIR(self.mode)
 
 
+@dataclass(frozen=True, slots=True)
+class Backing:
+    """A local file holding exactly a node's bytes, for the kernel to read instead of the
+    server (:mod:`bootseer.fuse.passthrough`): an open read-only descriptor, which the
+    caller closes, and a key naming its content (nodes with the same key share one
+    registration)."""
+
+    key: str
+    fd: int
+
+
 class Tree(ABC):
     """A read-only tree of nodes; every method may be called from several threads."""
 
@@ -68,6 +79,9 @@ class Tree(ABC):
     has_xattrs: bool = False
     #: The block size ``statfs`` reports (a hint for ``cp`` and friends).
     block_size: int = 4096
+    #: The tree may name backing files (:meth:`backing`): a privileged server then asks
+    #: the kernel for passthrough.
+    offers_backing: bool = False
 
     @abstractmethod
     def node(self, ino: int) -> Node | None:
@@ -111,3 +125,13 @@ class Tree(ABC):
 
     def looked_up(self, ino: int) -> None:  # noqa: B027
         """The kernel was just told about node ``ino`` (a lookup answered)."""
+
+    def backing(self, ino: int) -> Backing | None:
+        """A verified local file holding node ``ino``'s bytes, that the kernel may read
+        in place of the server, or None to serve its reads here. Asked once per node per
+        connection, at its first open: the answer holds until the mount ends."""
+        return None
+
+    def use_passthrough(self) -> None:  # noqa: B027
+        """The connection passes through: opens of nodes :meth:`backing` names will not
+        read from the server (so pushing their pages would be wasted)."""

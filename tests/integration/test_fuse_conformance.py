@@ -4,10 +4,15 @@ Both trees Bootseer serves (:class:`ImageTree`, a lazy image; :class:`Checkpoint
 store directory) are served by the one server (:mod:`bootseer.fuse.server`) on the real
 kernel, mounted each way a server gets its connection: by the node agent (``mount_fd``,
 the connection outliving its servers), by the server itself as root (mount(2)), and
-through ``fusermount3`` (the way unprivileged users mount). On every combination the
-mount equals its source and refuses what writes; where the agent holds the connection, a
-killed server is taken over by a new one (only requests it had read fail; queued ones,
-retried page reads and open files carry on), and unmounting ends a server.
+through ``fusermount3`` (the way unprivileged users mount). The image is served twice:
+as blocks, and with its files kept whole on the node (``image-passthrough``), where a
+root server's opens name them as backing files and the kernel reads them itself (FUSE
+passthrough; fusermount3's unprivileged server cannot, and serves them as blocks). On
+every combination the mount equals its source and refuses what writes; where the agent
+holds the connection, a killed server is taken over by a new one (only requests it had
+read fail; queued ones, retried page reads and open files carry on; files open in
+passthrough need no server at all; a new server keeps each file's mode), and unmounting
+ends a server.
 
 The test process plays the node agent: it mounts and keeps the fd, and runs each server
 as a subprocess of this file (``python test_fuse_conformance.py serve ...``) that it can
@@ -43,7 +48,9 @@ FILES = {f"/data/d{i % 3}/f{i}.bin": random.Random(i).randbytes(1000 + 37_000 * 
 BIG = random.Random(99).randbytes(5 * MIB + 777)
 #: Every file of the test trees, by path.
 CONTENT = {**FILES, "/data/big.bin": BIG, "/data/empty": b""}
-KINDS = ("image", "checkpoint")
+KINDS = ("image", "image-passthrough", "checkpoint")
+#: The trees whose reads reach the server (a passthrough file's never do).
+SERVED_KINDS = ("image", "checkpoint")
 
 
 class SlowStore(LocalStore):
@@ -80,9 +87,10 @@ def make_tree(kind: str, store_path: str, image: str, cache: str, slow: str):
     from bootseer.prefetch.lazyimage import LazyImage
     from bootseer.stripedfs.tree import CheckpointTree
 
-    prefix = "packs/" if kind == "image" else "data/big.bin"
+    image_kind = kind.startswith("image")
+    prefix = "packs/" if image_kind else "data/big.bin"
     store = SlowStore(store_path, prefix, Path(slow)) if slow else open_store(store_path)
-    if kind == "image":
+    if image_kind:
         return ImageTree(LazyImage(BlobStore(store), image, NodeCache(Path(cache), 1 << 30)))
     return CheckpointTree(store, ttl=30.0)
 
@@ -119,6 +127,8 @@ class Connection:
         self.cache, self.mnt, self.state = root / "cache", root / "mnt", root / "takeover.json"
         self.cache.mkdir(parents=True)
         self.mnt.mkdir()
+        if kind == "image-passthrough":
+            make_whole(store, image, self.cache)
         self.fd = mount_fd(self.mnt, "bootseer-test") if how == "agent" else None
         self.servers: list[subprocess.Popen] = []
 
@@ -178,6 +188,20 @@ def convert_layers(root: Path, layers: list[bytes], name: str, block_size: int =
     return store
 
 
+def make_whole(store: Path, image: str, cache: Path,
+               paths: Callable[[str], bool] = lambda path: True) -> int:
+    """Keep the image's files (those ``paths`` accepts) whole in the node cache ``cache``,
+    as ``bootseer warm`` does; returns how many are."""
+    from bootseer.nodecache import NodeCache
+    from bootseer.prefetch.lazyimage import LazyImage
+    from bootseer.prefetch.rootfs import Kind
+    from bootseer.prefetch.wholefiles import WholeFiles
+
+    lazy = LazyImage(BlobStore(open_store(str(store))), image, NodeCache(cache, 1 << 30))
+    files = [e for e in lazy.manifest.entries if e.kind is Kind.FILE and paths(e.path)]
+    return WholeFiles(lazy).make_whole(files)
+
+
 def files_image(root: Path) -> Path:
     from support.layers import dir_, layer, reg
 
@@ -197,7 +221,7 @@ def checkpoint_dir(root: Path) -> Path:
 
 def source(kind: str, root: Path) -> Path:
     """The store holding the test tree of ``kind``."""
-    return files_image(root) if kind == "image" else checkpoint_dir(root / "store")
+    return files_image(root) if kind.startswith("image") else checkpoint_dir(root / "store")
 
 
 def describe(mnt: Path) -> dict[str, tuple[int, bytes | None]]:
@@ -283,21 +307,25 @@ def test_a_hostile_source_name_cannot_add_mount_options(tmp_path: Path, how: str
         unmount(mnt)
 
 
-def test_an_unprivileged_user_mounts_through_fusermount() -> None:
+@pytest.mark.parametrize("kind", ["checkpoint", "image-passthrough"])
+def test_an_unprivileged_user_mounts_through_fusermount(kind: str) -> None:
     """A user without CAP_SYS_ADMIN: fusermount3 mounts and hands the connection over; the
     same server serves it, and the user's own ``fusermount3 -u`` ends it. This machine's
     /dev/fuse is root's alone (0600), so the test runs in a mount namespace of its own
-    whose /dev/fuse is a node of the same device open to all, as on a stock host."""
+    whose /dev/fuse is a node of the same device open to all, as on a stock host. With
+    the image's files whole in the user's cache, the server still serves them itself (it
+    may not register backing files, so it does not ask the kernel for passthrough)."""
     root = Path(tempfile.mkdtemp(prefix="bootseer-fusermount-"))
     try:
         os.chmod(root, 0o755)
-        store = checkpoint_dir(root / "store")
-        (root / "mnt").mkdir()
-        shutil.chown(root / "mnt", "nobody", "nogroup")
+        store = source(kind, root / "src")
+        for made in ("mnt", "cache"):
+            (root / made).mkdir()
+            shutil.chown(root / made, "nobody", "nogroup")
         script = (f"mknod -m 0666 {root}/fuse c 10 229 && mount --bind {root}/fuse /dev/fuse "
                   f"{reveal_python(root)} && exec setpriv --reuid nobody --regid nogroup "
-                  f"--clear-groups {sys.executable} {__file__} unprivileged {store} "
-                  f"{root / 'mnt'}")
+                  f"--clear-groups {sys.executable} {__file__} unprivileged {kind} {store} "
+                  f"{root / 'mnt'} {root / 'cache'}")
         run = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                               script], capture_output=True, text=True, timeout=120,
                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
@@ -322,11 +350,14 @@ def reveal_python(root: Path) -> str:
             f"&& mount --bind {keep} {closed / inside}")
 
 
-def unprivileged_main(store: str, mnt: str) -> None:
-    """As an unprivileged user: serve ``store`` at ``mnt`` through fusermount3, read a file
-    through the mount, unmount it; say each step."""
+def unprivileged_main(kind: str, store: str, mnt: str, cache: str) -> None:
+    """As an unprivileged user: serve ``store`` at ``mnt`` through fusermount3 (for the
+    image, its files made whole in ``cache`` first), read a file through the mount,
+    unmount it; say each step."""
     assert os.geteuid() != 0
-    server = subprocess.Popen([sys.executable, __file__, "serve", "checkpoint", store, "", "",
+    if kind == "image-passthrough":
+        assert make_whole(Path(store), "files", Path(cache)) == len(CONTENT) - 1
+    server = subprocess.Popen([sys.executable, __file__, "serve", kind, store, "files", cache,
                                "fusermount", mnt, "", ""], stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while not is_mounted(Path(mnt)):
@@ -428,7 +459,7 @@ def kill_while_fetching(server: subprocess.Popen, marker: Path,
     return reader, result
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SERVED_KINDS)
 def test_a_request_in_flight_when_its_server_dies_fails(tmp_path: Path, connect,
                                                         kind: str) -> None:
     """The kernel ends the requests a dead server had read with ECONNABORTED; an O_DIRECT
@@ -470,6 +501,78 @@ def test_a_buffered_read_in_flight_when_its_server_dies_is_retried(tmp_path: Pat
     assert result == [BIG]
 
 
+def test_files_open_in_passthrough_stay_readable_without_a_server(tmp_path: Path,
+                                                                  connect) -> None:
+    """The kernel reads a passthrough file itself: with its server killed and none to take
+    over, a file opened before (read, and mmapped) still reads byte for byte."""
+    conn = connect("image-passthrough", files_image(tmp_path / "src"))
+    server = conn.start()
+    path, small = conn.mnt / "data/big.bin", conn.mnt / "data/d1/f4.bin"
+    with open(path, "rb", buffering=0) as f, open(small, "rb") as g:
+        mapped = mmap.mmap(g.fileno(), 0, prot=mmap.PROT_READ)
+        assert f.read(MIB) == BIG[:MIB]
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        assert f.read() == BIG[MIB:]
+        assert os.pread(f.fileno(), 4096, 3 * MIB + 5) == BIG[3 * MIB + 5 : 3 * MIB + 4101]
+        assert mapped[:] == FILES["/data/d1/f4.bin"]
+        mapped.close()
+    conn.start()  # the mount is served again (new opens need a server)
+    assert path.read_bytes() == BIG
+
+
+def test_a_new_server_keeps_each_files_mode_and_its_backing_files(tmp_path: Path,
+                                                                   connect) -> None:
+    """The kernel fails an open (EIO) if a file's open files mix passthrough and reads
+    through the server. The first server serves f0 (not whole when first opened) and
+    passes f1 through; then f0 is made whole and the server killed. Its successor keeps
+    both modes: a second open of f0, while the first is open, is served (not EIO), and a
+    new open of f1 names the backing file registered before (it reads with no server)."""
+    store = files_image(tmp_path / "src")
+    conn = connect("image", store)
+    make_whole(store, "files", conn.cache, lambda path: path != "/data/d0/f0.bin")
+    first = conn.start()
+    f0, f1 = conn.mnt / "data/d0/f0.bin", conn.mnt / "data/d1/f1.bin"
+    with open(f0, "rb") as held:
+        assert held.read() == FILES["/data/d0/f0.bin"]
+        assert f1.read_bytes() == FILES["/data/d1/f1.bin"]
+        assert make_whole(store, "files", conn.cache) == len(CONTENT) - 1
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        second = conn.start()
+        assert f0.read_bytes() == FILES["/data/d0/f0.bin"]
+        with open(f1, "rb", buffering=0) as g:
+            second.send_signal(signal.SIGKILL)
+            second.wait()
+            assert g.read() == FILES["/data/d1/f1.bin"]  # no server: passed through
+    assert conn.state.with_name(conn.state.name + ".backing").stat().st_size > 0
+    conn.start()
+    assert describe(conn.mnt) == expected()
+
+
+def test_a_whole_file_that_fails_its_check_is_never_registered(tmp_path: Path,
+                                                              connect) -> None:
+    """A whole file of the wrong size (damaged, or planted) is dropped, not named to the
+    kernel: the server reads the file from its blocks, byte for byte."""
+    from bootseer.nodecache import NodeCache
+    from bootseer.prefetch.lazyimage import LazyImage
+    from bootseer.prefetch.wholefiles import WholeFiles
+
+    store = files_image(tmp_path / "src")
+    conn = connect("image-passthrough", store)
+    lazy = LazyImage(BlobStore(open_store(str(store))), "files", NodeCache(conn.cache, 1 << 30))
+    entry = lazy.lookup("/data/big.bin")
+    key = WholeFiles(lazy).key(entry)
+    assert key is not None
+    with open(lazy.cache.path(key), "r+b") as f:
+        f.truncate(entry.size - 1)
+    server = conn.start()
+    assert (conn.mnt / "data/big.bin").read_bytes() == BIG
+    assert not lazy.cache.path(key).exists()
+    unmount(conn.mnt)
+    assert server.wait(timeout=10) == 0
+
+
 @pytest.mark.parametrize("how", ["agent", "self"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_unmount_ends_the_server(tmp_path: Path, connect, kind: str, how: str) -> None:
@@ -481,8 +584,11 @@ def test_unmount_ends_the_server(tmp_path: Path, connect, kind: str, how: str) -
     assert not is_mounted(conn.mnt)
 
 
-def test_real_debian_python_image_runs_in_runc(tmp_path: Path, connect) -> None:
-    """debootstrap minbase + python3: python3 -c in runc on an overlay over the mount."""
+@pytest.mark.parametrize("kind", ["image", "image-passthrough"])
+def test_real_debian_python_image_runs_in_runc(tmp_path: Path, connect, kind: str) -> None:
+    """debootstrap minbase + python3: python3 -c in runc on an overlay over the mount (with
+    passthrough: over a mount whose files are backed by the node's whole files, within
+    the kernel's stacking depth)."""
     from bootseer.prefetch.container import overlay_mount, run_rootfs
     from bootseer.prefetch.convert import convert
     from bootseer.prefetch.image_source import open_image
@@ -492,7 +598,7 @@ def test_real_debian_python_image_runs_in_runc(tmp_path: Path, connect) -> None:
     store = tmp_path / "store"
     store.mkdir()
     convert(open_image(layout), BlobStore(open_store(str(store))), name="py")
-    conn = connect("image", store, "py")
+    conn = connect(kind, store, "py")
     conn.start()
     with overlay_mount(conn.mnt, tmp_path / "upper", tmp_path / "work",
                        tmp_path / "rootfs") as root:

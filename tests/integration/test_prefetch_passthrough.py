@@ -1,0 +1,116 @@
+"""Whole files and FUSE passthrough on a lazy image's mount: what ``bootseer warm`` keeps
+whole, what a hostile manifest cannot make whole, and that a start that records still
+sees every read while a start that does not leaves its reads to the kernel."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from support.images import BIG, MIB, MIB_BLOCKS, big_image, bootseer
+
+from bootseer.mounts import unmount
+from bootseer.nodecache import NodeCache
+from bootseer.prefetch import hotlist
+from bootseer.prefetch.blockformat import BlockLocation, FileEntry
+from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.prefetch.rootfs import Kind
+from bootseer.prefetch.wholefiles import WholeFiles
+from bootseer.store import BlobStore, open_store
+
+
+def _entry(size: int, blocks: tuple[int, ...], path: str = "/f") -> FileEntry:
+    return FileEntry(path, Kind.FILE, 0o644, 0, 0, size, 0.0, None, {}, 0, 0, 2, 1, blocks)
+
+
+def test_a_file_whose_blocks_do_not_add_up_is_never_made_whole() -> None:
+    """The manifest is the store's bytes: a file may claim blocks of other sizes than its
+    own (another file's blocks, or sizes that lie). Such a file has no key, so nothing is
+    ever written or named for it."""
+    table = [BlockLocation(f"{n:064x}", 0, 0, 10, size)
+             for n, size in enumerate((MIB, MIB, 5, MIB - 1))]
+    files = WholeFiles(SimpleNamespace(manifest=SimpleNamespace(block_size=MIB, blocks=table),
+                                       cache=None))
+    assert files.key(_entry(2 * MIB + 5, (0, 1, 2))) is not None
+    assert files.key(_entry(2 * MIB + 5, (0, 1, 2))) == files.key(_entry(2 * MIB + 5, (0, 1, 2),
+                                                                          "/other"))
+    assert files.key(_entry(2 * MIB + 5, (0, 2, 1))) is None  # a short block inside
+    assert files.key(_entry(2 * MIB + 6, (0, 1, 2))) is None  # the size lies
+    assert files.key(_entry(2 * MIB, (0, 1, 2))) is None  # more blocks than the size holds
+    assert files.key(_entry(MIB + 5, (0, 3))) is None  # a last block of the wrong size
+    assert files.key(_entry(0, ())) is None  # nothing to back
+    assert files.key(_entry(5, (2,))) != files.key(_entry(MIB - 1, (3,)))
+
+
+def test_warm_keeps_the_files_it_stages_whole_and_root_only(dirs) -> None:
+    bootseer("image", "convert", str(big_image(dirs["image"])), "--name", "big", *MIB_BLOCKS,
+             store=dirs["store"], cache=dirs["cache"])
+    out = json.loads(bootseer("warm", "--json", "--image", "big", "--all", "--no-agent",
+                              store=dirs["store"], cache=dirs["cache"]).stdout)
+    assert out["image"]["whole_files"] == 2
+    image = LazyImage(BlobStore(open_store(str(dirs["store"]))), "big",
+                      NodeCache(dirs["cache"] / "blocks", 1 << 30))
+    backing = WholeFiles(image).open(image.lookup("/data/big.bin"))
+    assert backing is not None
+    with open(backing.fd, "rb") as f:
+        assert f.read() == BIG
+    path = image.cache.path(backing.key)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.parent.parent.stat().st_mode & 0o777 == 0o700
+
+
+def _start(dirs: dict[str, Path], workload: str, *, record: bool, passthrough: bool) -> dict:
+    """Mount the image (recording or not), read blocks 3, 1 and 4 of big.bin and all of
+    small.txt through it, unmount; the server's report."""
+    report = dirs["run"] / "report.json"
+    report.unlink(missing_ok=True)
+    env = {"BOOTSEER_IMAGE_PASSTHROUGH": str(passthrough).lower()}
+    bootseer("image", "mount", "big", str(dirs["mnt"]), "--workload", workload, "--no-prefetch",
+             *(["--record"] if record else []), "--report", str(report),
+             store=dirs["store"], cache=dirs["cache"], env=env)
+    try:
+        with open(dirs["mnt"] / "data/big.bin", "rb", buffering=0) as f:
+            for n in (3, 1, 4):
+                f.seek(n * MIB)
+                assert f.read(100) == BIG[n * MIB : n * MIB + 100]
+        assert (dirs["mnt"] / "data/small.txt").read_bytes() == b"small\n"
+    finally:
+        unmount(dirs["mnt"])
+    deadline = time.monotonic() + 30
+    while not report.exists():
+        assert time.monotonic() < deadline, "no report"
+        time.sleep(0.1)
+    return json.loads(report.read_text())
+
+
+def test_a_recording_start_sees_every_read_and_a_later_start_passes_through(dirs) -> None:
+    """Every file whole: a first start that records is served as without passthrough,
+    so its hot list is the same as with passthrough off; a start that does not record
+    opens both files in passthrough and the server reads nothing."""
+    bootseer("image", "convert", str(big_image(dirs["image"])), "--name", "big", *MIB_BLOCKS,
+             store=dirs["store"], cache=dirs["cache"])
+    bootseer("warm", "--image", "big", "--all", "--no-agent", store=dirs["store"],
+             cache=dirs["cache"])
+    blobs = BlobStore(open_store(str(dirs["store"])))
+    image = LazyImage(blobs, "big", NodeCache(dirs["cache"] / "blocks", 1 << 30))
+
+    def recorded(passthrough: bool) -> tuple[list[tuple[str, str]], dict]:
+        workload = f"passthrough-{passthrough}"  # a hot list of its own
+        report = _start(dirs, workload, record=True, passthrough=passthrough)
+        hot = hotlist.load(blobs, image.image_id, workload, image.manifest)
+        assert hot is not None and hot.recordings == 1
+        return sorted((b.digest, b.path) for b in hot.blocks), report
+
+    without, _ = recorded(False)
+    with_passthrough, report = recorded(True)
+    assert with_passthrough == without and len(without) == 4
+    assert report["fuse_requests"].get("open_passthrough", 0) == 0
+    assert report["passthrough"]["registered"] == 0
+
+    report = _start(dirs, "w", record=False, passthrough=True)
+    assert report["fuse_requests"]["open_passthrough"] == 2
+    assert report["fuse_requests"].get("read", 0) == 0
+    assert report["passthrough"] == {"registered": 2, "served": 0, "inherited": 0,
+                                     "refused": 0}
