@@ -128,6 +128,15 @@ class CheckpointCache:
                   observer: ReadObserver | None = None) -> LocalFileReader | None:
         """A reader of the copy of ``url`` if it is a copy of the object ``info`` describes
         (the store's ``stat`` now) and is whole; None otherwise."""
+        found = self.copy_descriptor(url, info)
+        if found is None:
+            return None
+        record, fd = found
+        return LocalFileReader(fd, record.size, url, observer=observer)
+
+    def copy_descriptor(self, url: str, info: ObjectInfo) -> tuple[CopyRecord, int] | None:
+        """The record and an open read-only descriptor of the copy of ``url``, if it is a
+        copy of the object ``info`` describes and is whole (the caller closes it)."""
         record = self.record(url)
         if record is None or not record.matches(info):
             return None
@@ -142,7 +151,7 @@ class CheckpointCache:
             log.warning("staged copy of %s has the wrong size; reading the store", url)
             return None
         _touch(self._record_path(url))
-        return LocalFileReader(fd, record.size, url, observer=observer)
+        return record, fd
 
     def verify(self, url: str, info: ObjectInfo) -> CopyRecord | None:
         """The record of ``url``'s copy if it is a copy of the object ``info`` describes and

@@ -15,6 +15,11 @@ the striped reader with its own read-ahead window), kept by a random handle; a r
 handle this process never gave out (a predecessor's, after a takeover) opens the file
 again under it. At most :data:`MAX_OPEN` files are open at once: each reader is small, but
 a container must not be able to grow a root process without bound.
+
+A file with a current staged copy is offered as its backing file (:meth:`backing`): the
+kernel reads the copy itself (FUSE passthrough), no reader is kept. A file's content
+version is its size and mtime in the listing, so a file rewritten in the store is decided
+afresh, never read from the copy of its old bytes.
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from bootseer.fuse.tree import ROOT, Node, Tree
+from bootseer.fuse.tree import ROOT, Backing, Node, Tree
 from bootseer.store import Store
 from bootseer.store.base import Access
-from bootseer.stripedfs.checkpoint_cache import CheckpointCache
+from bootseer.stripedfs.checkpoint_cache import CheckpointCache, object_url
 from bootseer.stripedfs.config import StripeConfig
 from bootseer.stripedfs.files import PeerFiles, Reader, open_reader
 
@@ -65,6 +70,7 @@ class CheckpointTree(Tree):
                  peers: PeerFiles | None = None) -> None:
         self.store, self.config, self.copies, self.peers = store, config, copies, peers
         self.ttl, self.direct_io = ttl, direct_io
+        self.offers_backing = copies is not None
         self.file_mode = mode & 0o444
         self.dir_mode = self.file_mode | (self.file_mode >> 2)  # search where readable
         #: The listing: entries and each directory's children, replaced whole.
@@ -151,6 +157,29 @@ class CheckpointTree(Tree):
             return self._tree
 
     # -- content ---------------------------------------------------------------------------
+
+    def content_version(self, ino: int) -> int:
+        entry = self._listing()[0].get(ino)
+        if entry is None:
+            return 0
+        digest = hashlib.blake2b(f"{entry.size}:{entry.mtime!r}".encode(), digest_size=8)
+        return int.from_bytes(digest.digest(), "little")
+
+    def backing(self, ino: int) -> Backing | None:
+        """The file's staged copy, if it is current (a copy of what the store holds now,
+        which is also what the listing says the file is)."""
+        entry = self._listing()[0].get(ino)
+        if self.copies is None or entry is None or entry.is_dir:
+            return None
+        key = entry.path.lstrip("/")
+        try:
+            info = self.store.stat(key)
+        except FileNotFoundError:
+            return None
+        if (info.size, info.mtime) != (entry.size, entry.mtime):
+            return None  # changed since the listing: the server reads what is there now
+        found = self.copies.copy_descriptor(object_url(self.store, key), info)
+        return None if found is None else Backing(found[0].sha256, found[1])
 
     def open(self, ino: int) -> int:
         reader = self._open_reader(ino)

@@ -11,7 +11,11 @@ this module decides, registers and remembers, under the kernel's rules:
   opens mix passthrough and cached reads (or two backing files). So a node's mode is
   decided at its first OPEN on the connection and kept while the connection lives: a
   node the tree could not back then (not whole on the node yet, a recording under way,
-  which must see every read) is served by the server until the mount ends.
+  which must see every read) is served by the server until the mount ends. A tree whose
+  files can change (a checkpoint directory) names each content a version of its own
+  (:meth:`Tree.content_version`), decided afresh: bytes of an old version are never
+  served for a new one (an open that would mix versions fails with ``EIO``, never
+  stale).
 * **Takeover decides the same.** A decision is appended to a log beside the connection's
   takeover state before the OPEN it answers is answered, and a taking-over server reads
   the log back. Its backing ids stay valid: registrations belong to the connection (the
@@ -41,8 +45,8 @@ from bootseer.fuse.tree import Tree
 
 log = logging.getLogger(__name__)
 
-#: A decision in the log: node id, backing id (0: served by the server).
-_RECORD = struct.Struct("=QI")
+#: A decision in the log: node id, content version, backing id (0: served by the server).
+_RECORD = struct.Struct("=QQI")
 #: Longest log read back: a record per node that was opened (millions of nodes fit).
 MAX_LOG_BYTES = 64 << 20
 #: What the mount tells the kernel: backing files stack nothing (see the module docstring).
@@ -74,12 +78,13 @@ class PassthroughCounts:
 
 
 class Passthrough:
-    """The decisions of one connection: node id → backing id (0: the server reads)."""
+    """The decisions of one connection: (node id, content version) → backing id (0: the
+    server reads)."""
 
     def __init__(self, fd: int, tree: Tree, log_path: Path | None, *, fresh: bool,
                  counts: PassthroughCounts) -> None:
         self.fd, self.tree, self.counts = fd, tree, counts
-        self.decisions: dict[int, int] = {}
+        self.decisions: dict[tuple[int, int], int] = {}
         self.ids: dict[str, int] = {}  # a backing file's key → its id (shared content)
         self.enabled = True
         self._lock = threading.Lock()
@@ -90,19 +95,21 @@ class Passthrough:
                 counts.inherited = len(self.decisions)
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
             self._log = os.open(log_path, flags | (os.O_TRUNC if fresh else 0), 0o600)
+            os.fchmod(self._log, 0o600)  # also a file left from before
 
     def backing_id(self, ino: int) -> int:
         """The backing id node ``ino``'s opens name, 0 if the server reads it."""
-        found = self.decisions.get(ino)
+        node = (ino, self.tree.content_version(ino))
+        found = self.decisions.get(node)
         if found is not None:
             return found
         with self._lock:
-            found = self.decisions.get(ino)
+            found = self.decisions.get(node)
             if found is None:
                 found = self._decide(ino)
                 if self._log is not None:  # before the OPEN is answered: see the docstring
-                    os.write(self._log, _RECORD.pack(ino, found))
-                self.decisions[ino] = found
+                    os.write(self._log, _RECORD.pack(*node, found))
+                self.decisions[node] = found
             return found
 
     def close(self) -> None:
@@ -139,7 +146,7 @@ class Passthrough:
             os.close(backing.fd)
 
 
-def _read_log(path: Path) -> dict[int, int]:
+def _read_log(path: Path) -> dict[tuple[int, int], int]:
     """A predecessor's decisions; a torn last record (a kill mid-write) is ignored."""
     try:
         with open(path, "rb") as f:
@@ -149,4 +156,5 @@ def _read_log(path: Path) -> dict[int, int]:
     if len(raw) > MAX_LOG_BYTES:
         raise OSError(errno.EFBIG, f"passthrough log {path} is over {MAX_LOG_BYTES} bytes")
     whole = len(raw) - len(raw) % _RECORD.size
-    return {ino: backing for ino, backing in _RECORD.iter_unpack(raw[:whole])}
+    return {(ino, version): backing
+            for ino, version, backing in _RECORD.iter_unpack(raw[:whole])}

@@ -128,9 +128,17 @@ class Tree(ABC):
 
     def backing(self, ino: int) -> Backing | None:
         """A verified local file holding node ``ino``'s bytes, that the kernel may read
-        in place of the server, or None to serve its reads here. Asked once per node per
-        connection, at its first open: the answer holds until the mount ends."""
+        in place of the server, or None to serve its reads here. Asked once per node and
+        :meth:`content_version` per connection, at its first open: the answer holds
+        until the mount ends."""
         return None
+
+    def content_version(self, ino: int) -> int:
+        """What names node ``ino``'s current content, as a 64-bit number: a node's
+        passthrough mode is decided once per version (an immutable tree's never
+        changes; a tree whose files can change in the store names a new version when
+        one does, and :meth:`backing` is asked again)."""
+        return 0
 
     def use_passthrough(self) -> None:  # noqa: B027
         """The connection passes through: opens of nodes :meth:`backing` names will not

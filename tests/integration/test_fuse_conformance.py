@@ -4,10 +4,11 @@ Both trees Bootseer serves (:class:`ImageTree`, a lazy image; :class:`Checkpoint
 store directory) are served by the one server (:mod:`bootseer.fuse.server`) on the real
 kernel, mounted each way a server gets its connection: by the node agent (``mount_fd``,
 the connection outliving its servers), by the server itself as root (mount(2)), and
-through ``fusermount3`` (the way unprivileged users mount). The image is served twice:
-as blocks, and with its files kept whole on the node (``image-passthrough``), where a
-root server's opens name them as backing files and the kernel reads them itself (FUSE
-passthrough; fusermount3's unprivileged server cannot, and serves them as blocks). On
+through ``fusermount3`` (the way unprivileged users mount). Each tree is served twice:
+from the store, and with its files on the node (``*-passthrough``: the image's kept
+whole, the checkpoint's staged), where a root server's opens name them as backing files
+and the kernel reads them itself (FUSE passthrough; fusermount3's unprivileged server
+cannot, and serves them itself). On
 every combination the mount equals its source and refuses what writes; where the agent
 holds the connection, a killed server is taken over by a new one (only requests it had
 read fail; queued ones, retried page reads and open files carry on; files open in
@@ -48,7 +49,8 @@ FILES = {f"/data/d{i % 3}/f{i}.bin": random.Random(i).randbytes(1000 + 37_000 * 
 BIG = random.Random(99).randbytes(5 * MIB + 777)
 #: Every file of the test trees, by path.
 CONTENT = {**FILES, "/data/big.bin": BIG, "/data/empty": b""}
-KINDS = ("image", "image-passthrough", "checkpoint")
+KINDS = ("image", "image-passthrough", "checkpoint", "checkpoint-passthrough")
+PASSTHROUGH_KINDS = ("image-passthrough", "checkpoint-passthrough")
 #: The trees whose reads reach the server (a passthrough file's never do).
 SERVED_KINDS = ("image", "checkpoint")
 
@@ -92,7 +94,33 @@ def make_tree(kind: str, store_path: str, image: str, cache: str, slow: str):
     store = SlowStore(store_path, prefix, Path(slow)) if slow else open_store(store_path)
     if image_kind:
         return ImageTree(LazyImage(BlobStore(store), image, NodeCache(Path(cache), 1 << 30)))
-    return CheckpointTree(store, ttl=30.0)
+    copies = checkpoint_copies(Path(cache)) if kind == "checkpoint-passthrough" else None
+    return CheckpointTree(store, ttl=30.0, copies=copies)
+
+
+def checkpoint_copies(cache: Path):
+    """The checkpoint cache of a node whose cache directory is ``cache``."""
+    from bootseer.nodecache import NodeCache
+    from bootseer.stripedfs.checkpoint_cache import CheckpointCache
+
+    return CheckpointCache(cache / "checkpoints", NodeCache(cache / "checkpoints" / "copies",
+                                                           1 << 30))
+
+
+def stage_all(store: Path, cache: Path) -> None:
+    """Stage a copy of every file of the checkpoint directory ``store``, as ``bootseer warm
+    --checkpoint`` does."""
+    import hashlib
+
+    from bootseer.stripedfs.checkpoint_cache import object_url
+
+    copies, source = checkpoint_copies(cache), open_store(str(store))
+    for path, data in CONTENT.items():
+        key = path.lstrip("/")
+        tmp = copies.begin()
+        tmp.write_bytes(data)
+        copies.commit(tmp, object_url(source, key), source.stat(key),
+                      hashlib.sha256(data).hexdigest(), None)
 
 
 def serve_main(kind: str, store: str, image: str, cache: str, how: str, target: str,
@@ -129,6 +157,8 @@ class Connection:
         self.mnt.mkdir()
         if kind == "image-passthrough":
             make_whole(store, image, self.cache)
+        elif kind == "checkpoint-passthrough":
+            stage_all(store, self.cache)
         self.fd = mount_fd(self.mnt, "bootseer-test") if how == "agent" else None
         self.servers: list[subprocess.Popen] = []
 
@@ -501,11 +531,12 @@ def test_a_buffered_read_in_flight_when_its_server_dies_is_retried(tmp_path: Pat
     assert result == [BIG]
 
 
-def test_files_open_in_passthrough_stay_readable_without_a_server(tmp_path: Path,
-                                                                  connect) -> None:
+@pytest.mark.parametrize("kind", PASSTHROUGH_KINDS)
+def test_files_open_in_passthrough_stay_readable_without_a_server(tmp_path: Path, connect,
+                                                                  kind: str) -> None:
     """The kernel reads a passthrough file itself: with its server killed and none to take
     over, a file opened before (read, and mmapped) still reads byte for byte."""
-    conn = connect("image-passthrough", files_image(tmp_path / "src"))
+    conn = connect(kind, source(kind, tmp_path / "src"))
     server = conn.start()
     path, small = conn.mnt / "data/big.bin", conn.mnt / "data/d1/f4.bin"
     with open(path, "rb", buffering=0) as f, open(small, "rb") as g:

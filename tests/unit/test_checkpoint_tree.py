@@ -1,17 +1,20 @@
-"""CheckpointTree on its own (no FUSE): node numbers, handles, limits, and a listing that
-never holds up reads of files already open."""
+"""CheckpointTree on its own (no FUSE): node numbers, handles, limits, a listing that never
+holds up reads of files already open, and staged copies offered as backing files."""
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import threading
 from pathlib import Path
 
 import pytest
 
 from bootseer.fuse.tree import ROOT
+from bootseer.nodecache import NodeCache
 from bootseer.store.local import LocalStore
 from bootseer.stripedfs import tree as tree_module
+from bootseer.stripedfs.checkpoint_cache import CheckpointCache, object_url
 from bootseer.stripedfs.tree import CheckpointTree, node_number
 
 
@@ -80,3 +83,33 @@ def test_a_slow_listing_never_holds_up_reads_of_open_files(store) -> None:
         store.release.set()
         lister.join(30)
         reader.join(30)
+
+
+def stage(cache: CheckpointCache, store: LocalStore, key: str, data: bytes) -> None:
+    """Stage ``data`` as the copy of ``key`` as ``warm --checkpoint`` does (bytes, record)."""
+    tmp = cache.begin()
+    tmp.write_bytes(data)
+    cache.commit(tmp, object_url(store, key), store.stat(key), hashlib.sha256(data).hexdigest(),
+                 None)
+
+
+def test_a_current_staged_copy_backs_its_file_and_a_rewritten_file_is_decided_afresh(
+        store, tmp_path: Path) -> None:
+    """The kernel may read a file's staged copy in its place only while the copy is of
+    what the store holds; a rewrite is a new content version, whose copy is no more."""
+    cache = CheckpointCache(tmp_path / "ckpt-cache",
+                            NodeCache(tmp_path / "ckpt-cache" / "copies", 1 << 30))
+    tree = CheckpointTree(store, copies=cache, ttl=0.0)
+    ino = node_number("/rank0/model.bin")
+    assert tree.offers_backing and not CheckpointTree(store).offers_backing
+    assert tree.backing(ino) is None  # nothing staged
+    stage(cache, store, "rank0/model.bin", bytes(range(256)) * 64)
+    version = tree.content_version(ino)
+    backing = tree.backing(ino)
+    assert backing is not None
+    with open(backing.fd, "rb") as f:
+        assert f.read() == bytes(range(256)) * 64
+    (tmp_path / "ckpt" / "rank0" / "model.bin").write_bytes(b"rewritten")
+    assert tree.content_version(ino) != version
+    assert tree.backing(ino) is None  # the copy is of the old bytes
+    assert tree.backing(node_number("/rank0")) is None  # a directory has none
