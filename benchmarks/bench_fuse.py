@@ -12,7 +12,10 @@ interleaved):
 
 * ``seq``: the whole file read in 1 MiB ``read()`` calls;
 * ``rand``: ``--random-reads`` ``pread()`` of 4 KiB at random 4 KiB-aligned offsets (the
-  same offsets, seeded, for all).
+  same offsets, seeded, for all);
+* ``meta``: ``stat()`` of each of ``--small-files`` files in 20 directories (dentries
+  dropped with the page cache, so each is a lookup the mount's server answers: what a
+  metadata round trip costs, which passthrough does not remove).
 
 Reports MB/s and reads per second for each, ``seq_vs_host`` and ``rand_vs_host`` (the
 mount's rate over the host's; goal >= 0.9), the same for ``served``, and each mount
@@ -43,12 +46,18 @@ log = logging.getLogger("bench-fuse")
 MIB = 1 << 20
 
 
-def write_image(layout: Path, data: bytes) -> None:
+def small_files(n: int) -> list[str]:
+    """The relative paths of ``n`` small files, spread over 20 directories."""
+    return [f"small/d{i % 20}/f{i}.txt" for i in range(n)]
+
+
+def write_image(layout: Path, data: bytes, smalls: list[str] = ()) -> None:
     """An OCI layout of one uncompressed layer holding ``/data/big.bin`` and small files."""
     tar = io.BytesIO()
     with tarfile.open(fileobj=tar, mode="w", format=tarfile.PAX_FORMAT) as out:
         for name, body in (("data/big.bin", data), ("data/small.txt", b"small\n"),
-                           ("etc/hostname", b"bench\n")):
+                           ("etc/hostname", b"bench\n"),
+                           *((path, path.encode()) for path in smalls)):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(body), 0o644
             out.addfile(info, io.BytesIO(body))
@@ -82,6 +91,12 @@ def seq_read(path: Path) -> int:
     return done
 
 
+def stat_all(root: Path, paths: list[str]) -> int:
+    for path in paths:
+        os.stat(root / path)
+    return len(paths)
+
+
 def rand_read(path: Path, offsets: list[int]) -> int:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -96,6 +111,7 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--random-reads", type=int, default=4096)
+    parser.add_argument("--small-files", type=int, default=2000)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     recording = Recording("fuse")
@@ -112,7 +128,11 @@ def main() -> None:
         data = b"".join(rng.randbytes(MIB) for _ in range(args.mib))
         host = work / "host.bin"
         host.write_bytes(data)
-        write_image(work / "layout", data)
+        smalls = small_files(args.small_files)
+        for path in smalls:
+            (work / "host-root" / path).parent.mkdir(parents=True, exist_ok=True)
+            (work / "host-root" / path).write_bytes(path.encode())
+        write_image(work / "layout", data, smalls)
         del data
         log.info("converting and staging every block")
         bootseer("image", "convert", str(work / "layout"), "--name", "fusebench")
@@ -126,6 +146,7 @@ def main() -> None:
                      str(reports[name]))
         files = {name: mnt / "data" / "big.bin" for name, mnt in mounts.items()}
         files["host"] = host
+        roots = {**mounts, "host": work / "host-root"}
         rng = random.Random(2)
         offsets = [rng.randrange(args.mib * MIB // 4096) * 4096
                    for _ in range(args.random_reads)]
@@ -136,8 +157,10 @@ def main() -> None:
                 if seq_read(files[name]) != host.stat().st_size:
                     raise AssertionError(f"the {name} file is not the host file's size")
             for _ in range(args.runs):
-                for kind, read in (("seq", seq_read), ("rand", lambda p: rand_read(p, offsets))):
+                for kind, read in (("seq", seq_read), ("rand", lambda p: rand_read(p, offsets)),
+                                   ("meta", lambda p: stat_all(p, smalls))):
                     for name, path in files.items():
+                        path = roots[name] if kind == "meta" else path
                         case = f"{kind}_{name}"
                         drop_page_cache()
                         cpu0, start = cpu_times(), time.perf_counter()
@@ -160,9 +183,10 @@ def main() -> None:
         prefix = "" if name == "mount" else f"{name}_"
         return {f"seq_{name}_MBps": round(size / med[f"seq_{name}"] / 1e6, 1),
                 f"rand_{name}_reads_per_s": round(args.random_reads / med[f"rand_{name}"]),
+                f"meta_{name}_stats_per_s": round(len(smalls) / med[f"meta_{name}"]),
                 **({} if name == "host" else {
-                    f"seq_{prefix}vs_host": round(med["seq_host"] / med[f"seq_{name}"], 3),
-                    f"rand_{prefix}vs_host": round(med["rand_host"] / med[f"rand_{name}"], 3)})}
+                    f"{kind}_{prefix}vs_host": round(med[f"{kind}_host"] / med[f"{kind}_{name}"],
+                                                     3) for kind in ("seq", "rand", "meta")})}
 
     result = {
         **recording.header(runs=args.runs, caps={"link": "none: local disk and page cache"}),

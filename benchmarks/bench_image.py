@@ -612,6 +612,10 @@ class Bench:
                 for i, step in enumerate(("pull", "run"))},
             "warmed_vs_local": ratio(med.get("lazy_warmed"), med.get("local")),
             "warmed_served_vs_local": ratio(med.get("lazy_warmed_served"), med.get("local")),
+            "warmed_vs_docker_local": ratio(med.get("lazy_warmed"), med.get("docker_local")),
+            "warmed_vs_docker_local_note": "the warmed start (docker run --runtime bootseer) "
+                                           "over docker run of the image from Docker's own "
+                                           "storage: the same engine path on both sides",
             "warmed_vs_warmed_served": ratio(med.get("lazy_warmed"),
                                              med.get("lazy_warmed_served")),
             "floor_s": round(floor, 3) if floor is not None else None,

@@ -109,13 +109,16 @@ class ImageTree(Tree):
 
     def use_pusher(self, push: PushPages) -> None:
         if self.hot and PageWarmer.applies(self.image):
-            self.warmer = PageWarmer(self.image, self.hot, push)
+            self.warmer = PageWarmer(self.image, self.hot, push, skip=self._passes_through)
 
     def looked_up(self, ino: int) -> None:
         if self.warmer is not None and (entry := self.entry(ino)) is not None:
-            if self.passing and not self.image.recording and self.whole.has(entry):
-                return  # the kernel will read the whole file: its pages are not ours
             self.warmer.looked_up(entry)
+
+    def _passes_through(self, entry: FileEntry) -> bool:
+        """Whether the kernel will read ``entry`` from its whole file: its pages are not
+        the mount's to push."""
+        return self.passing and not self.image.recording and self.whole.has(entry)
 
     def use_passthrough(self) -> None:
         self.passing = True

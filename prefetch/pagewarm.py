@@ -24,7 +24,7 @@ import logging
 import mmap
 import queue
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from bootseer.fuse.tree import PushPages
 from bootseer.prefetch.blockformat import FileEntry
@@ -36,8 +36,11 @@ Target = tuple[int, int, int]  # node, offset in the file, bytes of the block in
 
 
 class PageWarmer:
-    def __init__(self, image: LazyImage, hot: Iterable[str], push: PushPages) -> None:
-        self.image, self.push = image, push
+    def __init__(self, image: LazyImage, hot: Iterable[str], push: PushPages, *,
+                 skip: Callable[[FileEntry], bool] = lambda entry: False) -> None:
+        """``skip(entry)``: the file's pages are not the mount's to fill (the kernel reads
+        it from elsewhere); asked on the warmer's thread, never a request's."""
+        self.image, self.push, self.skip = image, push, skip
         self.hot = frozenset(hot)
         self._seen: set[int] = set()
         self._waiting: dict[str, list[Target]] = {}  # hot blocks not local when looked at
@@ -80,6 +83,8 @@ class PageWarmer:
                               entry.path)
 
     def _warm(self, entry: FileEntry) -> None:
+        if self.skip(entry):
+            return
         size = self.image.manifest.block_size
         table = self.image.manifest.blocks
         for k, index in enumerate(entry.blocks):

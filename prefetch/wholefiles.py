@@ -50,11 +50,19 @@ class WholeFiles:
     def __init__(self, image: LazyImage) -> None:
         self.image = image
         self.cache = image.cache
+        self._keys: dict[str, str | None] = {}  # by path: a mount asks at every lookup
 
     def key(self, entry: FileEntry) -> str | None:
         """The cache entry naming ``entry``'s content; None for a file that is not a
         regular one with content, or whose blocks do not add up to it (see the module
         docstring)."""
+        try:
+            return self._keys[entry.path]
+        except KeyError:
+            key = self._keys[entry.path] = self._key(entry)  # atomic under the GIL
+            return key
+
+    def _key(self, entry: FileEntry) -> str | None:
         if entry.kind not in (Kind.FILE, Kind.HARDLINK) or entry.size <= 0:
             return None
         manifest = self.image.manifest

@@ -59,6 +59,7 @@ INTERRUPT = 36
 DESTROY = 38
 IOCTL = 39  # no handler: ENOSYS (counted by name in a mount's report)
 BATCH_FORGET = 42
+READDIRPLUS = 44
 FALLOCATE = 43
 RENAME2 = 45
 COPY_FILE_RANGE = 47
@@ -76,6 +77,7 @@ NO_REPLY_OPCODES = (FORGET, BATCH_FORGET, INTERRUPT)
 
 # -- FUSE_INIT flags -----------------------------------------------------------------------
 ASYNC_READ = 1 << 0  # several reads of one file at once (readahead in parallel)
+DO_READDIRPLUS = 1 << 13  # listings carry each entry's attributes: the kernel keeps them
 NO_OPEN_SUPPORT = 1 << 17  # (from the kernel) OPEN may be answered ENOSYS: never sent again
 PARALLEL_DIROPS = 1 << 18  # lookups and readdirs of one directory in parallel
 MAX_PAGES = 1 << 22  # init_out.max_pages is valid: reads up to max_pages pages per request

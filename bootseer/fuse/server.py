@@ -21,7 +21,9 @@ anything that writes, ``EIO`` (logged) for a read that fails; FLUSH, and GETXATT
 without xattrs, are ``ENOSYS`` so the kernel stops asking. For an immutable tree, answers
 about metadata are packed once and reused, opens cost no round trip where the kernel
 allows it (see :meth:`_Server.agree`; else they answer ``FOPEN_KEEP_CACHE``), directory
-listings and symlink targets are cached by the kernel. Reads may be up to
+listings and symlink targets are cached by the kernel, and a listing carries every
+entry's attributes (``READDIRPLUS``): the kernel then knows each name listed, and a later
+lookup of it never comes here (a start lists the directories it imports from). Reads may be up to
 :data:`MAX_PAGES` pages. Such a tree may also put pages into the kernel's page cache before
 anyone reads them (:class:`PagePusher`, ``FUSE_NOTIFY_STORE``). A tree that can name local
 files holding a node's bytes has a privileged server ask for passthrough, and the kernel
@@ -106,7 +108,8 @@ PUSH_RETRIES = 3
 #: How :class:`RequestCounts` names the requests a read-only tree is sent.
 REQUEST_NAMES = {p.LOOKUP: "lookup", p.GETATTR: "getattr", p.READLINK: "readlink",
                  p.OPEN: "open", p.READ: "read", p.RELEASE: "release", p.OPENDIR: "opendir",
-                 p.READDIR: "readdir", p.RELEASEDIR: "releasedir", p.GETXATTR: "getxattr",
+                 p.READDIR: "readdir", p.READDIRPLUS: "readdirplus",
+                 p.RELEASEDIR: "releasedir", p.GETXATTR: "getxattr",
                  p.LISTXATTR: "listxattr", p.STATFS: "statfs", p.ACCESS: "access",
                  p.FORGET: "forget", p.BATCH_FORGET: "forget", p.INTERRUPT: "interrupt",
                  p.INIT: "init", p.FLUSH: "flush", p.IOCTL: "ioctl"}
@@ -378,6 +381,7 @@ class _Server:
         self.entry_outs: dict[int, bytes] = {}
         self.attr_outs: dict[int, bytes] = {}
         self.listings: dict[int, list[bytes]] = {}
+        self.plus_listings: dict[int, list[bytes]] = {}
         seconds, nanos = self.valid
         self.negative = p.ENTRY_OUT.pack(0, 0, seconds, seconds, nanos, nanos) + \
             bytes(p.ATTR.size)
@@ -393,6 +397,7 @@ class _Server:
             p.INIT: self.init, p.LOOKUP: self.lookup, p.GETATTR: self.getattr,
             p.READLINK: self.readlink, p.OPEN: self.open, p.READ: self.read,
             p.RELEASE: self.release, p.OPENDIR: self.opendir, p.READDIR: self.readdir,
+            p.READDIRPLUS: self.readdirplus,
             p.RELEASEDIR: self.ok, p.STATFS: self.statfs, p.GETXATTR: self.getxattr,
             p.LISTXATTR: self.listxattr, p.ACCESS: self.ok, p.DESTROY: self.ok,
             p.FLUSH: self.enosys,
@@ -471,6 +476,8 @@ class _Server:
         # The kernel takes the smaller of this and the mount's readahead: asking for more
         # than it offered keeps what the connection's mount set.
         wanted = WANTED_FLAGS
+        if self.tree.immutable:  # entries in listings are as good as a lookup's, for good
+            wanted |= p.DO_READDIRPLUS
         if self.tree.offers_backing and may_pass_through():
             wanted |= p.PASSTHROUGH | p.INIT_EXT
         negotiated = Negotiated(minor=min(minor, p.MAX_MINOR), flags=flags & wanted,
@@ -518,14 +525,19 @@ class _Server:
         if node is None:
             self.reply(unique, self.negative)  # node id 0: the kernel caches the miss
             return NEGATIVE_LOOKUP
+        self.reply(unique, self._entry_out(node))
+        self.tree.looked_up(node.ino)
+        return None
+
+    def _entry_out(self, node: Node) -> bytes:
+        """A node's ``fuse_entry_out`` (its attributes included)."""
         out = self.entry_outs.get(node.ino)
         if out is None:
             seconds, nanos = self.valid
             out = p.ENTRY_OUT.pack(node.ino, 0, seconds, seconds, nanos, nanos) + _attr(node)
             if self.cache:
                 self.entry_outs[node.ino] = out
-        self.reply(unique, out)
-        self.tree.looked_up(node.ino)
+        return out
 
     def getattr(self, unique: int, nodeid: int, body: memoryview) -> None:
         out = self.attr_outs.get(nodeid)
@@ -581,24 +593,42 @@ class _Server:
         _, offset, size = p.READ_IN.unpack_from(body)
         records = self.listings.get(nodeid)
         if records is None:
-            records = self._listing(nodeid)
+            records = self._listing(nodeid, plus=False)
             if self.cache:
                 self.listings[nodeid] = records
-        out, total = [], 0
-        for record in islice(records, offset, None):  # offset: records already returned
-            total += len(record)
-            if total > size:
-                break
-            out.append(record)
-        self.reply(unique, b"".join(out))
+        self.reply(unique, _records(records, offset, size))
 
-    def _listing(self, ino: int) -> list[bytes]:
-        """The directory's ``fuse_dirent`` records; each record's offset is the number of
-        records up to and including it."""
+    def readdirplus(self, unique: int, nodeid: int, body: memoryview) -> None:
+        """A listing whose every entry is also a lookup's answer; the tree hears of each
+        node the kernel now knows, as after a lookup."""
+        _, offset, size = p.READ_IN.unpack_from(body)
+        records = self.plus_listings.get(nodeid)
+        if records is None:
+            records = self._listing(nodeid, plus=True)
+            if self.cache:
+                self.plus_listings[nodeid] = records
+        answer = _records(records, offset, size)
+        self.reply(unique, answer)
+        known = 0
+        for record in islice(records, offset, None):  # the records just sent
+            known += len(record)
+            if known > len(answer):
+                break
+            ino = p.ENTRY_OUT.unpack_from(record)[0]
+            if ino:
+                self.tree.looked_up(ino)
+
+    def _listing(self, ino: int, *, plus: bool) -> list[bytes]:
+        """The directory's ``fuse_dirent`` records (``plus``: each after its node's
+        ``fuse_entry_out``, except ``.`` and ``..``, whose node id 0 says "no entry");
+        each record's offset is the number of records up to and including it."""
         records = []
         for offset, (name, node) in enumerate(self.tree.readdir(ino), 1):
             raw = os.fsencode(name)
             record = p.DIRENT.pack(node.ino, offset, len(raw), stat.S_IFMT(node.mode) >> 12)
+            if plus:
+                record = (self._entry_out(node) if name not in (".", "..") else
+                          _NO_ENTRY) + record
             record += raw
             records.append(record + bytes(-len(record) % 8))
         return records
@@ -645,6 +675,21 @@ class _Server:
     def ignore(self, unique: int, nodeid: int, body: memoryview) -> None:
         """FORGET and BATCH_FORGET (nothing is counted), INTERRUPT (answers come quickly
         or, for a slow fetch, are worth waiting for): the kernel expects no answer."""
+
+
+_NO_ENTRY = bytes(p.ENTRY_OUT.size + p.ATTR.size)
+
+
+def _records(records: list[bytes], offset: int, size: int) -> bytes:
+    """The records of a listing from ``offset`` (records already returned) that fit in
+    ``size`` bytes."""
+    out, total = [], 0
+    for record in islice(records, offset, None):
+        total += len(record)
+        if total > size:
+            break
+        out.append(record)
+    return b"".join(out)
 
 
 def _attr(node: Node) -> bytes:

@@ -21,8 +21,13 @@ from bootseer.prefetch.wholefiles import WholeFiles
 from bootseer.store import BlobStore, open_store
 
 
-def _entry(size: int, blocks: tuple[int, ...], path: str = "/f") -> FileEntry:
-    return FileEntry(path, Kind.FILE, 0o644, 0, 0, size, 0.0, None, {}, 0, 0, 2, 1, blocks)
+_names = iter(range(1 << 30))
+
+
+def _entry(size: int, blocks: tuple[int, ...], path: str = "") -> FileEntry:
+    """A file of ``size`` bytes made of ``blocks`` (a path of its own unless given)."""
+    return FileEntry(path or f"/f{next(_names)}", Kind.FILE, 0o644, 0, 0, size, 0.0, None,
+                     {}, 0, 0, 2, 1, blocks)
 
 
 def test_a_file_whose_blocks_do_not_add_up_is_never_made_whole() -> None:
