@@ -37,12 +37,13 @@ class ImageTree(Tree):
     def __init__(self, image: LazyImage, hot: Iterable[str] = (), *,
                  passthrough: bool = True) -> None:
         """``hot``: digests of the blocks this start is expected to read (its hot list);
-        ``passthrough``: offer whole files as backing files (``image.passthrough``)."""
+        ``passthrough``: offer whole files as backing files (``image.passthrough``), if
+        the image has any on the node."""
         self.image = image
         self.hot = frozenset(hot)
         self.warmer: PageWarmer | None = None
         self.whole = WholeFiles(image)
-        self.offers_backing = passthrough
+        self.offers_backing = passthrough and self.whole.any()
         self.passing = False  # the connection passes through
         self.by_path = image.manifest.by_path
         #: node number → index of its entry: a hard link group's is its first path (kind

@@ -4,7 +4,10 @@ A lazy image's content is blocks; a file whose bytes are all on the node can als
 as one plain file, which the mount names as the file's backing file (FUSE passthrough,
 :mod:`bootseer.fuse.passthrough`): the kernel then reads it, mmaps included, as it reads a
 local file, and no read of it reaches Python. ``bootseer warm`` makes the files it stages
-whole (:func:`make_whole`).
+whole (:meth:`WholeFiles.make_whole`), and marks the image as having whole files on the
+node (:meth:`WholeFiles.any`): a mount asks the kernel for passthrough only then, since a
+passthrough mount must answer every open, a round trip an image with nothing to pass
+through would pay for nothing.
 
 * **Where.** In the node's block cache itself (:class:`~bootseer.nodecache.NodeCache`):
   the same root-only directory (0700, entries 0600), the same size limit and the same
@@ -50,6 +53,8 @@ class WholeFiles:
     def __init__(self, image: LazyImage) -> None:
         self.image = image
         self.cache = image.cache
+        self._marker = self.cache.directory / "whole" / self.cache.check_digest(
+            image.image_id.removeprefix("sha256:"))
         self._keys: dict[str, str | None] = {}  # by path: a mount asks at every lookup
 
     def key(self, entry: FileEntry) -> str | None:
@@ -95,6 +100,11 @@ class WholeFiles:
             return None
         return Backing(key, fd)
 
+    def any(self) -> bool:
+        """Whether files of this image were made whole on this node (some may have been
+        evicted since)."""
+        return self._marker.is_file()
+
     def has(self, entry: FileEntry) -> bool:
         key = self.key(entry)
         return key is not None and key in self.cache
@@ -122,7 +132,13 @@ class WholeFiles:
                             self.image.image_id, exc)
                 continue
             whole += 1
+        if whole:
+            self._mark()
         return whole
+
+    def _mark(self) -> None:
+        self._marker.parent.mkdir(mode=0o700, exist_ok=True)
+        self._marker.touch(mode=0o600)
 
     def _assemble(self, entry: FileEntry, key: str) -> None:
         """Write the file from its blocks (each verified as it is read) and add it."""

@@ -20,7 +20,6 @@ from bootseer.prefetch.rootfs import Kind
 from bootseer.prefetch.wholefiles import WholeFiles
 from bootseer.store import BlobStore, open_store
 
-
 _names = iter(range(1 << 30))
 
 
@@ -30,14 +29,15 @@ def _entry(size: int, blocks: tuple[int, ...], path: str = "") -> FileEntry:
                      {}, 0, 0, 2, 1, blocks)
 
 
-def test_a_file_whose_blocks_do_not_add_up_is_never_made_whole() -> None:
+def test_a_file_whose_blocks_do_not_add_up_is_never_made_whole(tmp_path: Path) -> None:
     """The manifest is the store's bytes: a file may claim blocks of other sizes than its
     own (another file's blocks, or sizes that lie). Such a file has no key, so nothing is
     ever written or named for it."""
     table = [BlockLocation(f"{n:064x}", 0, 0, 10, size)
              for n, size in enumerate((MIB, MIB, 5, MIB - 1))]
     files = WholeFiles(SimpleNamespace(manifest=SimpleNamespace(block_size=MIB, blocks=table),
-                                       cache=None))
+                                       cache=NodeCache(tmp_path, 1 << 30),
+                                       image_id="sha256:" + "0" * 64))
     assert files.key(_entry(2 * MIB + 5, (0, 1, 2))) is not None
     assert files.key(_entry(2 * MIB + 5, (0, 1, 2))) == files.key(_entry(2 * MIB + 5, (0, 1, 2),
                                                                           "/other"))
@@ -91,11 +91,15 @@ def _start(dirs: dict[str, Path], workload: str, *, record: bool, passthrough: b
 
 
 def test_a_recording_start_sees_every_read_and_a_later_start_passes_through(dirs) -> None:
-    """Every file whole: a first start that records is served as without passthrough,
-    so its hot list is the same as with passthrough off; a start that does not record
-    opens both files in passthrough and the server reads nothing."""
+    """Before any file is whole, a mount does not ask for passthrough (its opens cost no
+    round trip). Every file whole: a first start that records is served as without
+    passthrough, so its hot list is the same as with passthrough off; a start that does
+    not record opens both files in passthrough and the server reads nothing."""
     bootseer("image", "convert", str(big_image(dirs["image"])), "--name", "big", *MIB_BLOCKS,
              store=dirs["store"], cache=dirs["cache"])
+    report = _start(dirs, "w", record=False, passthrough=True)
+    requests = report["fuse_requests"]  # one OPEN, answered ENOSYS: no more are sent
+    assert (requests["open"], "release" in requests, requests["read"] > 0) == (1, False, True)
     bootseer("warm", "--image", "big", "--all", "--no-agent", store=dirs["store"],
              cache=dirs["cache"])
     blobs = BlobStore(open_store(str(dirs["store"])))
