@@ -387,6 +387,14 @@ def _touch(path: Path) -> None:
         os.utime(path)
 
 
+def whole_files_beside(blocks: NodeCache) -> NodeCache:
+    """The cache of image files kept whole (:mod:`bootseer.prefetch.wholefiles`) beside the
+    block cache ``blocks``: ``<cache_dir>/files``, root's alone like the blocks, with the
+    same limit, counted on its own. Its entries are named by a key over their blocks'
+    digests, not by their own bytes': they are only ever opened unverified."""
+    return NodeCache(blocks.directory.parent / "files", blocks.max_bytes, mode=0o600)
+
+
 @dataclass(frozen=True)
 class NodeCaches:
     """Where a node's caches live and how large each may grow, as the config places them:

@@ -6,7 +6,9 @@ list there is nothing known to stage but the manifest (``all_blocks`` stages the
 image instead). With ``whole_files`` (``image.passthrough``), every file the hot list
 touches is then completed and kept whole (:mod:`bootseer.prefetch.wholefiles`), so that
 the start's reads of it are the kernel's: that stages more than the hot blocks (the rest
-of each file touched), ahead of the start rather than during it. The result says whether
+of each file touched), ahead of the start rather than during it. A job's warm through its
+peers completes nothing (the rest of the files would come from the store on every node):
+it keeps whole the files whose blocks it staged, all of them. The result says whether
 everything needed is now local: a block can fail to arrive (the store is unreachable) or
 not fit (the cache is smaller than the hot set).
 
@@ -117,7 +119,8 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
     detail: dict[str, object] = {}
     before = lazy.stats.bytes_fetched  # what completing the files fetches, if asked
     if whole_files:
-        detail["whole_files"] = WholeFiles(lazy).make_whole(_files_of(lazy, wanted, all_blocks))
+        detail["whole_files"] = WholeFiles(lazy).make_whole(_files_of(lazy, wanted, all_blocks),
+                                                            fetch=fanout is None)
     return PartResult(
         IMAGE, image, items=stats.hot_blocks, bytes=stats.hot_bytes,
         already_local=stats.already_local, fetched=stats.blocks_fetched,

@@ -9,12 +9,12 @@ node (:meth:`WholeFiles.any`): a mount asks the kernel for passthrough only then
 passthrough mount must answer every open, a round trip an image with nothing to pass
 through would pay for nothing.
 
-* **Where.** In the node's block cache itself (:class:`~bootseer.nodecache.NodeCache`):
-  the same root-only directory (0700, entries 0600), the same size limit and the same
-  least-recently-used eviction as the blocks, so whole files and blocks compete for one
-  budget. An entry is named by the file's *key*: the sha256 of a tag, the file's size
-  and its blocks' digests in order, a name no block can have by accident (a block's name
-  is the sha256 of its bytes). Files with the same content in any image share one entry.
+* **Where.** In a node cache of their own beside the blocks
+  (:func:`~bootseer.nodecache.whole_files_beside`: ``<cache_dir>/files``, root-only,
+  0700 directories and 0600 entries, the block cache's limit, least recently used
+  evicted first), so a whole file may cost its bytes twice on disk (as blocks and whole).
+  An entry is named by the file's *key*: the sha256 of a tag, the file's size and its
+  blocks' digests in order. Files with the same content in any image share one entry.
 * **Verified.** Before anything is written, the manifest's claims about the file must
   add up (every block but the last is a whole block, the sizes sum to the file's size,
   each block's size is its table size): a hostile manifest naming another file's blocks
@@ -35,7 +35,7 @@ from collections.abc import Iterable
 
 from bootseer.errors import BootseerError
 from bootseer.fuse.tree import Backing
-from bootseer.nodecache import NotCached
+from bootseer.nodecache import NotCached, whole_files_beside
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.rootfs import Kind
@@ -52,8 +52,8 @@ class WholeFiles:
 
     def __init__(self, image: LazyImage) -> None:
         self.image = image
-        self.cache = image.cache
-        self._marker = self.cache.directory / "whole" / self.cache.check_digest(
+        self.cache = whole_files_beside(image.cache)
+        self._marker = self.cache.directory / "images" / self.cache.check_digest(
             image.image_id.removeprefix("sha256:"))
         self._keys: dict[str, str | None] = {}  # by path: a mount asks at every lookup
 
@@ -109,9 +109,10 @@ class WholeFiles:
         key = self.key(entry)
         return key is not None and key in self.cache
 
-    def make_whole(self, entries: Iterable[FileEntry]) -> int:
-        """Fetch what the files lack and keep each whole; returns the files now whole.
-        A file that cannot be (a block that will not come, a full cache) is skipped and
+    def make_whole(self, entries: Iterable[FileEntry], *, fetch: bool = True) -> int:
+        """Fetch what the files lack (``fetch``; else only files whose blocks are all on
+        the node are made whole) and keep each whole; returns the files now whole. A
+        file that cannot be (a block that will not come, a full cache) is skipped and
         logged: its reads are served by the server as before."""
         table = self.image.manifest.blocks
         whole = 0
@@ -123,6 +124,8 @@ class WholeFiles:
                 whole += 1
                 continue
             missing = [i for i in entry.blocks if not self.image.is_local(table[i].digest)]
+            if missing and not fetch:
+                continue
             try:
                 for start in range(0, len(missing), FETCH_BLOCKS):
                     self.image.blocks(missing[start:start + FETCH_BLOCKS])

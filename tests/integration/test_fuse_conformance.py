@@ -93,7 +93,8 @@ def make_tree(kind: str, store_path: str, image: str, cache: str, slow: str):
     prefix = "packs/" if image_kind else "data/big.bin"
     store = SlowStore(store_path, prefix, Path(slow)) if slow else open_store(store_path)
     if image_kind:
-        return ImageTree(LazyImage(BlobStore(store), image, NodeCache(Path(cache), 1 << 30)))
+        return ImageTree(LazyImage(BlobStore(store), image,
+                                   NodeCache(Path(cache) / "blocks", 1 << 30)))
     copies = checkpoint_copies(Path(cache)) if kind == "checkpoint-passthrough" else None
     return CheckpointTree(store, ttl=30.0, copies=copies)
 
@@ -227,7 +228,8 @@ def make_whole(store: Path, image: str, cache: Path,
     from bootseer.prefetch.rootfs import Kind
     from bootseer.prefetch.wholefiles import WholeFiles
 
-    lazy = LazyImage(BlobStore(open_store(str(store))), image, NodeCache(cache, 1 << 30))
+    lazy = LazyImage(BlobStore(open_store(str(store))), image,
+                     NodeCache(cache / "blocks", 1 << 30))
     files = [e for e in lazy.manifest.entries if e.kind is Kind.FILE and paths(e.path)]
     return WholeFiles(lazy).make_whole(files)
 
@@ -591,15 +593,17 @@ def test_a_whole_file_that_fails_its_check_is_never_registered(tmp_path: Path,
 
     store = files_image(tmp_path / "src")
     conn = connect("image-passthrough", store)
-    lazy = LazyImage(BlobStore(open_store(str(store))), "files", NodeCache(conn.cache, 1 << 30))
+    lazy = LazyImage(BlobStore(open_store(str(store))), "files",
+                     NodeCache(conn.cache / "blocks", 1 << 30))
     entry = lazy.lookup("/data/big.bin")
-    key = WholeFiles(lazy).key(entry)
+    whole = WholeFiles(lazy)
+    key = whole.key(entry)
     assert key is not None
-    with open(lazy.cache.path(key), "r+b") as f:
+    with open(whole.cache.path(key), "r+b") as f:
         f.truncate(entry.size - 1)
     server = conn.start()
     assert (conn.mnt / "data/big.bin").read_bytes() == BIG
-    assert not lazy.cache.path(key).exists()
+    assert not whole.cache.path(key).exists()
     unmount(conn.mnt)
     assert server.wait(timeout=10) == 0
 

@@ -50,18 +50,25 @@ def test_a_file_whose_blocks_do_not_add_up_is_never_made_whole(tmp_path: Path) -
 
 
 def test_warm_keeps_the_files_it_stages_whole_and_root_only(dirs) -> None:
+    """(Without fetching, as a job's warm through peers does, only a file whose blocks
+    are all on the node is made whole.)"""
     bootseer("image", "convert", str(big_image(dirs["image"])), "--name", "big", *MIB_BLOCKS,
              store=dirs["store"], cache=dirs["cache"])
+    image = LazyImage(BlobStore(open_store(str(dirs["store"]))), "big",
+                      NodeCache(dirs["cache"] / "blocks", 1 << 30), readahead_blocks=0)
+    big = image.lookup("/data/big.bin")
+    image.read(big, 0, 10)  # one block of six on the node
+    assert WholeFiles(image).make_whole([big], fetch=False) == 0
+    assert image.stats.blocks_fetched == 1 and not WholeFiles(image).any()
     out = json.loads(bootseer("warm", "--json", "--image", "big", "--all", "--no-agent",
                               store=dirs["store"], cache=dirs["cache"]).stdout)
     assert out["image"]["whole_files"] == 2
-    image = LazyImage(BlobStore(open_store(str(dirs["store"]))), "big",
-                      NodeCache(dirs["cache"] / "blocks", 1 << 30))
     backing = WholeFiles(image).open(image.lookup("/data/big.bin"))
     assert backing is not None
     with open(backing.fd, "rb") as f:
         assert f.read() == BIG
-    path = image.cache.path(backing.key)
+    path = WholeFiles(image).cache.path(backing.key)
+    assert path.parent.parent.parent == dirs["cache"] / "files"  # beside the blocks, apart
     assert path.stat().st_mode & 0o777 == 0o600
     assert path.parent.parent.stat().st_mode & 0o777 == 0o700
 

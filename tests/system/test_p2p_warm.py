@@ -343,13 +343,16 @@ def _peer_bytes(summary: dict) -> int:
 
 
 def _assert_staged_and_verified(lab: Lab, i: int, summary: dict) -> None:
-    """The warm completed, and every cache entry on the node hashes to its name."""
+    """The warm completed, and every cache entry on the node hashes to its name (whole
+    files, in ``files/``, are named by their blocks' digests instead: they are made of
+    blocks verified here, prefetch/wholefiles.py)."""
     assert summary["complete"] and summary["image"]["hot_list"], summary
     (env,) = summary["envs"]
     assert env["shards"] == 3 and env["missing"] == 0, env
     (ckpt,) = summary["checkpoints"]
     assert ckpt["files"] == 2 and ckpt["missing"] == 0, ckpt
-    entries = list(lab.node_files(i).cache_dir.glob("*/entries/*/*"))
+    entries = [entry for entry in lab.node_files(i).cache_dir.glob("*/entries/*/*")
+               if entry.parent.parent.parent.name != "files"]
     copies = list(lab.node_files(i).cache_dir.glob("checkpoints/copies/entries/*/*"))
     assert len(copies) == 2
     entries += copies
