@@ -109,7 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-results/fuse.json"))
     parser.add_argument("--mib", type=int, default=1024)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--random-reads", type=int, default=4096)
     parser.add_argument("--small-files", type=int, default=2000)
     args = parser.parse_args()
