@@ -591,22 +591,13 @@ class _Server:
 
     def readdir(self, unique: int, nodeid: int, body: memoryview) -> None:
         _, offset, size = p.READ_IN.unpack_from(body)
-        records = self.listings.get(nodeid)
-        if records is None:
-            records = self._listing(nodeid, plus=False)
-            if self.cache:
-                self.listings[nodeid] = records
-        self.reply(unique, _records(records, offset, size))
+        self.reply(unique, _records(self._listing(nodeid, plus=False), offset, size))
 
     def readdirplus(self, unique: int, nodeid: int, body: memoryview) -> None:
         """A listing whose every entry is also a lookup's answer; the tree hears of each
         node the kernel now knows, as after a lookup."""
         _, offset, size = p.READ_IN.unpack_from(body)
-        records = self.plus_listings.get(nodeid)
-        if records is None:
-            records = self._listing(nodeid, plus=True)
-            if self.cache:
-                self.plus_listings[nodeid] = records
+        records = self._listing(nodeid, plus=True)
         answer = _records(records, offset, size)
         self.reply(unique, answer)
         known = 0
@@ -621,7 +612,17 @@ class _Server:
     def _listing(self, ino: int, *, plus: bool) -> list[bytes]:
         """The directory's ``fuse_dirent`` records (``plus``: each after its node's
         ``fuse_entry_out``, except ``.`` and ``..``, whose node id 0 says "no entry");
-        each record's offset is the number of records up to and including it."""
+        each record's offset is the number of records up to and including it. Kept for
+        good for an immutable tree."""
+        cached = self.plus_listings if plus else self.listings
+        records = cached.get(ino)
+        if records is None:
+            records = self._records_of(ino, plus=plus)
+            if self.cache:
+                cached[ino] = records
+        return records
+
+    def _records_of(self, ino: int, *, plus: bool) -> list[bytes]:
         records = []
         for offset, (name, node) in enumerate(self.tree.readdir(ino), 1):
             raw = os.fsencode(name)
