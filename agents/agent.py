@@ -22,8 +22,10 @@ anything behind. Requests marked *root* are refused (403) to any other peer
 * ``POST /v1/mounts`` (root) a :class:`bootseer.agents.mountapi.MountRequest` -> the container's
   lazy root (:class:`bootseer.agents.mountapi.ContainerMount`);
   ``DELETE /v1/mounts/{key}?exit_code=N&rootfs=PATH`` (root) -> the completed start
-  record; ``GET /v1/mounts`` (root) -> the mounts served (:mod:`bootseer.agents.mounts`). Used by
-  the runtime shim and the OCI hook.
+  record; with ``wait=false``, 202 once the mounts are gone, the record following
+  (:meth:`~bootseer.agents.mounts.MountManager.release`); ``GET /v1/mounts`` (root) ->
+  the mounts served (:mod:`bootseer.agents.mounts`). Used by the runtime shim and the OCI
+  hook.
 * ``GET /metrics``: Prometheus text format (:mod:`bootseer.agents.metrics`); also on TCP at
   ``agent.metrics_listen`` (``host:port``) when set, for Prometheus to scrape.
 * ``POST /v1/warm`` ``{"image", "workload", "all", "envs", "checkpoints", "job", "nodes",
@@ -314,10 +316,13 @@ class Agent:
         except ValueError as exc:
             raise web.HTTPBadRequest(text="exit_code: an integer") from exc
         try:
-            record = await self._run("release", self.mounts.release, request.match_info["id"],
-                                     code, request.query.get("rootfs"))
+            record = await self._run("release", functools.partial(
+                self.mounts.release, request.match_info["id"], code,
+                request.query.get("rootfs"), wait=request.query.get("wait") != "false"))
         except Exception as exc:
             raise _http_error(exc, "releasing a mount") from exc
+        if record is None:  # the record follows (GET /v1/starts)
+            return web.json_response({"id": request.match_info["id"]}, status=202)
         return web.json_response(record.to_json())
 
     async def list_mounts(self, request: web.Request) -> web.Response:
@@ -598,7 +603,7 @@ async def _serve(agent: Agent, socket_path: Path) -> None:
         socket_path.unlink(missing_ok=True)
         for pool in agent.pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
-        agent.mounts.spares.close()
+        agent.mounts.close()
         agent.close()
         agent.timeline.close()
         log.info("bootseer agent stopped")

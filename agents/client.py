@@ -116,17 +116,18 @@ class AgentClient:
                                                    json=request.to_json()))
 
     def release(self, container_id: str, exit_code: int | None = None,
-                rootfs: str | None = None) -> StartRecord:
+                rootfs: str | None = None, *, wait: bool = True) -> StartRecord | None:
         """The container stopped: end its recording, unmount, complete its timeline.
         ``rootfs`` is the root the engine ran it on: the agent refuses the release if it
-        is not the mount's."""
-        params: dict[str, Any] = {}
+        is not the mount's. Without ``wait``, returns None once the mounts are gone, the
+        record following (:meth:`starts`)."""
+        params: dict[str, Any] = {} if wait else {"wait": "false"}
         if exit_code is not None:
             params["exit_code"] = exit_code
         if rootfs is not None:
             params["rootfs"] = rootfs
-        return StartRecord.from_json(self._call("DELETE", f"/v1/mounts/{container_id}",
-                                                params=params))
+        body = self._call("DELETE", f"/v1/mounts/{container_id}", params=params)
+        return StartRecord.from_json(body) if wait else None
 
     def mounts(self) -> list[dict[str, Any]]:
         """The containers' mounts the agent serves (``GET /v1/mounts``)."""
@@ -137,7 +138,7 @@ class AgentClient:
             response = self._client.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise AgentUnavailable(f"no agent answers on {self.socket_path}: {exc}") from exc
-        if response.status_code != 200:
+        if not response.is_success:
             raise AgentError(f"agent: {response.text}")
         return response.json()
 

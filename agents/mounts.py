@@ -32,6 +32,7 @@ Checkpoint URLs arrive here already allowed and normalised by the agent's policy
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -39,7 +40,8 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent import futures
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +68,11 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two looks at every server (is it alive, how far is its prefetch).
 WATCH_INTERVAL = 0.5
+#: Released containers whose records are completed at once (each waits for its server's
+#: report, seconds while a recording is stored); more wait their turn.
+FINISH_THREADS = 4
+#: Seconds a stopping agent waits for the records of containers already released.
+FINISH_WAIT = 30.0
 
 class UnknownMount(BootseerError):
     """No container of that id has a mount here."""
@@ -150,6 +157,9 @@ class MountManager:
         self._mounts: dict[str, _Container] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+        #: Released containers' records being completed (``release(wait=False)``).
+        self._finishing = ThreadPoolExecutor(FINISH_THREADS, thread_name_prefix="finish")
+        self._unfinished: set[Future] = set()
         #: Servers started ahead of need; filled by :meth:`start_spares`.
         self.spares = SparePool(config, config.cache_dir / "logs" / "spare-servers.log",
                                 spare_servers)
@@ -184,13 +194,21 @@ class MountManager:
         return container.mount
 
     def release(self, container_id: str, exit_code: int | None = None,
-                rootfs: str | None = None) -> StartRecord:
+                rootfs: str | None = None, *, wait: bool = True) -> StartRecord | None:
         """The container stopped: unmount, let the server store its recording, and
         complete the start's record. ``rootfs``, the root the engine ran the container
         on, must be this mount's when given: proof from the engine's own state that the
-        caller releases the container's own mount."""
+        caller releases the container's own mount.
+
+        Without ``wait``, returns once the container's mounts are gone (what its engine
+        waits for before it removes the container); its server's report, the recording
+        it stores (seconds, for a recording start) and the start's record follow in the
+        background (None is returned). The container's id stays locked until then, so a
+        new container of the same id mounts only after its directory is cleared."""
         check_id(container_id)
-        with self._lock_for(container_id):
+        lock = self._lock_for(container_id)
+        lock.acquire()
+        try:
             container = self._mounts.get(container_id)
             if container is None:
                 raise UnknownMount(f"no container {container_id} has a mount here")
@@ -201,28 +219,68 @@ class MountManager:
             claims = self._claims.pop(container_id, None)
             if claims is not None:
                 claims.clear()
-            directory = self.root / container_id
             exited = time.time()
             unmount(Path(container.mount.rootfs))
             for served in container.checkpoints.values():
                 served.close()
             container.image.close(wait=None)  # the server sees the connection end, reports
-            report = self._report(directory, container.image.pid)
-            phases = container_phases(directory / "signal", container.created, exited)
-            phases["exited"] = exited
-            detail: dict[str, Any] = {"image": report} if report else {}
-            if exit_code is not None:
-                detail["exit_code"] = exit_code
-            if container.image.deaths:
-                detail["server_deaths"] = container.image.deaths
-                detail["server_failed"] = container.image.failed
-            restarts = sum(served.deaths for served in container.checkpoints.values())
-            if restarts:
-                detail["checkpoint_server_deaths"] = restarts
-            shutil.rmtree(directory, ignore_errors=True)
+        except BaseException:
+            lock.release()
+            raise
+
+        def finish() -> StartRecord:
+            try:
+                record = self._finish(container_id, container, exited, exit_code)
+            finally:
+                lock.release()
+            with self._lock:
+                self._locks.pop(container_id, None)
+            return self._record(record)
+
+        if wait:
+            return finish()
+        future = self._finishing.submit(finish)
         with self._lock:
-            self._locks.pop(container_id, None)
-        return self._record(StartRecord(container_id, phases=phases, detail=detail))
+            self._unfinished.add(future)
+        future.add_done_callback(functools.partial(self._finished, container_id))
+        return None
+
+    def _finished(self, container_id: str, future: Future) -> None:
+        with self._lock:
+            self._unfinished.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            log.error("completing the record of container %s failed", container_id,
+                      exc_info=future.exception())
+
+    def _finish(self, container_id: str, container: _Container, exited: float,
+                exit_code: int | None) -> StartRecord:
+        """A released container's record, once its server has reported; its directory
+        is removed."""
+        directory = self.root / container_id
+        report = self._report(directory, container.image.pid)
+        phases = container_phases(directory / "signal", container.created, exited)
+        phases["exited"] = exited
+        detail: dict[str, Any] = {"image": report} if report else {}
+        if exit_code is not None:
+            detail["exit_code"] = exit_code
+        if container.image.deaths:
+            detail["server_deaths"] = container.image.deaths
+            detail["server_failed"] = container.image.failed
+        restarts = sum(served.deaths for served in container.checkpoints.values())
+        if restarts:
+            detail["checkpoint_server_deaths"] = restarts
+        shutil.rmtree(directory, ignore_errors=True)
+        return StartRecord(container_id, phases=phases, detail=detail)
+
+    def close(self, timeout: float = FINISH_WAIT) -> None:
+        """Stop: wait (``timeout`` seconds at most) for released containers' records,
+        then for the spare servers."""
+        with self._lock:
+            unfinished = list(self._unfinished)
+        if futures.wait(unfinished, timeout).not_done:
+            log.warning("stopping before every released container's record is complete")
+        self._finishing.shutdown(wait=False)
+        self.spares.close()
 
     def list(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -146,11 +146,13 @@ def request_mount(socket: Path, labels: Labels, container_id: str,
 def release_mount(socket: Path, mount_id: str, exit_code: int | None = None,
                   rootfs: str | None = None) -> None:
     """Give a mount back to the agent (raises :class:`bootseer.agents.client.AgentError` and
-    friends: the caller decides whether that matters)."""
+    friends: the caller decides whether that matters). Returns once the mounts are gone:
+    the engine, waiting on this, removes the container meanwhile; the agent completes the
+    start's record (its server's report, a recording stored) on its own."""
     from bootseer.agents.client import AgentClient
 
     with AgentClient(socket) as client:
-        client.release(mount_id, exit_code, rootfs)
+        client.release(mount_id, exit_code, rootfs, wait=False)
 
 
 def hook_path(argv0: str) -> Path:

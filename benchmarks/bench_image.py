@@ -584,6 +584,12 @@ class Bench:
                                 "(files opened whose reads the kernel did itself: "
                                 "requests_per_start's open_passthrough), nodes it served "
                                 "itself, registrations refused",
+            "read_ahead": {case: per_start(case, "read_ahead")
+                           for case in LAZY_CASES if case in measured},
+            "read_ahead_note": "per start, medians: files passed through whose hot blocks "
+                               "the kernel was asked to read ahead from the whole file "
+                               "once the file was looked up (POSIX_FADV_WILLNEED: what "
+                               "pages_pushed is for a served file), and those blocks' bytes",
             "bytes_fetched_lazy": median_of(image_stat("lazy", "bytes_fetched")),
             "bytes_fetched_lazy_prefetch": median_of(total),
             "bytes_fetched_lazy_prefetch_note": "demand fetches + the prefetcher's fetches",

@@ -8,7 +8,8 @@ pages for a day) and its opens need no state. Given the image's hot blocks, the 
 them in the page cache of each file the kernel looks up (:mod:`bootseer.prefetch.pagewarm`).
 A file kept whole on the node (:mod:`bootseer.prefetch.wholefiles`) is offered as its
 backing file, for the kernel to read itself, except while a recording runs (it must see
-every read); such a file's pages are not pushed.
+every read); such a file's pages are not pushed: the kernel is asked to read its hot
+blocks ahead from the whole file instead.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterable
 from bootseer.fuse.tree import ROOT, Backing, Node, PushPages, Tree
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.lazyimage import LazyImage
-from bootseer.prefetch.pagewarm import PageWarmer
+from bootseer.prefetch.pagewarm import PageWarmer, ReadAheadCounts
 from bootseer.prefetch.rootfs import FILE_TYPE, Kind
 from bootseer.prefetch.wholefiles import WholeFiles
 
@@ -35,12 +36,14 @@ class ImageTree(Tree):
     stateless_open = True
 
     def __init__(self, image: LazyImage, hot: Iterable[str] = (), *,
-                 passthrough: bool = True) -> None:
+                 passthrough: bool = True, read_ahead: ReadAheadCounts | None = None) -> None:
         """``hot``: digests of the blocks this start is expected to read (its hot list);
         ``passthrough``: offer whole files as backing files (``image.passthrough``), if
-        the image has any on the node."""
+        the image has any on the node; ``read_ahead`` counts what of them the kernel
+        was asked to read ahead."""
         self.image = image
         self.hot = frozenset(hot)
+        self.read_ahead = read_ahead
         self.warmer: PageWarmer | None = None
         self.whole = WholeFiles(image)
         self.offers_backing = passthrough and self.whole.any()
@@ -110,16 +113,18 @@ class ImageTree(Tree):
 
     def use_pusher(self, push: PushPages) -> None:
         if self.hot and PageWarmer.applies(self.image):
-            self.warmer = PageWarmer(self.image, self.hot, push, skip=self._passes_through)
+            self.warmer = PageWarmer(self.image, self.hot, push, read_ahead=self._read_ahead,
+                                     counts=self.read_ahead)
 
     def looked_up(self, ino: int) -> None:
         if self.warmer is not None and (entry := self.entry(ino)) is not None:
             self.warmer.looked_up(entry)
 
-    def _passes_through(self, entry: FileEntry) -> bool:
-        """Whether the kernel will read ``entry`` from its whole file: its pages are not
-        the mount's to push."""
-        return self.passing and not self.image.recording and self.whole.has(entry)
+    def _read_ahead(self, entry: FileEntry, ranges: list[tuple[int, int]]) -> bool:
+        """If the kernel reads ``entry`` from its whole file (its pages are not the
+        mount's to push), have it read the hot ``ranges`` of that file ahead."""
+        return self.passing and not self.image.recording and \
+            self.whole.read_ahead(entry, ranges)
 
     def use_passthrough(self) -> None:
         self.passing = True

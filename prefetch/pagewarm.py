@@ -25,6 +25,7 @@ import mmap
 import queue
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from bootseer.fuse.tree import PushPages
 from bootseer.prefetch.blockformat import FileEntry
@@ -33,14 +34,29 @@ from bootseer.prefetch.lazyimage import LazyImage
 log = logging.getLogger(__name__)
 
 Target = tuple[int, int, int]  # node, offset in the file, bytes of the block in the file
+#: (the file, its hot (offset, length) ranges) -> whether the kernel reads it elsewhere
+ReadAhead = Callable[[FileEntry, list[tuple[int, int]]], bool]
+
+
+@dataclass
+class ReadAheadCounts:
+    """Hot blocks of files the kernel reads from elsewhere (whole files, passed through)
+    that it was asked to read ahead, for a mount's report."""
+
+    files: int = 0
+    bytes: int = 0
 
 
 class PageWarmer:
     def __init__(self, image: LazyImage, hot: Iterable[str], push: PushPages, *,
-                 skip: Callable[[FileEntry], bool] = lambda entry: False) -> None:
-        """``skip(entry)``: the file's pages are not the mount's to fill (the kernel reads
-        it from elsewhere); asked on the warmer's thread, never a request's."""
-        self.image, self.push, self.skip = image, push, skip
+                 read_ahead: ReadAhead = lambda entry, ranges: False,
+                 counts: ReadAheadCounts | None = None) -> None:
+        """``read_ahead(entry, ranges)``: if the kernel reads the file from elsewhere (its
+        pages are not the mount's to fill), have it read the hot ``ranges`` there and
+        return True (counted in ``counts``); called on the warmer's thread, never a
+        request's."""
+        self.image, self.push, self.read_ahead = image, push, read_ahead
+        self.counts = counts if counts is not None else ReadAheadCounts()
         self.hot = frozenset(hot)
         self._seen: set[int] = set()
         self._waiting: dict[str, list[Target]] = {}  # hot blocks not local when looked at
@@ -83,15 +99,18 @@ class PageWarmer:
                               entry.path)
 
     def _warm(self, entry: FileEntry) -> None:
-        if self.skip(entry):
-            return
         size = self.image.manifest.block_size
         table = self.image.manifest.blocks
-        for k, index in enumerate(entry.blocks):
-            digest = table[index].digest
-            if digest not in self.hot:
-                continue
-            target = (entry.ino, k * size, min(size, entry.size - k * size))
+        hot = [(k * size, min(size, entry.size - k * size), table[index].digest)
+               for k, index in enumerate(entry.blocks) if table[index].digest in self.hot]
+        if not hot:
+            return
+        if self.read_ahead(entry, _merged((offset, length) for offset, length, _ in hot)):
+            self.counts.files += 1  # one thread counts
+            self.counts.bytes += sum(length for _, length, _ in hot)
+            return
+        for offset, length, digest in hot:
+            target = (entry.ino, offset, length)
             # Waiting first, then looking: a fetch that ends in between finds the target.
             with self._lock:
                 self._waiting.setdefault(digest, []).append(target)
@@ -110,3 +129,14 @@ class PageWarmer:
     def _push(self, target: Target, data: bytes) -> None:
         ino, offset, length = target
         self.push(ino, offset, data[:length])
+
+
+def _merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Adjacent (offset, length) ranges, in order, as one: one readahead call each."""
+    out: list[tuple[int, int]] = []
+    for offset, length in ranges:
+        if out and out[-1][0] + out[-1][1] == offset:
+            out[-1] = (out[-1][0], out[-1][1] + length)
+        else:
+            out.append((offset, length))
+    return out

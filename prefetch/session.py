@@ -30,6 +30,7 @@ from bootseer.prefetch.config import PrefetchConfig
 from bootseer.prefetch.hotlist import HotList
 from bootseer.prefetch.imagetree import ImageTree
 from bootseer.prefetch.lazyimage import LazyImage, LazyStats, ManifestLoad
+from bootseer.prefetch.pagewarm import ReadAheadCounts
 from bootseer.prefetch.prefetcher import Prefetcher, PrefetchStats
 from bootseer.prefetch.recording import Recording
 from bootseer.prefetch.serverspec import ImageServerSpec
@@ -111,13 +112,15 @@ class MountStats:
     fuse_cpu_s: dict[str, float] | None = None  # CPU answering them, by kind
     server_cpu_s: float | None = None  # the server's CPU (user + system) since it took the spec
     passthrough: PassthroughCounts | None = None  # files the kernel was given to read itself
+    read_ahead: ReadAheadCounts | None = None  # their hot blocks it was asked to read ahead
 
     @classmethod
     def of(cls, image: LazyImage, prefetcher: Prefetcher | None = None,
            recording: Recording | None = None, *, final: bool = False,
            requests: RequestCounts | None = None, pushes: PushCounts | None = None,
            cpu_since: float | None = None,
-           passthrough: PassthroughCounts | None = None) -> MountStats:
+           passthrough: PassthroughCounts | None = None,
+           read_ahead: ReadAheadCounts | None = None) -> MountStats:
         summary = None
         if recording is not None:
             result = recording.result
@@ -133,7 +136,8 @@ class MountStats:
                    dataclasses.replace(pushes) if pushes is not None else None,
                    requests.cpu_seconds() if requests is not None else None,
                    round(process_cpu() - cpu_since, 3) if cpu_since is not None else None,
-                   dataclasses.replace(passthrough) if passthrough is not None else None)
+                   dataclasses.replace(passthrough) if passthrough is not None else None,
+                   dataclasses.replace(read_ahead) if read_ahead is not None else None)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = dataclasses.asdict(self.reads)
@@ -155,6 +159,8 @@ class MountStats:
             body["server_cpu_s"] = self.server_cpu_s
         if self.passthrough is not None:
             body["passthrough"] = dataclasses.asdict(self.passthrough)
+        if self.read_ahead is not None:
+            body["read_ahead"] = dataclasses.asdict(self.read_ahead)
         return body
 
     @classmethod
@@ -162,7 +168,7 @@ class MountStats:
         prefetch, recording = body.get("prefetch"), body.get("recording")
         manifest, requests = body.get("manifest"), body.get("fuse_requests")
         pushed, cpu = body.get("pages_pushed"), body.get("fuse_cpu_s")
-        passthrough = body.get("passthrough")
+        passthrough, read_ahead = body.get("passthrough"), body.get("read_ahead")
         return cls(_fields(LazyStats, body),
                    _fields(PrefetchStats, prefetch) if prefetch else None,
                    _fields(RecordingSummary, recording) if recording else None,
@@ -172,7 +178,8 @@ class MountStats:
                    _fields(PushCounts, pushed) if pushed else None,
                    {str(k): float(v) for k, v in cpu.items()} if cpu else None,
                    body.get("server_cpu_s"),
-                   _fields(PassthroughCounts, passthrough) if passthrough else None)
+                   _fields(PassthroughCounts, passthrough) if passthrough else None,
+                   _fields(ReadAheadCounts, read_ahead) if read_ahead else None)
 
     def save(self, path: Path) -> None:
         write_json(path, self.to_json())
@@ -218,6 +225,7 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
                   record).save(spec.info)
     stop_stats = threading.Event()
     requests, pushes, passthrough = RequestCounts(), PushCounts(), PassthroughCounts()
+    read_ahead = ReadAheadCounts()
     if spec.stats is not None:
         stats_file = spec.stats
 
@@ -225,14 +233,15 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
             while not stop_stats.wait(STATS_INTERVAL):
                 MountStats.of(image, prefetcher, recording, requests=requests,
                               pushes=pushes, cpu_since=began,
-                              passthrough=passthrough).save(stats_file)
+                              passthrough=passthrough, read_ahead=read_ahead).save(stats_file)
 
         stats_file.parent.mkdir(parents=True, exist_ok=True)
-        MountStats.of(image, prefetcher, recording, requests=requests,
-                      pushes=pushes, cpu_since=began, passthrough=passthrough).save(stats_file)
+        MountStats.of(image, prefetcher, recording, requests=requests, pushes=pushes,
+                      cpu_since=began, passthrough=passthrough,
+                      read_ahead=read_ahead).save(stats_file)
         threading.Thread(target=refresh, name="stats", daemon=True).start()
     tree = ImageTree(image, hot=prefetcher.digests if prefetcher is not None else (),
-                     passthrough=spec.config.image.passthrough)
+                     passthrough=spec.config.image.passthrough, read_ahead=read_ahead)
     try:
         if spec.fuse_fd is not None:
             serve_connection(tree, spec.fuse_fd, takeover_state=spec.takeover_state,
@@ -251,5 +260,5 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
         if spec.report is not None:
             MountStats.of(image, prefetcher, recording, final=True, requests=requests,
                           pushes=pushes, cpu_since=began,
-                          passthrough=passthrough).save(spec.report)
+                          passthrough=passthrough, read_ahead=read_ahead).save(spec.report)
 

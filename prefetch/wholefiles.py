@@ -100,14 +100,30 @@ class WholeFiles:
             return None
         return Backing(key, fd)
 
+    def read_ahead(self, entry: FileEntry, ranges: Iterable[tuple[int, int]]) -> bool:
+        """Have the kernel start reading ``ranges`` (offset, length) of the whole file into
+        its page cache (``POSIX_FADV_WILLNEED``: asynchronous, nothing comes to Python);
+        False if the file is not whole on the node. The mount serves nothing of a file the
+        kernel reads in its place, so this is how such a file's hot blocks are ahead of
+        the start, as pushed pages are for a served file."""
+        key = self.key(entry)
+        if key is None:
+            return False
+        try:
+            fd = self.cache.open_unverified(key)
+        except FileNotFoundError:
+            return False
+        try:
+            for offset, length in ranges:
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+        return True
+
     def any(self) -> bool:
         """Whether files of this image were made whole on this node (some may have been
         evicted since)."""
         return self._marker.is_file()
-
-    def has(self, entry: FileEntry) -> bool:
-        key = self.key(entry)
-        return key is not None and key in self.cache
 
     def make_whole(self, entries: Iterable[FileEntry], *, fetch: bool = True) -> int:
         """Fetch what the files lack (``fetch``; else only files whose blocks are all on

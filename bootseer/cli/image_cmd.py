@@ -210,6 +210,7 @@ def run(app: AppContext, name: str, argv: tuple[str, ...], workload: str,
             ran = time.monotonic() - started
         finally:
             start = mounts.release(request.key, exit_code)
+    assert start is not None  # released waiting for the record
     stats = dict(start.detail.get("image") or {})
     stats["run_seconds"] = round(ran, 3)  # from the command to the container's exit
     stats["mount_seconds"] = round(mounted, 3)  # of which until the lazy mount was there

@@ -4,12 +4,15 @@ sees every read while a start that does not leaves its reads to the kernel."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from support.images import BIG, MIB, MIB_BLOCKS, big_image, bootseer
+from support.images import BIG, MIB, MIB_BLOCKS, big_image, bootseer, recorded_big_image
 
 from bootseer.mounts import unmount
 from bootseer.nodecache import NodeCache
@@ -130,3 +133,64 @@ def test_a_recording_start_sees_every_read_and_a_later_start_passes_through(dirs
     assert report["fuse_requests"].get("read", 0) == 0
     assert report["passthrough"] == {"registered": 2, "served": 0, "inherited": 0,
                                      "refused": 0}
+
+
+def _resident_mib(path: Path) -> list[bool]:
+    """Whether each MiB of ``path`` is in the page cache (mincore; mapping reads nothing)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        vec = (ctypes.c_ubyte * pages)()
+        try:
+            assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    finally:
+        os.close(fd)
+    per_mib = MIB // mmap.PAGESIZE
+    return [all(vec[i:i + per_mib]) for i in range(0, pages, per_mib)]
+
+
+def test_a_passed_through_files_hot_blocks_are_read_ahead_by_the_kernel(dirs) -> None:
+    """The server pushes no pages of a file the kernel reads from its whole file: once
+    the file is looked up, the kernel is asked to read that file's hot blocks (1, 3 and 4
+    of big.bin) ahead, and only those."""
+    image_id = recorded_big_image(dirs)
+    bootseer("warm", "--image", "big", "--all", "--no-agent", store=dirs["store"],
+             cache=dirs["cache"])
+    image = LazyImage(BlobStore(open_store(str(dirs["store"]))), image_id,
+                      NodeCache(dirs["cache"] / "blocks", 1 << 30))
+    whole = WholeFiles(image)
+    key = whole.key(image.lookup("/data/big.bin"))
+    assert key is not None
+    path = whole.cache.path(key)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)  # just written: dirty pages stay cached
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    assert not any(_resident_mib(path))
+    report = dirs["run"] / "report.json"
+    bootseer("image", "mount", "big", str(dirs["mnt"]), "--workload", "train", "--report",
+             str(report), store=dirs["store"], cache=dirs["cache"])
+    try:
+        assert (dirs["mnt"] / "data/big.bin").stat().st_size == len(BIG)
+        deadline = time.monotonic() + 30
+        while _resident_mib(path) != [False, True, False, True, True, False]:
+            assert time.monotonic() < deadline, _resident_mib(path)
+            time.sleep(0.05)
+    finally:
+        unmount(dirs["mnt"])
+    deadline = time.monotonic() + 30
+    while not report.exists():
+        assert time.monotonic() < deadline, "no report"
+        time.sleep(0.1)
+    body = json.loads(report.read_text())
+    assert body["read_ahead"] == {"files": 1, "bytes": 3 * MIB}
+    assert body["pages_pushed"]["pushes"] == 0

@@ -109,6 +109,30 @@ def test_a_container_runs_on_its_mount_and_release_completes_its_start(node) -> 
         assert prefetch["already_local"] == prefetch["hot_blocks"]
 
 
+def test_a_release_without_waiting_answers_unmounted_and_the_record_follows(node) -> None:
+    """What the engines' runtime shim and hook ask: the answer comes once the mounts are
+    gone; the server's report (a recording stored) completes the start's record after,
+    even if the agent is stopped at once (it waits for the records it owes)."""
+    sock, procs, restart = node
+    with AgentClient(sock) as client:
+        mount = client.mount(MountRequest("c3", "py", runtime="test"))
+        assert mount.recording
+        assert _run(mount, 'python3 -c "print(6 * 7)"').returncode == 0
+        assert client.release("c3", exit_code=0, wait=False) is None
+        assert not is_mounted(Path(mount.rootfs))
+        with pytest.raises(AgentError, match="no container c3"):
+            client.release("c3", wait=False)
+    procs[-1].terminate()
+    assert procs[-1].wait(60) == 0
+    restart()
+    with AgentClient(sock) as client:
+        (start,) = client.starts()
+    assert list(start.phases) == ["created", "image_ready", "exited"]
+    assert start.detail["exit_code"] == 0
+    assert start.detail["image"]["recording"]["hot_blocks"] > 0
+    assert not Path(mount.rootfs).parent.exists()
+
+
 def test_bad_mount_requests_are_refused_and_leave_nothing(node, dirs) -> None:
     sock, _, _ = node
     with AgentClient(sock) as client:
