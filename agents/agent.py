@@ -230,10 +230,10 @@ class Agent:
         try:
             allowed = {name: self.checkpoints.check(url)
                        for name, url in mount_request.checkpoints.items()}
-            await self._run("mount", resolve_image, self.blobs, mount_request.image)
+            image_id = await self._run("mount", resolve_image, self.blobs, mount_request.image)
             mount_request = dataclasses.replace(mount_request, checkpoints=allowed,
                                                 job=self._job_of(mount_request))
-            mount = await self._run("mount", self.mounts.mount, mount_request)
+            mount = await self._run("mount", self.mounts.mount, mount_request, image_id)
         except Exception as exc:
             raise _http_error(exc, f"mounting image {mount_request.image} for "
                                    f"{mount_request.id}") from exc

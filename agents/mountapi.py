@@ -16,8 +16,6 @@ from typing import Any
 
 from bootseer.agents import fields
 from bootseer.agents.fields import COMPONENT, CONTAINER_ID, IMAGE, JOB, RUNTIME
-from bootseer.p2p.demand import MAX_READ
-from bootseer.prefetch.blockformat import pack_digest
 from bootseer.ready import SIGNAL_DIR
 
 RECORD_MODES = ("auto", "always", "never")
@@ -144,6 +142,11 @@ class PeerRead:
 
     @classmethod
     def from_json(cls, body: Any) -> PeerRead:
+        # Imported here: the runtime shim and the hook, Python processes on a container's
+        # start, import this module and never read through peers.
+        from bootseer.p2p.demand import MAX_READ
+        from bootseer.prefetch.blockformat import pack_digest
+
         body = fields.only(body, {"job", "pack", "offset", "length"}, "peer read")
         pack = body.get("pack")
         if not isinstance(pack, str) or pack_digest(pack) is None:
@@ -176,6 +179,8 @@ class PeerFileRead:
 
     @classmethod
     def from_json(cls, body: Any) -> PeerFileRead:
+        from bootseer.p2p.demand import MAX_READ
+
         body = fields.only(body, {f for f in cls.__dataclass_fields__}, "peer read")
         size, mtime = body.get("size"), body.get("mtime")
         offset, length = body.get("offset"), body.get("length")

@@ -170,14 +170,15 @@ class MountManager:
 
     # -- the API ---------------------------------------------------------------------
 
-    def mount(self, request: MountRequest) -> ContainerMount:
-        """The container's root: mounted now, or the one it already has."""
+    def mount(self, request: MountRequest, image_id: str | None = None) -> ContainerMount:
+        """The container's root: mounted now, or the one it already has. ``image_id``:
+        what the request's image resolved to, if the caller has resolved it."""
         key = request.key
         with self._lock_for(key):
             if key in self._mounts:
                 return self._mounts[key].mount
             created = time.time()
-            container = self._mount(request, created)
+            container = self._mount(request, created, image_id)
             try:
                 self._mounts[key] = container
                 self._save(container)
@@ -331,16 +332,17 @@ class MountManager:
                    failed: Any) -> Served:
             return Served(spec, log_path, int(pid), int(fd), int(deaths), bool(failed))
 
-        image = served(self._image_spec(request, directory), directory / "server.log",
-                       body["pid"], body["server_fd"], body.get("server_deaths", 0),
+        mount = ContainerMount.from_json(body["mount"])
+        image = served(self._image_spec(request, directory, mount.image_id),
+                       directory / "server.log", body["pid"], body["server_fd"],
+                       body.get("server_deaths", 0),
                        body.get("failed", False))
         checkpoints = {
             str(name): served(self._checkpoint_spec(request, directory, name),
                               directory / f"checkpoint-{name}.log", server["pid"],
                               server["fd"], server.get("deaths", 0), server.get("failed", False))
             for name, server in (body.get("checkpoints") or {}).items()}
-        return _Container(request, ContainerMount.from_json(body["mount"]),
-                          float(body["created"]), image, checkpoints)
+        return _Container(request, mount, float(body["created"]), image, checkpoints)
 
     async def watch(self, stop: asyncio.Event, pool: Executor | None = None) -> None:
         """Look at every server each :data:`WATCH_INTERVAL` until ``stop`` is set, on
@@ -418,7 +420,8 @@ class MountManager:
 
     # -- the work ------------------------------------------------------------------------
 
-    def _mount(self, request: MountRequest, created: float) -> _Container:
+    def _mount(self, request: MountRequest, created: float,
+               image_id: str | None) -> _Container:
         """The container's connections, served, and its overlay."""
         from bootseer.prefetch.container import mount_overlay
         from bootseer.prefetch.session import MountInfo
@@ -433,7 +436,8 @@ class MountManager:
             path.mkdir()
         opened: list[Served] = []
         try:
-            image = self._open(self._image_spec(request, directory), directory / "server.log")
+            image = self._open(self._image_spec(request, directory, image_id),
+                               directory / "server.log")
             opened.append(image)
             info = MountInfo.load(directory / "info.json")
             mount_overlay(parts["lower"], parts["upper"], parts["work"], parts["rootfs"])
@@ -464,7 +468,8 @@ class MountManager:
         """A connection served by a spare, if one is there (it is ahead of a fresh start)."""
         return Served.open(spec, log_path, self.spares.take())
 
-    def _image_spec(self, request: MountRequest, directory: Path) -> ImageServerSpec:
+    def _image_spec(self, request: MountRequest, directory: Path,
+                    image_id: str | None) -> ImageServerSpec:
         """How the image's servers run: the first one records as the policy says (a
         server that takes over never does), and is waited for until it has loaded the
         image (``info.json``). A job's server reads through the job's peers."""
@@ -477,7 +482,8 @@ class MountManager:
                                self.config.image.record_timeout)
         peers = self.peer_reads and request.job is not None
         return ImageServerSpec.of(
-            self.config, request.image, directory / "lower", workload=request.workload,
+            self.config, request.image, directory / "lower", image_id=image_id,
+            workload=request.workload,
             record=record, record_auto=mode == "auto", info=directory / "info.json",
             report=directory / "report.json", takeover_state=directory / "fuse.json",
             peer_job=request.job if self.peer_reads else None,

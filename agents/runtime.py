@@ -127,7 +127,7 @@ def agent_socket() -> Path:
 
 def request_mount(socket: Path, labels: Labels, container_id: str,
                   runtime: str, namespace: str = "") -> ContainerMount:
-    """Ask the node agent for the container's lazy root (httpx is imported only here)."""
+    """Ask the node agent for the container's lazy root (the client is imported only here)."""
     from bootseer.agents.client import AgentClient, AgentUnavailable
     from bootseer.errors import BootseerError
 

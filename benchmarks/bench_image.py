@@ -710,7 +710,6 @@ def main() -> None:
     args = parser.parse_args()
     args.out = args.out or Path("bench-results") / IMAGES[args.image].out
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per agent request
     work = Path(tempfile.mkdtemp(prefix="bench-image-", dir="/var/tmp"))
     bench = Bench(args, work)
     try:

@@ -650,7 +650,6 @@ def main() -> None:
                              "the lab figures already in it.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     out = Path(args.out)
     if args.resimulate:
         result = json.loads(out.read_text())

@@ -72,6 +72,17 @@ class HotList:
         return HotList(self.image_id, self.workload, blocks, self.recordings, self.samples,
                        self.layout)
 
+    def within(self, manifest: Manifest) -> HotList:
+        """The list without the blocks ``manifest``'s image does not have: a stale list
+        (the image was rebuilt under the same name) still helps with what did not change."""
+        known = {b.digest for b in manifest.blocks}
+        kept = tuple(b for b in self.blocks if b.digest in known)
+        if len(kept) < len(self.blocks):
+            log.warning("hot list of image %s (%s): %d of %d blocks are not in the image; "
+                        "ignoring them", self.image_id, self.workload,
+                        len(self.blocks) - len(kept), len(self.blocks))
+        return self.with_blocks(kept)
+
     def encode(self) -> bytes:
         body = {"format": FORMAT, "image_id": self.image_id, "workload": self.workload,
                 "recordings": self.recordings,
@@ -179,8 +190,7 @@ def load(blobs: BlobStore, image_id: str, workload: str = DEFAULT_WORKLOAD,
          manifest: Manifest | None = None) -> HotList | None:
     """The stored hot list, or None if there is none or it cannot be used (with a warning).
 
-    With ``manifest``, blocks the image does not have are dropped: a stale list (the image
-    was rebuilt under the same name) still helps with what did not change.
+    With ``manifest``, blocks the image does not have are dropped (:meth:`HotList.within`).
     """
     try:
         ref = blobs.get_ref(ref_name(image_id, workload))
@@ -195,12 +205,4 @@ def load(blobs: BlobStore, image_id: str, workload: str = DEFAULT_WORKLOAD,
     except Exception as exc:
         log.warning("ignoring the hot list of image %s (%s): %s", image_id, workload, exc)
         return None
-    if manifest is not None:
-        known = {b.digest for b in manifest.blocks}
-        kept = tuple(b for b in hot.blocks if b.digest in known)
-        if len(kept) < len(hot.blocks):
-            log.warning("hot list of image %s (%s): %d of %d blocks are not in the image; "
-                        "ignoring them", image_id, workload, len(hot.blocks) - len(kept),
-                        len(hot.blocks))
-        hot = hot.with_blocks(kept)
-    return hot
+    return hot if manifest is None else hot.within(manifest)

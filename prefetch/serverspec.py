@@ -30,6 +30,10 @@ class ImageServerSpec:
     config: Config  # the node's: its store, its block cache
     image: str  # a name or an image id
     mountpoint: Path
+    #: The id ``image`` names, when the spec's maker has resolved it already (the agent,
+    #: checking the image exists): the server does not ask the store again, and fetches
+    #: the hot list while it loads the manifest.
+    image_id: str | None = None
     workload: str = DEFAULT_WORKLOAD  # which hot list is prefetched and recorded
     prefetch: bool = True  # prefetch the hot list (if the image has one)
     prefetch_config: PrefetchConfig = PrefetchConfig()

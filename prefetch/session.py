@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -207,11 +208,19 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
     (imports, warming up) came before the start it serves."""
     began = process_cpu()
     blobs = BlobStore(open_configured_store(spec.config))
-    image = LazyImage(blobs, spec.image, NodeCaches.for_config(spec.config).blocks())
+    with ThreadPoolExecutor(1, thread_name_prefix="hot-list") as pool:
+        # Two store reads that need not wait for each other: the hot list, the manifest.
+        stored_hot = pool.submit(hotlist.load, blobs, spec.image_id, spec.workload) \
+            if spec.image_id is not None and (spec.prefetch or spec.record_auto) else None
+        image = LazyImage(blobs, spec.image_id or spec.image,
+                          NodeCaches.for_config(spec.config).blocks())
+        hot = None
+        if stored_hot is not None:
+            loaded = stored_hot.result()
+            hot = loaded.within(image.manifest) if loaded is not None else None
+        elif spec.prefetch or spec.record_auto:
+            hot = hotlist.load(blobs, image.image_id, spec.workload, image.manifest)
     image.source.peer_read = peer_read
-    hot = None
-    if spec.prefetch or spec.record_auto:
-        hot = hotlist.load(blobs, image.image_id, spec.workload, image.manifest)
     prefetcher = None
     if spec.prefetch:
         prefetcher = start_prefetch(image, hot, spec.prefetch_config)

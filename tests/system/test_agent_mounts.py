@@ -137,7 +137,7 @@ def test_bad_mount_requests_are_refused_and_leave_nothing(node, dirs) -> None:
     sock, _, _ = node
     with AgentClient(sock) as client:
         with pytest.raises(AgentError, match="'id' must match"):
-            client._call("POST", "/v1/mounts", json={"id": "../x", "image": "py"})
+            client._call("POST", "/v1/mounts", json_body={"id": "../x", "image": "py"})
         with pytest.raises(AgentError, match="no-such-image"):
             client.mount(MountRequest("c3", "no-such-image"))
         assert client.mounts() == []

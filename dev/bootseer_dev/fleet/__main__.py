@@ -7,7 +7,6 @@ options; every command takes --state-dir.
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -41,8 +40,6 @@ def main(verbose: bool) -> None:
     capped) live in namespaces of their own, all on one lab
     switch in 198.18.0.0/15 with no route out. No added latency (no sch_netem here)."""
     log_to_stderr(verbose)
-    if not verbose:  # one line per agent health check would drown the lab's own log
-        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 @main.command()
