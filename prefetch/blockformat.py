@@ -130,6 +130,19 @@ class Manifest:
         self.by_path = _ByPath(self.entries, self.paths)
 
     @functools.cached_property
+    def block_index(self) -> dict[str, int]:
+        """Block digest → the first index of a block with it (built on first use, from the
+        table's raw digests when decoded: a mount's hot list and prefetch plan look up a
+        few thousand digests, and building every location of a large image to find them
+        cost more than the lookups)."""
+        if isinstance(self.blocks, BlockTable):
+            return self.blocks.digest_index()
+        index: dict[str, int] = {}
+        for i, block in enumerate(self.blocks):
+            index.setdefault(block.digest, i)
+        return index
+
+    @functools.cached_property
     def children(self) -> dict[str, list[str]]:
         """Directory path → the names in it, in manifest order (built on first use: a
         start lists few directories, if any)."""
@@ -423,6 +436,13 @@ class BlockTable(_LazyTable[BlockLocation]):
     def __init__(self, digests: bytes, columns: dict[str, array]) -> None:
         super().__init__(len(digests) // 32)
         self._digests, self._c = digests, columns
+
+    def digest_index(self) -> dict[str, int]:
+        """Digest → the first index with it, no location built."""
+        raw, index = self._digests, {}
+        for i in range(len(raw) // 32 - 1, -1, -1):  # backwards: the first one stays
+            index[raw[32 * i : 32 * i + 32].hex()] = i
+        return index
 
     def _build(self, i: int) -> BlockLocation:
         c = self._c

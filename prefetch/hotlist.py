@@ -75,7 +75,7 @@ class HotList:
     def within(self, manifest: Manifest) -> HotList:
         """The list without the blocks ``manifest``'s image does not have: a stale list
         (the image was rebuilt under the same name) still helps with what did not change."""
-        known = {b.digest for b in manifest.blocks}
+        known = manifest.block_index
         kept = tuple(b for b in self.blocks if b.digest in known)
         if len(kept) < len(self.blocks):
             log.warning("hot list of image %s (%s): %d of %d blocks are not in the image; "

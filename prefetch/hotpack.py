@@ -44,7 +44,7 @@ def write_hot_pack(blobs: BlobStore, manifest: Manifest, digests: list[str],
     its torrent is built from that copy (:func:`bootseer.p2p.publish_torrent`), and the
     copy is kept as a cache entry, for this node to seed when its job's nodes warm.
     """
-    where = {b.digest: i for i, b in enumerate(manifest.blocks)}
+    where = manifest.block_index
     order = [where[d] for d in dict.fromkeys(digests) if d in where]
     pieces: dict[str, tuple[int, int]] = {}
     pack_hash = hashlib.sha256()

@@ -49,7 +49,7 @@ class PrefetchStats(FetchCounts):
 
 def plan(image: LazyImage, hot: HotList, request_size: int) -> list[Run]:
     """The hot list as ranged reads, in list order."""
-    index = {b.digest: i for i, b in reversed(list(enumerate(image.manifest.blocks)))}
+    index = image.manifest.block_index
     layout = hot.layout
     requests: list[Run] = []
     limit = min(FIRST_REQUEST, request_size)

@@ -39,7 +39,7 @@ def manifest(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
 
 def described(m: Manifest) -> tuple:
     return (m.block_size, m.config, m.source, m.packs, list(m.entries), list(m.blocks),
-            dict(m.children), m.node_indexes(), m.has_xattrs, m.content_bytes)
+            dict(m.children), m.node_indexes(), m.has_xattrs, m.content_bytes, m.block_index)
 
 
 def test_format_2_round_trips_and_describes_what_format_1_did(manifest: Manifest) -> None:
@@ -129,3 +129,12 @@ def test_entries_and_blocks_are_built_on_first_use(manifest: Manifest) -> None:
     first = m.entries[3]
     assert m.entries[3] is first and built.count(None) == len(built) - 1
     assert isinstance(m.blocks[0], BlockLocation) and m.blocks[-1] == m.blocks[len(m.blocks) - 1]
+
+
+def test_the_block_index_is_built_without_building_a_block(manifest: Manifest) -> None:
+    m = Manifest.decode(manifest.encode())
+    index = m.block_index
+    built = m.blocks._built  # type: ignore[attr-defined]
+    assert built.count(None) == len(built)
+    assert index == {b.digest: i for i, b in reversed(list(enumerate(manifest.blocks)))}
+    assert len(index) == len({b.digest for b in manifest.blocks}) > 0
