@@ -124,6 +124,8 @@ CASES = ("local", "full_pull", "docker_pull_run", "lazy", "lazy_prefetch", "lazy
 LAZY_CASES = ("lazy", "lazy_prefetch", "lazy_warmed", "lazy_warmed_served")
 PATH = "bootseer-runtime + agent (bootseer.fuse)"
 LATENCY = "none added: kernel has no sch_netem"
+#: A case's one run in its scratch directory: its Run, or several cases' by name.
+Measure = Callable[[Path, str], "Run | dict[str, Run]"]
 
 
 def mounts_below(path: Path) -> list[Path]:
@@ -201,25 +203,30 @@ class Bench:
         return Run(seconds, steps, busy_fraction(cpu0, cpu1), busy_fraction(idle0, cpu0),
                    started)
 
-    def case(self, name: str, measure: Callable[[Path, str], Run | dict[str, Run]],
-             runs: int | None = None) -> dict[str, list[Run]]:
-        """``runs`` runs of ``measure(run_dir, what)``, each with a fresh scratch directory
-        (removed after, with anything mounted below it). A measure may time more than one
-        case per run (docker_pull_run also times docker_local): it returns them by name."""
+    def rounds(self, plan: list[tuple[str, Measure]], runs: int | None = None,
+               ) -> dict[str, list[Run]]:
+        """``runs`` rounds, each running every case of ``plan`` once, in order: interleaved,
+        so that this shared machine's slow and fast minutes (other tenants' disk and CPU
+        moved ``local_s`` by 28% from one hour to the next) fall on every case alike, not
+        on whichever ran then. Each run has a fresh scratch directory (removed after, with
+        anything mounted below it). A measure may time more than one case per run
+        (docker_pull_run also times docker_local): it returns them by name."""
         out: dict[str, list[Run]] = {}
         for i in range(self.args.runs if runs is None else runs):
-            run_dir = self.work / f"{name}-{i}"
-            shutil.rmtree(run_dir, ignore_errors=True)
-            run_dir.mkdir()
-            result = measure(run_dir, f"{name} run {i + 1}")
-            for case, run in (result.items() if isinstance(result, dict) else [(name, result)]):
-                out.setdefault(case, []).append(run)
-                log.info("  %s run %d: %.2f s, CPU %.0f%% busy", case, i + 1, run.seconds,
-                         100 * run.cpu_busy)
-            for mount in mounts_below(run_dir):  # a run must not leave mounts; be sure
-                log.warning("unmounting %s left by the %s run", mount, name)
-                unmount(mount)
-            shutil.rmtree(run_dir)
+            for name, measure in plan:
+                run_dir = self.work / f"{name}-{i}"
+                shutil.rmtree(run_dir, ignore_errors=True)
+                run_dir.mkdir()
+                result = measure(run_dir, f"{name} run {i + 1}")
+                for case, run in (result.items() if isinstance(result, dict)
+                                  else [(name, result)]):
+                    out.setdefault(case, []).append(run)
+                    log.info("  %s run %d: %.2f s, CPU %.0f%% busy", case, i + 1,
+                             run.seconds, 100 * run.cpu_busy)
+                for mount in mounts_below(run_dir):  # a run must not leave mounts; be sure
+                    log.warning("unmounting %s left by the %s run", mount, name)
+                    unmount(mount)
+                shutil.rmtree(run_dir)
         for case, rows in out.items():
             self.details[case] = [r.to_json() for r in rows]
         return out
@@ -405,40 +412,36 @@ class Bench:
     def run(self) -> dict:
         self.cases = select_cases(self.args.cases, CASES)
         setup = self.setup()
+        cases: dict[str, tuple[str, Measure]] = {
+            "local": ("image already unpacked on local disk", self.full_pull_run(
+                lambda d: ["run", "--rootfs", str(self.rootfs)])),
+            "full_pull": ("fetch every layer from HDFS, unpack, run in runc",
+                          self.full_pull_run(lambda d: [
+                              "pull", "--store", self.url, "--name", self.image.name,
+                              "--dest", str(d / "rootfs")])),
+            "docker_pull_run": ("fresh dockerd, docker pull from the registry, docker run",
+                                self.docker_pull_run),
+            "lazy": ("docker run --runtime bootseer, no prefetch",
+                     self.lazy_start(prefetch=False, record="never")),
+            "lazy_prefetch": ("docker run --runtime bootseer, prefetch of the hot list",
+                              self.lazy_start(prefetch=True, record="never")),
+            "lazy_warmed": ("bootseer warm through the agent first (untimed), then the start: "
+                            "what is left when every hot block is already local",
+                            self.lazy_start(prefetch=True, record="never", warm=True)),
+            "lazy_warmed_served": ("the same with image.passthrough off (every read served "
+                                   "by the mount's server)",
+                                   self.lazy_start(prefetch=True, record="never", warm=True,
+                                                   passthrough=False)),
+        }
         measured: dict[str, list[Run]] = {}
-        if "local" in self.cases:
-            log.info("local: image already unpacked on local disk")
-            measured |= self.case("local", self.full_pull_run(
-                lambda d: ["run", "--rootfs", str(self.rootfs)]))
-        if "full_pull" in self.cases:
-            log.info("full_pull: fetch every layer from HDFS, unpack, run in runc")
-            measured |= self.case("full_pull", self.full_pull_run(
-                lambda d: ["pull", "--store", self.url, "--name", self.image.name, "--dest",
-                           str(d / "rootfs")]))
-        if "docker_pull_run" in self.cases:
-            log.info("docker_pull_run: fresh dockerd, docker pull from the registry, docker run")
-            measured |= self.case("docker_pull_run", self.docker_pull_run)
-        if "lazy" in self.cases:
-            log.info("lazy: docker run --runtime bootseer, no prefetch")
-            measured |= self.case("lazy", self.lazy_start(prefetch=False, record="never"))
         if {"lazy_prefetch", "lazy_warmed", "lazy_warmed_served"} & set(self.cases):
             log.info("record: one start that records the hot list and writes the hot pack")
-            measured |= self.case("record", self.lazy_start(prefetch=False, record="always"),
-                                  runs=1)
-        if "lazy_prefetch" in self.cases:
-            log.info("lazy_prefetch: docker run --runtime bootseer, prefetch of the hot list")
-            measured |= self.case("lazy_prefetch", self.lazy_start(prefetch=True,
-                                                                   record="never"))
-        if "lazy_warmed" in self.cases:
-            log.info("lazy_warmed: bootseer warm through the agent first (untimed), then the "
-                     "start: what is left when every hot block is already local")
-            measured |= self.case("lazy_warmed", self.lazy_start(prefetch=True, record="never",
-                                                                 warm=True))
-        if "lazy_warmed_served" in self.cases:
-            log.info("lazy_warmed_served: the same with image.passthrough off (every read "
-                     "served by the mount's server)")
-            measured |= self.case("lazy_warmed_served", self.lazy_start(
-                prefetch=True, record="never", warm=True, passthrough=False))
+            measured |= self.rounds([("record", self.lazy_start(prefetch=False,
+                                                                record="always"))], runs=1)
+        plan = [(name, cases[name][1]) for name in CASES if name in self.cases]
+        for name in self.cases:
+            log.info("%s: %s", name, cases[name][0])
+        measured |= self.rounds(plan)
         if self.registry is not None:  # proof that the pulls went through the cap
             sent = re.search(r"Sent (\d+) bytes", describe(self.registry_tc))
             setup["registry_class_sent_bytes"] = int(sent.group(1)) if sent else None

@@ -106,18 +106,14 @@ class WholeFiles:
         False if the file is not whole on the node. The mount serves nothing of a file the
         kernel reads in its place, so this is how such a file's hot blocks are ahead of
         the start, as pushed pages are for a served file."""
-        key = self.key(entry)
-        if key is None:
-            return False
-        try:
-            fd = self.cache.open_unverified(key)
-        except FileNotFoundError:
+        backing = self.open(entry)
+        if backing is None:
             return False
         try:
             for offset, length in ranges:
-                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(backing.fd, offset, length, os.POSIX_FADV_WILLNEED)
         finally:
-            os.close(fd)
+            os.close(backing.fd)
         return True
 
     def any(self) -> bool:

@@ -93,6 +93,11 @@ def _start(dirs: dict[str, Path], workload: str, *, record: bool, passthrough: b
         assert (dirs["mnt"] / "data/small.txt").read_bytes() == b"small\n"
     finally:
         unmount(dirs["mnt"])
+    return _report_at(report)
+
+
+def _report_at(report: Path) -> dict:
+    """The report an unmounted mount's server writes on its way out."""
     deadline = time.monotonic() + 30
     while not report.exists():
         assert time.monotonic() < deadline, "no report"
@@ -187,10 +192,6 @@ def test_a_passed_through_files_hot_blocks_are_read_ahead_by_the_kernel(dirs) ->
             time.sleep(0.05)
     finally:
         unmount(dirs["mnt"])
-    deadline = time.monotonic() + 30
-    while not report.exists():
-        assert time.monotonic() < deadline, "no report"
-        time.sleep(0.1)
-    body = json.loads(report.read_text())
+    body = _report_at(report)
     assert body["read_ahead"] == {"files": 1, "bytes": 3 * MIB}
     assert body["pages_pushed"]["pushes"] == 0
