@@ -8,7 +8,7 @@ as users get it (``mount``: the kernel reads the whole file itself, FUSE passthr
 with ``image.passthrough`` off (``served``: every read answered by the mount's server
 from the node's blocks, as before passthrough). The same bytes are written to a host file
 beside them. With the page cache dropped before each run (``--runs``, rounds
-interleaved):
+interleaved, the host and the mounts in a random order in each):
 
 * ``seq``: the whole file read in 1 MiB ``read()`` calls;
 * ``rand``: ``--random-reads`` ``pread()`` of 4 KiB at random 4 KiB-aligned offsets (the
@@ -156,10 +156,13 @@ def main() -> None:
             for name in mounts:
                 if seq_read(files[name]) != host.stat().st_size:
                     raise AssertionError(f"the {name} file is not the host file's size")
+            order = random.Random(3)
             for _ in range(args.runs):
                 for kind, read in (("seq", seq_read), ("rand", lambda p: rand_read(p, offsets)),
                                    ("meta", lambda p: stat_all(p, smalls))):
-                    for name, path in files.items():
+                    # In an order of its own each time: this shared disk's slow and fast
+                    # seconds then fall on the host and the mounts alike.
+                    for name, path in order.sample(list(files.items()), len(files)):
                         path = roots[name] if kind == "meta" else path
                         case = f"{kind}_{name}"
                         drop_page_cache()
