@@ -166,6 +166,8 @@ def main() -> None:
                    for _ in range(args.random_reads)]
         times: dict[str, list[float]] = {}
         busy: dict[str, list[float]] = {}
+        #: per case, whether each run came before (0) or after (1) the other of mount/host
+        positions: dict[str, list[int]] = {}
         try:
             for name in mounts:
                 if seq_read(files[name]) != host.stat().st_size:
@@ -176,9 +178,13 @@ def main() -> None:
                                    ("meta", lambda p: stat_all(p, smalls))):
                     # In an order of its own each time: this shared disk's slow and fast
                     # seconds then fall on the host and the mounts alike.
+                    ran: list[str] = []
                     for name, path in order.sample(list(files.items()), len(files)):
                         path = roots[name] if kind == "meta" else path
                         case = f"{kind}_{name}"
+                        if name in ("mount", "host"):
+                            ran.append(name)
+                            positions.setdefault(case, []).append(len(ran) - 1)
                         drop_page_cache()
                         seq_read(primer)
                         cpu0, start = cpu_times(), time.perf_counter()
@@ -206,10 +212,28 @@ def main() -> None:
                     f"{kind}_{prefix}vs_host": round(med[f"{kind}_host"] / med[f"{kind}_{name}"],
                                                      3) for kind in ("seq", "rand", "meta")})}
 
+    def by_position(kind: str) -> dict[str, float]:
+        """The mount's rate over the host's among runs that read before the other (0) and
+        among those that read after it (1)."""
+        out = {}
+        for position in (0, 1):
+            mount, host = ([t for t, p in zip(times[f"{kind}_{name}"],
+                                              positions[f"{kind}_{name}"]) if p == position]
+                           for name in ("mount", "host"))
+            if mount and host:
+                out[str(position)] = round(statistics.median(host) / statistics.median(mount), 3)
+        return out
+
     result = {
         **recording.header(runs=args.runs, caps={"link": "none: local disk and page cache"}),
         "file_bytes": size, "random_reads": args.random_reads,
         **rates("mount"), **rates("served"), **rates("host"),
+        "seq_vs_host_by_position": by_position("seq"),
+        "rand_vs_host_by_position": by_position("rand"),
+        "by_position_note": "the same ratio among runs in the same place of their round: "
+                            "0, read before the other of mount and host; 1, after it (on this "
+                            "machine's virtual disk the first of the two 1 GiB sequential "
+                            "reads in a round took 3-4x the second, whichever file it was)",
         "mount_note": "mount: as users get it, the whole file read by the kernel (FUSE "
                       "passthrough); served: image.passthrough off, every read answered "
                       "by the mount's server from the node's blocks (before passthrough)",
