@@ -81,10 +81,10 @@ class AgentClient:
 
     @contextmanager
     def _request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
-                 json_body: Any = None, answer_timeout: float | None = -1.0,
+                 json_body: Any = None, stream: bool = False,
                  ) -> Iterator[http.client.HTTPResponse]:
         """One call's response (its status and headers read), on a connection of its own;
-        ``answer_timeout`` None: wait as long as it takes (-1: the client's)."""
+        a ``stream`` (a warm's events) is waited for as long as it takes."""
         connection = _UnixConnection(str(self.socket_path), self.timeout)
         try:
             body = None if json_body is None else json.dumps(json_body).encode()
@@ -92,8 +92,7 @@ class AgentClient:
             connection.request(method, quote(path) + (f"?{urlencode(params)}" if params
                                                       else ""), body=body, headers=headers)
             assert connection.sock is not None
-            connection.sock.settimeout(self.answer_timeout if answer_timeout == -1.0
-                                       else answer_timeout)
+            connection.sock.settimeout(None if stream else self.answer_timeout)
             with connection.getresponse() as response:
                 yield response
         finally:
@@ -131,8 +130,7 @@ class AgentClient:
 
         body = request.to_json()
         try:
-            with self._request("POST", "/v1/warm", json_body=body,
-                               answer_timeout=None) as response:
+            with self._request("POST", "/v1/warm", json_body=body, stream=True) as response:
                 if response.status != 200:
                     raise AgentError(f"agent: {response.read().decode(errors='replace')}")
                 for line in response:

@@ -30,7 +30,7 @@ from bootseer.prefetch.blocksource import PeerRead
 from bootseer.prefetch.config import PrefetchConfig
 from bootseer.prefetch.hotlist import HotList
 from bootseer.prefetch.imagetree import ImageTree
-from bootseer.prefetch.lazyimage import LazyImage, LazyStats, ManifestLoad
+from bootseer.prefetch.lazyimage import LazyImage, LazyStats, ManifestLoad, resolve_image
 from bootseer.prefetch.pagewarm import ReadAheadCounts
 from bootseer.prefetch.prefetcher import Prefetcher, PrefetchStats
 from bootseer.prefetch.recording import Recording
@@ -208,18 +208,14 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
     (imports, warming up) came before the start it serves."""
     began = process_cpu()
     blobs = BlobStore(open_configured_store(spec.config))
+    image_id = spec.image_id or resolve_image(blobs, spec.image)
     with ThreadPoolExecutor(1, thread_name_prefix="hot-list") as pool:
         # Two store reads that need not wait for each other: the hot list, the manifest.
-        stored_hot = pool.submit(hotlist.load, blobs, spec.image_id, spec.workload) \
-            if spec.image_id is not None and (spec.prefetch or spec.record_auto) else None
-        image = LazyImage(blobs, spec.image_id or spec.image,
-                          NodeCaches.for_config(spec.config).blocks())
-        hot = None
-        if stored_hot is not None:
-            loaded = stored_hot.result()
-            hot = loaded.within(image.manifest) if loaded is not None else None
-        elif spec.prefetch or spec.record_auto:
-            hot = hotlist.load(blobs, image.image_id, spec.workload, image.manifest)
+        stored_hot = pool.submit(hotlist.load, blobs, image_id, spec.workload) \
+            if spec.prefetch or spec.record_auto else None
+        image = LazyImage(blobs, image_id, NodeCaches.for_config(spec.config).blocks())
+        loaded = stored_hot.result() if stored_hot is not None else None
+    hot = loaded.within(image.manifest) if loaded is not None else None
     image.source.peer_read = peer_read
     prefetcher = None
     if spec.prefetch:
