@@ -50,6 +50,9 @@ def test_a_file_whose_blocks_do_not_add_up_is_never_made_whole(tmp_path: Path) -
     assert files.key(_entry(MIB + 5, (0, 3))) is None  # a last block of the wrong size
     assert files.key(_entry(0, ())) is None  # nothing to back
     assert files.key(_entry(5, (2,))) != files.key(_entry(MIB - 1, (3,)))
+    # Nor is anything opened or read ahead for one (the ranges come from the same claims).
+    assert files.read_ahead(_entry(2 * MIB + 6, (0, 1, 2)), [(0, 2 * MIB + 6)]) is False
+    assert files.open(_entry(MIB + 5, (0, 3))) is None
 
 
 def test_warm_keeps_the_files_it_stages_whole_and_root_only(dirs) -> None:

@@ -172,7 +172,7 @@ def test_posted_bodies_get_4xx_and_leave_nothing(agent, request) -> None:
 
 @FUZZ
 @given(mount_id=st.text(max_size=60) | HOSTILE_STRINGS,
-       query=st.dictionaries(st.sampled_from(["exit_code", "rootfs", "x"]),
+       query=st.dictionaries(st.sampled_from(["exit_code", "rootfs", "wait", "x"]),
                              st.text(max_size=20) | HOSTILE_STRINGS, max_size=3))
 def test_releases_of_anything_get_4xx(agent, mount_id, query) -> None:
     client, containers = agent.client, agent.containers
