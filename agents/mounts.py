@@ -8,6 +8,7 @@ directory, ``<cache_dir>/containers/<key>/`` (the key is the container's id qual
 its engine's namespace, :func:`bootseer.agents.mountapi.mount_key`)::
 
     lower/    the lazy image (FUSE)          upper/, work/  the overlay's writable layer
+    meta/     its metadata image (EROFS), when ``lower/`` serves files by key
     rootfs/   the overlay: the container's root
     signal/   bound at /run/bootseer in the container: ready file, phase marks
     state.json  what a restarted agent needs to adopt the mount
@@ -32,6 +33,7 @@ Checkpoint URLs arrive here already allowed and normalised by the agent's policy
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -222,6 +224,7 @@ class MountManager:
                 claims.clear()
             exited = time.time()
             unmount(Path(container.mount.rootfs))
+            unmount(self.root / container_id / "meta")
             for served in container.checkpoints.values():
                 served.close()
             container.image.close(wait=None)  # the server sees the connection end, reports
@@ -262,6 +265,8 @@ class MountManager:
         phases = container_phases(directory / "signal", container.created, exited)
         phases["exited"] = exited
         detail: dict[str, Any] = {"image": report} if report else {}
+        if isinstance(container.image.spec, ImageServerSpec) and container.image.spec.by_key:
+            detail["metadata_image"] = True  # names from the kernel, files by key
         if exit_code is not None:
             detail["exit_code"] = exit_code
         if container.image.deaths:
@@ -333,7 +338,7 @@ class MountManager:
             return Served(spec, log_path, int(pid), int(fd), int(deaths), bool(failed))
 
         mount = ContainerMount.from_json(body["mount"])
-        image = served(self._image_spec(request, directory, mount.image_id),
+        image = served(self._image_spec(request, directory, mount.image_id, by_key=False),
                        directory / "server.log", body["pid"], body["server_fd"],
                        body.get("server_deaths", 0),
                        body.get("failed", False))
@@ -440,7 +445,11 @@ class MountManager:
                                directory / "server.log")
             opened.append(image)
             info = MountInfo.load(directory / "info.json")
-            mount_overlay(parts["lower"], parts["upper"], parts["work"], parts["rootfs"])
+            image.spec = dataclasses.replace(image.spec, by_key=info.by_key)  # for takeovers
+            if info.by_key:
+                self._mount_by_key(info.image_id, directory, parts)
+            else:
+                mount_overlay(parts["lower"], parts["upper"], parts["work"], parts["rootfs"])
             checkpoints: dict[str, Served] = {}
             if request.checkpoints:
                 (directory / "checkpoints").mkdir()
@@ -464,12 +473,26 @@ class MountManager:
             raise
         return _Container(request, mount, created, image, checkpoints)
 
+    def _mount_by_key(self, image_id: str, directory: Path, parts: dict[str, Path]) -> None:
+        """The overlay over the image's metadata image (``meta/``), its files' data from
+        the node's whole files, else from the server serving them by key (``lower/``)."""
+        from bootseer.nodecache import NodeCaches, whole_files_beside
+        from bootseer.prefetch.container import mount_overlay
+        from bootseer.prefetch.metaimage import MetaImage, mount_erofs
+
+        meta = MetaImage(whole_files_beside(NodeCaches.for_config(self.config).blocks()),
+                         image_id)
+        (directory / "meta").mkdir()
+        mount_erofs(meta.path, directory / "meta")
+        mount_overlay(directory / "meta", parts["upper"], parts["work"], parts["rootfs"],
+                      data=[meta.data_dir, parts["lower"]])
+
     def _open(self, spec: ServerSpec, log_path: Path) -> Served:
         """A connection served by a spare, if one is there (it is ahead of a fresh start)."""
         return Served.open(spec, log_path, self.spares.take())
 
     def _image_spec(self, request: MountRequest, directory: Path,
-                    image_id: str | None) -> ImageServerSpec:
+                    image_id: str | None, *, by_key: bool | None = None) -> ImageServerSpec:
         """How the image's servers run: the first one records as the policy says (a
         server that takes over never does), and is waited for until it has loaded the
         image (``info.json``). A job's server reads through the job's peers."""
@@ -487,7 +510,7 @@ class MountManager:
             record=record, record_auto=mode == "auto", info=directory / "info.json",
             report=directory / "report.json", takeover_state=directory / "fuse.json",
             peer_job=request.job if self.peer_reads else None,
-            agent_socket=self.config.agent.socket if peers else None)
+            agent_socket=self.config.agent.socket if peers else None, by_key=by_key)
 
     def _checkpoint_spec(self, request: MountRequest, directory: Path,
                          name: str) -> CheckpointServerSpec:
@@ -539,6 +562,7 @@ def _clear(directory: Path) -> None:
     checkpoint mounts, its lazy image: those of a mount no connection is known for) and
     remove it."""
     unmount(directory / "rootfs")
+    unmount(directory / "meta")
     checkpoints = directory / "checkpoints"
     for target in sorted(checkpoints.iterdir()) if checkpoints.is_dir() else ():
         unmount(target)

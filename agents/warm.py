@@ -127,6 +127,8 @@ def warmers(blobs: BlobStore, config: Config, request: WarmRequest, *,
                                  workload=request.workload, all_blocks=request.all_blocks,
                                  prefetch=PrefetchConfig.from_config(config),
                                  whole_files=config.image.passthrough,
+                                 metadata_image=config.image.passthrough and
+                                 config.image.kernel_metadata,
                                  lazy=lazy, fanout=fanout), (request.image,)))
     if request.envs:
         plan.append((SnapshotWarmer(blobs, caches.snapshots(),

@@ -120,8 +120,9 @@ WORKLOAD = ["python3", "-c",
             "import torch; x = torch.ones(256, 256); print(float((x @ x).sum()))"]
 EXPECTED = "16777216.0"  # 256 * 256 * 256
 CASES = ("local", "full_pull", "docker_pull_run", "lazy", "lazy_prefetch", "lazy_warmed",
-         "lazy_warmed_served")
-LAZY_CASES = ("lazy", "lazy_prefetch", "lazy_warmed", "lazy_warmed_served")
+         "lazy_warmed_fuse", "lazy_warmed_served")
+LAZY_CASES = ("lazy", "lazy_prefetch", "lazy_warmed", "lazy_warmed_fuse", "lazy_warmed_served")
+WARMED_CASES = ("lazy_warmed", "lazy_warmed_fuse", "lazy_warmed_served")
 PATH = "bootseer-runtime + agent (bootseer.fuse)"
 LATENCY = "none added: kernel has no sch_netem"
 #: A case's one run in its scratch directory: its Run, or several cases' by name.
@@ -260,7 +261,8 @@ class Bench:
         return {"docker_pull_run": pulled, "docker_local": again}
 
     def lazy_start(self, *, prefetch: bool, record: str, warm: bool = False,
-                   passthrough: bool = True) -> Callable[[Path, str], Run]:
+                   passthrough: bool = True, metadata: bool = True,
+                   ) -> Callable[[Path, str], Run]:
         """``docker run --runtime bootseer`` of the stub on a fresh node agent (its own
         cache); the agent's record of the start is kept with the run."""
         def measure(run_dir: Path, what: str) -> Run:
@@ -268,6 +270,7 @@ class Bench:
                               "BOOTSEER_CACHE_DIR": str(run_dir / "cache"),
                               "BOOTSEER_IMAGE_PREFETCH": "true" if prefetch else "false",
                               "BOOTSEER_IMAGE_PASSTHROUGH": str(passthrough).lower(),
+                              "BOOTSEER_IMAGE_KERNEL_METADATA": str(metadata).lower(),
                               "BOOTSEER_IMAGE_RECORD_IMAGES": self.image.name}
             agent = start_agent(self.agent_sock, env, timeout=120, spares_warm=True)
             try:
@@ -295,7 +298,8 @@ class Bench:
             run.extra["start"] = self.start_detail(start, run.started)
             if warmed is not None:
                 run.extra["warm"] = {k: warmed.get(k) for k in (
-                    "seconds", "fetched_bytes", "fetch_requests", "whole_files")}
+                    "seconds", "fetched_bytes", "fetch_requests", "whole_files",
+                    "metadata_image", "metadata_image_s")}
             return run
         return measure
 
@@ -315,7 +319,8 @@ class Bench:
         """The mount's report and the start's phases, as seconds since ``docker run``."""
         return {"runtime": start.runtime,
                 "phases_s": {k: round(v - started, 3) for k, v in start.phases.items()},
-                "image": start.detail.get("image") or {}}
+                "image": start.detail.get("image") or {},
+                "metadata_image": bool(start.detail.get("metadata_image"))}
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -426,15 +431,20 @@ class Bench:
             "lazy_prefetch": ("docker run --runtime bootseer, prefetch of the hot list",
                               self.lazy_start(prefetch=True, record="never")),
             "lazy_warmed": ("bootseer warm through the agent first (untimed), then the start: "
-                            "what is left when every hot block is already local",
+                            "what is left when every hot block is already local (names "
+                            "from the image's metadata image, data from whole files)",
                             self.lazy_start(prefetch=True, record="never", warm=True)),
+            "lazy_warmed_fuse": ("the same with image.kernel_metadata off (names through "
+                                 "the mount's server, whole files by FUSE passthrough)",
+                                 self.lazy_start(prefetch=True, record="never", warm=True,
+                                                 metadata=False)),
             "lazy_warmed_served": ("the same with image.passthrough off (every read served "
                                    "by the mount's server)",
                                    self.lazy_start(prefetch=True, record="never", warm=True,
                                                    passthrough=False)),
         }
         measured: dict[str, list[Run]] = {}
-        if {"lazy_prefetch", "lazy_warmed", "lazy_warmed_served"} & set(self.cases):
+        if {"lazy_prefetch", *WARMED_CASES} & set(self.cases):
             log.info("record: one start that records the hot list and writes the hot pack")
             measured |= self.rounds([("record", self.lazy_start(prefetch=False,
                                                                 record="always"))], runs=1)
@@ -604,14 +614,22 @@ class Bench:
                 for r in measured.get(case, []) if r.extra["warm"].get(field) is not None])
                for key, case in (("warm", "lazy_warmed"), ("warm_served", "lazy_warmed_served"))
                for figure_name, field in (("s", "seconds"), ("MB", "fetched_bytes"),
-                                          ("whole_files", "whole_files"))},
+                                          ("whole_files", "whole_files"),
+                                          ("metadata_image_s", "metadata_image_s"))},
+            "metadata_image": {case: sum(r.extra["start"]["metadata_image"]
+                                         for r in measured[case]) / len(measured[case])
+                               for case in LAZY_CASES if measured.get(case)},
+            "metadata_image_note": "fraction of each case's starts whose root named the "
+                                   "image's files through its metadata image (EROFS) and "
+                                   "read them from whole files or by key from the server",
             "warm_note": "the untimed bootseer warm through the agent before each lazy_warmed "
                          "(warm_*: the hot list's blocks, then the rest of every file it "
                          "touches, kept whole) and lazy_warmed_served start (warm_served_*: "
                          "the hot blocks only), with no start competing (the agent's own "
-                         "report): seconds, MB fetched, files kept whole",
+                         "report): seconds, MB fetched, files kept whole, and seconds of it "
+                         "building the image's metadata image (once per node and image)",
             "breakdown_s": {case: breakdown(case) for case in ("lazy", "record", "lazy_prefetch",
-                                                                "lazy_warmed")},
+                                                                *WARMED_CASES)},
             "breakdown_note": "medians, seconds, from the agent's start record: spawning docker "
                               "run until bootseer-runtime asked the agent (created), the lazy "
                               "mount (until image_ready), the workload (until the poststop "
@@ -621,6 +639,7 @@ class Bench:
                 for i, step in enumerate(("pull", "run"))},
             "warmed_vs_local": ratio(med.get("lazy_warmed"), med.get("local")),
             "warmed_served_vs_local": ratio(med.get("lazy_warmed_served"), med.get("local")),
+            "warmed_fuse_vs_local": ratio(med.get("lazy_warmed_fuse"), med.get("local")),
             "warmed_vs_docker_local": ratio(med.get("lazy_warmed"), med.get("docker_local")),
             "warmed_vs_docker_local_note": "the warmed start (docker run --runtime bootseer) "
                                            "over docker run of the image from Docker's own "

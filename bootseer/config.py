@@ -102,6 +102,11 @@ class ImageConfig:
     #: by the kernel itself, not through the mount's server (FUSE passthrough: Linux 6.9
     #: or later, root-run servers; anything else serves every read as before).
     passthrough: bool = True
+    #: A container's root names its image's files through a metadata image the kernel
+    #: reads (EROFS, built by ``warm`` beside the whole files: Linux 6.12 and
+    #: erofs-utils), its data from the whole files or the mount's server: no lookup or
+    #: open reaches Python (:mod:`bootseer.prefetch.metaimage`). Needs ``passthrough``.
+    kernel_metadata: bool = True
 
 
 def default_snapshot_concurrency() -> int:

@@ -52,6 +52,11 @@ class ImageServerSpec:
     #: it cannot; the agent answers on ``agent_socket`` (default: the config's).
     peer_job: str | None = None
     agent_socket: Path | None = None
+    #: Serve the image's files by whole-file key, for an overlay over its metadata image
+    #: (:class:`bootseer.prefetch.metaimage.KeyTree`), or by path; None: the first server
+    #: chooses (keys if the image has a metadata image and the start does not record) and
+    #: says which in ``info``, and every server after it is told.
+    by_key: bool | None = None
 
     @classmethod
     def of(cls, config: Config, image: str, mountpoint: Path, **options: Any) -> ImageServerSpec:

@@ -31,6 +31,7 @@ from bootseer.prefetch.config import PrefetchConfig
 from bootseer.prefetch.hotlist import HotList
 from bootseer.prefetch.imagetree import ImageTree
 from bootseer.prefetch.lazyimage import LazyImage, LazyStats, ManifestLoad, resolve_image
+from bootseer.prefetch.metaimage import KeyTree, MetaImage
 from bootseer.prefetch.pagewarm import ReadAheadCounts
 from bootseer.prefetch.prefetcher import Prefetcher, PrefetchStats
 from bootseer.prefetch.recording import Recording
@@ -71,6 +72,7 @@ class MountInfo:
     config: dict[str, Any]  # the image's OCI config (its "config" holds Env, Cmd, ...)
     content_bytes: int
     recording: bool
+    by_key: bool = False  # files served by key, under the image's metadata image
 
     def save(self, path: Path) -> None:
         write_json(path, dataclasses.asdict(self))
@@ -79,7 +81,7 @@ class MountInfo:
     def load(cls, path: Path) -> MountInfo:
         body = boundedjson.load_file(path, limit=MAX_INFO_BYTES, what=f"mount info {path}")
         info = cls(str(body["image_id"]), body["config"], int(body["content_bytes"]),
-                   bool(body["recording"]))
+                   bool(body["recording"]), bool(body.get("by_key", False)))
         if not isinstance(info.config, dict):
             raise BootseerError(f"image {info.image_id}: its config is not an object")
         return info
@@ -225,9 +227,13 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
         not spec.record_auto or hot is None or hot.recordings < RECORD_UNTIL)
     if record:
         recording = Recording(image, spec.workload, spec.record).start()
+    by_key = spec.by_key
+    if by_key is None:  # only the agent, which holds the connection, mounts the overlay
+        by_key = spec.fuse_fd is not None and not record and spec.config.image.passthrough \
+            and spec.config.image.kernel_metadata and MetaImage.of(image).exists()
     if spec.info is not None:
         MountInfo(image.image_id, image.manifest.config, image.manifest.content_bytes,
-                  record).save(spec.info)
+                  record, by_key).save(spec.info)
     stop_stats = threading.Event()
     requests, pushes, passthrough = RequestCounts(), PushCounts(), PassthroughCounts()
     read_ahead = ReadAheadCounts()
@@ -245,8 +251,9 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
                       cpu_since=began, passthrough=passthrough,
                       read_ahead=read_ahead).save(stats_file)
         threading.Thread(target=refresh, name="stats", daemon=True).start()
-    tree = ImageTree(image, hot=prefetcher.digests if prefetcher is not None else (),
-                     passthrough=spec.config.image.passthrough, read_ahead=read_ahead)
+    tree = (KeyTree if by_key else ImageTree)(
+        image, hot=prefetcher.digests if prefetcher is not None else (),
+        passthrough=spec.config.image.passthrough, read_ahead=read_ahead)
     try:
         if spec.fuse_fd is not None:
             serve_connection(tree, spec.fuse_fd, takeover_state=spec.takeover_state,

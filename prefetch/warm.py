@@ -40,6 +40,7 @@ from bootseer.prefetch.blockformat import PACK_PREFIX, FileEntry
 from bootseer.prefetch.config import PrefetchConfig
 from bootseer.prefetch.hotlist import HotBlock, HotList
 from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.prefetch.metaimage import MetaImage, unsupported
 from bootseer.prefetch.prefetcher import Prefetcher
 from bootseer.prefetch.rootfs import Kind
 from bootseer.prefetch.wholefiles import WholeFiles
@@ -61,22 +62,24 @@ class ImageWarmer:
 
     def __init__(self, blobs: BlobStore, cache: NodeCache, *, workload: str,
                  all_blocks: bool = False, prefetch: PrefetchConfig,
-                 whole_files: bool = False, lazy: LazyImage | None = None,
-                 fanout: Fanout | None = None) -> None:
+                 whole_files: bool = False, metadata_image: bool = False,
+                 lazy: LazyImage | None = None, fanout: Fanout | None = None) -> None:
         self.blobs, self.cache, self.lazy, self.fanout = blobs, cache, lazy, fanout
         self.workload, self.all_blocks, self.prefetch = workload, all_blocks, prefetch
-        self.whole_files = whole_files
+        self.whole_files, self.metadata_image = whole_files, metadata_image
 
     def warm(self, name: str, hooks: Hooks) -> PartResult:
         return warm_image(self.blobs, self.cache, name, self.workload,
                           all_blocks=self.all_blocks, prefetch=self.prefetch, lazy=self.lazy,
-                          fanout=self.fanout, whole_files=self.whole_files, hooks=hooks)
+                          fanout=self.fanout, whole_files=self.whole_files,
+                          metadata_image=self.metadata_image, hooks=hooks)
 
 
 def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
                all_blocks: bool = False, prefetch: PrefetchConfig | None = None,
                lazy: LazyImage | None = None, fanout: Fanout | None = None,
-               whole_files: bool = False, hooks: Hooks = NO_HOOKS) -> PartResult:
+               whole_files: bool = False, metadata_image: bool = False,
+               hooks: Hooks = NO_HOOKS) -> PartResult:
     """Fetch the hot blocks of (``image``, ``workload``) into ``cache``; wait until done.
 
     ``hooks.on_plan`` gets the bytes to stage before the fetching starts,
@@ -86,7 +89,10 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
     ``hooks.before_fetch`` is called before each fetch and may block (the agent's
     priorities). The result's ``detail``: the ``image_id``, the ``workload``, whether the
     image has a ``hot_list`` for it, from how many ``recordings``, and the
-    ``fetch_requests`` sent, and with ``whole_files`` the ``whole_files`` kept whole.
+    ``fetch_requests`` sent, and with ``whole_files`` the ``whole_files`` kept whole;
+    with ``metadata_image`` too, whether the image now has its ``metadata_image`` on the
+    node (:mod:`bootseer.prefetch.metaimage`; built once, if the node can mount one) and
+    the seconds that took (``metadata_image_s``).
     """
     started = time.monotonic()
     lazy = lazy or LazyImage(blobs, image, cache)  # also caches the manifest
@@ -121,6 +127,10 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
     if whole_files:
         detail["whole_files"] = WholeFiles(lazy).make_whole(_files_of(lazy, wanted, all_blocks),
                                                             fetch=fanout is None)
+        if metadata_image:
+            began = time.monotonic()
+            detail["metadata_image"] = _metadata_image(lazy)
+            detail["metadata_image_s"] = round(time.monotonic() - began, 3)
     return PartResult(
         IMAGE, image, items=stats.hot_blocks, bytes=stats.hot_bytes,
         already_local=stats.already_local, fetched=stats.blocks_fetched,
@@ -132,6 +142,20 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
         detail={"image_id": lazy.image_id, "workload": workload,
                 "hot_list": hot is not None, "recordings": hot.recordings if hot else 0,
                 "fetch_requests": stats.fetch_requests, **detail})
+
+
+def _metadata_image(lazy: LazyImage) -> bool:
+    """Build the image's metadata image if the node can mount one; a failure costs the
+    start its kernel-served names (it is served through FUSE), never the warm."""
+    reason = unsupported()
+    if reason is not None:
+        log.info("no metadata image for %s: %s", lazy.image_id, reason)
+        return False
+    try:
+        return MetaImage.of(lazy).build(WholeFiles(lazy))
+    except (OSError, BootseerError) as exc:
+        log.warning("could not build the metadata image of %s: %s", lazy.image_id, exc)
+        return False
 
 
 def _files_of(lazy: LazyImage, wanted: HotList, all_blocks: bool) -> list[FileEntry]:

@@ -23,6 +23,8 @@ PACKAGES=(
   # FUSE mounts: bootseer/fuse speaks the protocol itself (no libfuse); fuse3 brings
   # fusermount3, which mounts for users without CAP_SYS_ADMIN.
   fuse3
+  # bootseer.prefetch.metaimage: a warmed image's names and attributes as an EROFS image
+  erofs-utils                    # mkfs.erofs (1.5: chunked sparse stubs, xattrs)
   # bootseer_dev.image: real Debian images for the lazy-image tests and demo (issue 5)
   debootstrap                    # builds the bookworm minbase root filesystem (layer 1)
   debian-archive-keyring         # debootstrap checks the archive's Release signature with it
