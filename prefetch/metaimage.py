@@ -32,11 +32,13 @@ node is still read lazily, block by block, by the server.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
 import logging
 import os
+import secrets
 import shutil
 import stat
 import subprocess
@@ -53,6 +55,7 @@ from bootseer.prefetch.imagetree import ImageTree
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.rootfs import Kind
 from bootseer.prefetch.wholefiles import WholeFiles
+from bootseer.store.local import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -108,22 +111,33 @@ class MetaImage:
                     return False
                 keys[entry.path] = key
         self.path.parent.mkdir(mode=0o700, exist_ok=True)
-        tmp = self.files.directory / "tmp"
-        tmp.mkdir(mode=0o700, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=tmp, prefix="meta-") as work:
-            tree = Path(work) / "tree"
-            tree.mkdir()
-            _write_tree(tree, entries, keys)
-            out = Path(work) / "image.erofs"
-            proc = subprocess.run([MKFS, "--quiet", "--preserve-mtime", *STUB_OPTIONS,
-                                   str(out), str(tree)],
-                                  capture_output=True, text=True, stdin=subprocess.DEVNULL)
-            if proc.returncode != 0:
-                raise BootseerError(f"{MKFS} failed for image {self.image_id}: "
-                                    f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
-            out.chmod(0o600)
-            os.replace(out, self.path)
+        for stale in self.path.parent.glob(".*.tmp"):  # a dead builder's
+            with contextlib.suppress(ValueError, OSError):
+                if not pid_alive(int(stale.name.split(".")[-3])):
+                    stale.unlink()
+        out = self.path.with_name(f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        with tempfile.TemporaryDirectory(dir=_scratch(), prefix="bootseer-meta-") as tree:
+            _write_tree(Path(tree), entries, keys)
+            try:
+                proc = subprocess.run([MKFS, "--quiet", "--preserve-mtime", *STUB_OPTIONS,
+                                       str(out), tree], capture_output=True, text=True,
+                                      stdin=subprocess.DEVNULL)
+                if proc.returncode != 0:
+                    raise BootseerError(f"{MKFS} failed for image {self.image_id}: "
+                                        f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
+                out.chmod(0o600)
+                os.replace(out, self.path)
+            finally:
+                out.unlink(missing_ok=True)
         return True
+
+
+def _scratch() -> str | None:
+    """Where the stub tree is written: memory (``/dev/shm``) if there is some, where its
+    ~30,000 creations take a quarter of the time they take on a journaled disk; it is
+    gone once the image is built."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
+        else None
 
 
 def _write_tree(root: Path, entries: Iterable[FileEntry], keys: dict[str, str]) -> None:

@@ -185,6 +185,25 @@ def test_files_not_whole_are_read_from_the_server_and_survive_its_death(node, di
     assert start.detail["image"]["fuse_requests"]["lookup"] >= 1
 
 
+def test_a_restarted_agent_adopts_a_root_over_its_metadata_image(node, dirs) -> None:
+    """The agent dies under a running container: the next one adopts the mount (its
+    server serving keys), and its release unmounts the metadata image too."""
+    sock, procs, restart = node
+    with AgentClient(sock) as client:
+        mount = client.mount(MountRequest("c3", "py", workload="py", record="never"))
+    directory = Path(mount.rootfs).parent
+    procs[-1].send_signal(signal.SIGKILL)
+    procs[-1].wait()
+    restart()
+    assert _run(mount, PY).stdout == "42\n"
+    with AgentClient(sock) as client:
+        (listed,) = client.mounts()
+        assert (listed["id"], listed["serving"]) == ("c3", True)
+        start = client.release("c3")
+    assert start.detail["metadata_image"] is True
+    assert not directory.exists() and not is_mounted(directory / "meta")
+
+
 def _manifest_entry(path: str, kind: Kind, **kw) -> FileEntry:
     fields = dict(mode=0o644, uid=0, gid=0, size=0, mtime=0.0, link_target=None, xattrs={},
                   devmajor=0, devminor=0, ino=2, nlink=1, blocks=())
