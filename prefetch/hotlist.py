@@ -72,6 +72,11 @@ class HotList:
         return HotList(self.image_id, self.workload, blocks, self.recordings, self.samples,
                        self.layout)
 
+    def paths(self) -> list[str]:
+        """The files the blocks were read from, each once, in the list's order: the
+        files a warm keeps whole."""
+        return list(dict.fromkeys(block.path for block in self.blocks if block.path))
+
     def within(self, manifest: Manifest) -> HotList:
         """The list without the blocks ``manifest``'s image does not have: a stale list
         (the image was rebuilt under the same name) still helps with what did not change."""

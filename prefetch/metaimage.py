@@ -46,6 +46,7 @@ import tempfile
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from bootseer.errors import BootseerError
 from bootseer.fuse.tree import ROOT, Node, PushPages
@@ -200,8 +201,12 @@ class KeyTree(ImageTree):
     layer: everything else of the image (names, attributes) the kernel has from the
     metadata image. The 256 prefix directories are nodes numbered above the image's."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, image: LazyImage, hot: Iterable[str] = (), *,
+                 hot_files: Iterable[str] = (), **options: Any) -> None:
+        """``hot_files``: paths of the files the hot list's blocks were read from (the
+        files ``warm`` keeps whole); the rest as :class:`ImageTree`'s."""
+        super().__init__(image, hot, **options)
+        self.hot_files = tuple(hot_files)
         self._base = max(self.indexes) + 1
         self._by_key: dict[str, FileEntry] | None = None
 
@@ -252,9 +257,10 @@ class KeyTree(ImageTree):
         blocks are read ahead at once, not when each is looked up (files not whole are
         still warmed when the overlay looks them up here)."""
         assert self.warmer is not None
-        table, hot = self.image.manifest.blocks, self.hot
-        for entry in self.image.manifest.entries:
-            if entry.kind is Kind.FILE and any(table[i].digest in hot for i in entry.blocks):
+        by_path = self.image.manifest.by_path
+        for path in self.hot_files:
+            entry = by_path.get(path)
+            if entry is not None and entry.kind is Kind.FILE:
                 key = self.whole.key(entry)
                 if key is not None and key in self.whole.cache:
                     self.warmer.looked_up(entry)

@@ -251,9 +251,10 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
                       cpu_since=began, passthrough=passthrough,
                       read_ahead=read_ahead).save(stats_file)
         threading.Thread(target=refresh, name="stats", daemon=True).start()
-    tree = (KeyTree if by_key else ImageTree)(
-        image, hot=prefetcher.digests if prefetcher is not None else (),
-        passthrough=spec.config.image.passthrough, read_ahead=read_ahead)
+    digests = prefetcher.digests if prefetcher is not None else ()
+    options = {"passthrough": spec.config.image.passthrough, "read_ahead": read_ahead}
+    tree = KeyTree(image, digests, hot_files=hot.paths() if hot is not None else (),
+                   **options) if by_key else ImageTree(image, digests, **options)
     try:
         if spec.fuse_fd is not None:
             serve_connection(tree, spec.fuse_fd, takeover_state=spec.takeover_state,

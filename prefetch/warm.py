@@ -164,8 +164,7 @@ def _files_of(lazy: LazyImage, wanted: HotList, all_blocks: bool) -> list[FileEn
     by_path = lazy.manifest.by_path
     if all_blocks:
         return [e for e in lazy.manifest.entries if e.kind is Kind.FILE]
-    paths = dict.fromkeys(block.path for block in wanted.blocks if block.path)
-    return [e for path in paths if (e := by_path.get(path)) is not None]
+    return [e for path in wanted.paths() if (e := by_path.get(path)) is not None]
 
 
 def _packs_to_share(lazy: LazyImage, wanted: HotList, all_blocks: bool) -> list[str]:
