@@ -63,8 +63,8 @@ log = logging.getLogger(__name__)
 MKFS = "mkfs.erofs"
 #: How the stubs' (sparse, never read) bytes are stored: compressed in 1 MiB clusters,
 #: each file's tail packed into its inode. erofs-utils 1.5 writes a file's last partial
-#: chunk even when it is a hole, so chunked stubs would cost ~4 KiB a file; these cost
-#: ~1.6 KiB (the torch image: ~45 MB for 27,000 files), and mkfs reads holes cheaply.
+#: chunk even when it is a hole, so 4 KiB-chunked stubs cost ~4 KiB a file (the torch
+#: image: 24 MB, built in 6.3 s); these cost ~450 bytes (12 MB for its 27,905 files, 1.4 s).
 STUB_OPTIONS = ("-zlz4", "-C1048576", "-Eztailpacking")
 METACOPY = "trusted.overlay.metacopy"
 REDIRECT = "trusted.overlay.redirect"

@@ -204,6 +204,21 @@ def process_cpu() -> float:
     return sum(os.times()[:2])
 
 
+def _announce(spec: ImageServerSpec, image: LazyImage, record: bool) -> bool:
+    """Decide whether the files are served by key (the image has a metadata image, the
+    start does not record, and the agent, which holds the connection, mounts the overlay)
+    and tell the caller (``spec.info``: its cue that the mount can be used); the
+    decision."""
+    by_key = spec.by_key
+    if by_key is None:
+        by_key = spec.fuse_fd is not None and not record and spec.config.image.passthrough \
+            and spec.config.image.kernel_metadata and MetaImage.of(image).exists()
+    if spec.info is not None:
+        MountInfo(image.image_id, image.manifest.config, image.manifest.content_bytes,
+                  record, by_key).save(spec.info)
+    return by_key
+
+
 def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
     """Serve ``spec`` until unmounted; ``peer_read`` (with ``spec.peer_job``) reads packs
     through the node's peers. Its statistics count CPU from here: a spare server's start
@@ -216,6 +231,8 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
         stored_hot = pool.submit(hotlist.load, blobs, image_id, spec.workload) \
             if spec.prefetch or spec.record_auto else None
         image = LazyImage(blobs, image_id, NodeCaches.for_config(spec.config).blocks())
+        if spec.record is None:  # nothing left to decide: the caller goes on meanwhile
+            by_key = _announce(spec, image, record=False)
         loaded = stored_hot.result() if stored_hot is not None else None
     hot = loaded.within(image.manifest) if loaded is not None else None
     image.source.peer_read = peer_read
@@ -227,13 +244,8 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
         not spec.record_auto or hot is None or hot.recordings < RECORD_UNTIL)
     if record:
         recording = Recording(image, spec.workload, spec.record).start()
-    by_key = spec.by_key
-    if by_key is None:  # only the agent, which holds the connection, mounts the overlay
-        by_key = spec.fuse_fd is not None and not record and spec.config.image.passthrough \
-            and spec.config.image.kernel_metadata and MetaImage.of(image).exists()
-    if spec.info is not None:
-        MountInfo(image.image_id, image.manifest.config, image.manifest.content_bytes,
-                  record, by_key).save(spec.info)
+    if spec.record is not None:
+        by_key = _announce(spec, image, record)
     stop_stats = threading.Event()
     requests, pushes, passthrough = RequestCounts(), PushCounts(), PassthroughCounts()
     read_ahead = ReadAheadCounts()
