@@ -15,6 +15,7 @@ import stat
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from support.ci import require
@@ -249,3 +250,24 @@ def test_an_images_trusted_xattrs_never_reach_the_metadata_image(tmp_path: Path)
     assert sorted(os.listxattr(root / "e")) == ["user.ok"]  # empty: no redirect at all
     assert os.listxattr(root / "d") == []
     assert stat.S_ISREG(os.stat(root / "f").st_mode) and os.stat(root / "f").st_size == 5
+
+
+def test_an_image_with_a_file_whose_blocks_do_not_add_up_gets_no_metadata_image(
+        tmp_path: Path) -> None:
+    """The manifest is the store's bytes: a file claiming blocks that are not its size has
+    no key to redirect to, so the image gets no metadata image at all (it is served
+    through FUSE, as before), and nothing is left behind."""
+    from bootseer.prefetch.blockformat import BlockLocation
+    from bootseer.prefetch.metaimage import MetaImage
+
+    mib = 1 << 20
+    table = [BlockLocation(f"{n:064x}", 0, 0, 10, size) for n, size in enumerate((mib, 5))]
+    entries = [_manifest_entry("/", Kind.DIR, ino=1),
+               _manifest_entry("/ok", Kind.FILE, size=5, blocks=(1,), ino=2),
+               _manifest_entry("/lies", Kind.FILE, size=mib + 6, blocks=(0, 1), ino=3)]
+    image = SimpleNamespace(
+        manifest=SimpleNamespace(block_size=mib, blocks=table, entries=entries),
+        cache=NodeCache(tmp_path / "blocks", 1 << 30), image_id="sha256:" + "1" * 64)
+    meta = MetaImage.of(image)
+    assert meta.build(WholeFiles(image)) is False and not meta.exists()
+    assert not meta.path.parent.exists() or not list(meta.path.parent.iterdir())
