@@ -33,11 +33,14 @@ last one:
   ``lazy_s`` (no prefetch, no recording), ``record_s`` (once: records the hot list and
   writes the hot pack), ``lazy_prefetch_s`` (prefetch of the recorded hot list),
   ``lazy_warmed_s`` (``bootseer warm`` through the agent first, untimed: every hot block
-  local, and every file the hot list touches kept whole, so that the start's opens of
-  them pass through to the kernel; the warm's own time, with no start competing, is
-  ``warm_s``); ``lazy_warmed_served_s``: the same with ``image.passthrough`` off (the
-  warm stages the hot blocks only, the server serves every read: the start before
-  passthrough, measured in the same run);
+  local, every file the hot list touches kept whole, and the image's metadata image
+  built, so that the container's root is an overlay over that EROFS image and the kernel
+  answers its names and reads its files from the whole files; the warm's own time, with
+  no start competing, is ``warm_s``, of which ``warm_metadata_image_s`` the build);
+  ``lazy_warmed_fuse_s``: the same with ``image.kernel_metadata`` off (names through the
+  server, whole files by FUSE passthrough); ``lazy_warmed_served_s``: with
+  ``image.passthrough`` off too (the warm stages the hot blocks only, the server serves
+  every read), each measured in the same run;
 * ``local_s``: ``full_pull.py run`` on the image unpacked beforehand on local disk: the
   floor.
 
