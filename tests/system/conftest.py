@@ -27,6 +27,14 @@ def agent(dirs, tmp_path: Path):
 
 
 @pytest.fixture(scope="module")
+def python_layout():
+    """The Debian image with python3 (an OCI layout), built once and cached on disk."""
+    from bootseer_dev.image import build_image
+
+    return build_image(with_python=True)
+
+
+@pytest.fixture(scope="module")
 def lazy(tmp_path_factory) -> dict[str, Path]:
     """The store with lazy image "py", and the image's base layer unpacked (the root of
     the containers that do not ask for Bootseer)."""

@@ -19,10 +19,11 @@ from types import SimpleNamespace
 
 import pytest
 from support.ci import require
+from support.containers import run_in
 from support.images import bootseer
 
 from bootseer.agents.client import AgentClient
-from bootseer.agents.mountapi import ContainerMount, MountRequest
+from bootseer.agents.mountapi import MountRequest
 from bootseer.mounts import is_mounted, unmount
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch.blockformat import FileEntry
@@ -34,13 +35,6 @@ from bootseer.store import BlobStore, open_store
 from bootseer_dev.engines import start_agent
 
 PY = 'python3 -c "import json, email.parser; print(6 * 7)"'
-
-
-@pytest.fixture(scope="module")
-def python_layout():
-    from bootseer_dev.image import build_image
-
-    return build_image(with_python=True)  # cached on disk after the first build
 
 
 @pytest.fixture
@@ -57,7 +51,7 @@ def node(dirs, python_layout, tmp_path: Path):
     try:
         with AgentClient(sock) as client:
             first = client.mount(MountRequest("rec", "py", workload="py", record="always"))
-            assert _run(first, PY).returncode == 0
+            assert run_in(first, PY).returncode == 0
             client.release("rec")
         warmed = json.loads(bootseer("warm", "--json", "--image", "py", "--workload", "py",
                                      store=dirs["store"], cache=dirs["cache"],
@@ -78,14 +72,6 @@ def node(dirs, python_layout, tmp_path: Path):
             unmount(container / "lower")
 
 
-def _run(mount: ContainerMount, script: str, timeout: float = 120):
-    from bootseer.prefetch.container import run_rootfs
-
-    env = {k: v for k, v in (i.split("=", 1) for i in mount.image_config.get("Env", []))}
-    return run_rootfs(mount.rootfs, ["sh", "-c", script], env=env | mount.env,
-                      binds={mount.signal_target: Path(mount.signal_dir)}, timeout=timeout)
-
-
 def _image(dirs) -> LazyImage:
     return LazyImage(BlobStore(open_store(str(dirs["store"]))), "py",
                      NodeCache(dirs["agent-cache"] / "blocks", 1 << 32))
@@ -99,7 +85,7 @@ def test_a_warmed_start_names_nothing_through_the_server(node, dirs) -> None:
         mount = client.mount(MountRequest("c1", "py", workload="py", record="never"))
         directory = Path(mount.rootfs).parent
         assert is_mounted(directory / "meta") and not mount.recording
-        result = _run(mount, PY)
+        result = run_in(mount, PY)
         assert (result.returncode, result.stdout) == (0, "42\n"), result.stderr
         start = client.release("c1")
     assert start.detail["metadata_image"] is True
@@ -117,9 +103,9 @@ def test_a_containers_writes_stay_in_its_own_layer(node, dirs) -> None:
     with AgentClient(sock) as client:
         for name, expected in (("w1", "changed\n"), ("w2", "changed\n")):
             mount = client.mount(MountRequest(name, "py", workload="py", record="never"))
-            result = _run(mount, append)
+            result = run_in(mount, append)
             assert (result.returncode, result.stdout) == (0, expected), result.stderr
-            assert _run(mount, "grep -c changed /usr/lib/os-release").stdout == "1\n"
+            assert run_in(mount, "grep -c changed /usr/lib/os-release").stdout == "1\n"
             client.release(name)
 
 
@@ -138,7 +124,7 @@ def test_the_root_equals_the_served_root(node, dirs) -> None:
         for name, record in (("kernel", "never"), ("served", "always")):
             mount = client.mount(MountRequest(name, "py", workload="py", record=record))
             assert is_mounted(Path(mount.rootfs).parent / "meta") == (name == "kernel")
-            result = _run(mount, script)
+            result = run_in(mount, script)
             assert result.returncode == 0, result.stderr
             out[name] = result.stdout
             client.release(name)
@@ -166,7 +152,7 @@ def test_files_not_whole_are_read_from_the_server_and_survive_its_death(node, di
     with AgentClient(sock) as client:
         mount = client.mount(MountRequest("c2", "py", workload="py", record="never"))
         results = []
-        container = threading.Thread(target=lambda: results.append(_run(
+        container = threading.Thread(target=lambda: results.append(run_in(
             mount, 'python3 -c "import json; print(42)" && '
             'while [ ! -e /run/bootseer/go ]; do sleep 0.05; done && '
             f'md5sum {parser.path}')))
@@ -196,7 +182,7 @@ def test_a_restarted_agent_adopts_a_root_over_its_metadata_image(node, dirs) -> 
     procs[-1].send_signal(signal.SIGKILL)
     procs[-1].wait()
     restart()
-    assert _run(mount, PY).stdout == "42\n"
+    assert run_in(mount, PY).stdout == "42\n"
     with AgentClient(sock) as client:
         (listed,) = client.mounts()
         assert (listed["id"], listed["serving"]) == ("c3", True)

@@ -14,19 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+from support.containers import run_in
 from support.images import bootseer
 
 from bootseer.agents.client import AgentClient, AgentError
 from bootseer.agents.mountapi import ContainerMount, MountRequest
 from bootseer.mounts import is_mounted, unmount
 from bootseer_dev.engines import start_agent
-
-
-@pytest.fixture(scope="module")
-def python_layout():
-    from bootseer_dev.image import build_image
-
-    return build_image(with_python=True)  # cached on disk after the first build
 
 
 @pytest.fixture
@@ -59,21 +53,13 @@ def node(dirs, python_layout, tmp_path: Path):
             unmount(checkpoint)
 
 
-def _run(mount: ContainerMount, script: str, timeout: float = 120):
-    from bootseer.prefetch.container import run_rootfs
-
-    env = {k: v for k, v in (i.split("=", 1) for i in mount.image_config.get("Env", []))}
-    return run_rootfs(mount.rootfs, ["sh", "-c", script], env=env | mount.env,
-                      binds={mount.signal_target: Path(mount.signal_dir)}, timeout=timeout)
-
-
 def test_a_container_runs_on_its_mount_and_release_completes_its_start(node) -> None:
     sock, _, _ = node
     with AgentClient(sock) as client:
         mount = client.mount(MountRequest("c1", "py", job="train", runtime="test"))
         assert client.mount(MountRequest("c1", "py")) == mount  # asked twice: the same
         assert is_mounted(Path(mount.rootfs)) and mount.recording
-        result = _run(mount, 'python3 -c "print(6 * 7)" && touch "$BOOTSEER_READY_FILE"')
+        result = run_in(mount, 'python3 -c "print(6 * 7)" && touch "$BOOTSEER_READY_FILE"')
         assert (result.returncode, result.stdout) == (0, "42\n"), result.stderr
         start = client.release("c1", exit_code=0)
         assert not is_mounted(Path(mount.rootfs))
@@ -101,7 +87,7 @@ def test_a_container_runs_on_its_mount_and_release_completes_its_start(node) -> 
         # The second start of the image prefetches what the first one recorded (this
         # node has every block already: the prefetch finds them local).
         second = client.mount(MountRequest("c2", "py"))
-        assert _run(second, 'python3 -c "print(1)"').returncode == 0
+        assert run_in(second, 'python3 -c "print(1)"').returncode == 0
         report = client.release("c2").detail["image"]
         assert report["manifest"]["cached"]  # the first start left it in the node's cache
         prefetch = report["prefetch"]
@@ -117,7 +103,7 @@ def test_a_release_without_waiting_answers_unmounted_and_the_record_follows(node
     with AgentClient(sock) as client:
         mount = client.mount(MountRequest("c3", "py", runtime="test"))
         assert mount.recording
-        assert _run(mount, 'python3 -c "print(6 * 7)"').returncode == 0
+        assert run_in(mount, 'python3 -c "print(6 * 7)"').returncode == 0
         assert client.release("c3", exit_code=0, wait=False) is None
         assert not is_mounted(Path(mount.rootfs))
         with pytest.raises(AgentError, match="no container c3"):
@@ -178,7 +164,7 @@ def test_a_killed_fuse_server_is_replaced_and_the_container_reads_on(node) -> No
     with AgentClient(sock) as client:
         mount = client.mount(MountRequest("c5", "py"))
         results = []
-        container = threading.Thread(target=lambda: results.append(_run(mount, TWO_PAUSES)))
+        container = threading.Thread(target=lambda: results.append(run_in(mount, TWO_PAUSES)))
         container.start()
         _go1(mount)
         (listed,) = client.mounts()
@@ -201,7 +187,7 @@ def test_a_killed_agent_leaves_the_container_served_and_the_next_one_adopts_it(
     with AgentClient(sock) as client:
         mount = client.mount(MountRequest("c4", "py"))
     results = []
-    container = threading.Thread(target=lambda: results.append(_run(mount, TWO_PAUSES)))
+    container = threading.Thread(target=lambda: results.append(run_in(mount, TWO_PAUSES)))
     container.start()
     procs[0].send_signal(signal.SIGKILL)
     procs[0].wait()
@@ -337,7 +323,7 @@ def test_checkpoint_mounts_are_the_agents_too_and_come_back_after_a_crash(
 
 
 def _run_with_checkpoints(mount: ContainerMount, script: str):
-    """``_run`` with the checkpoint directory bound as the runtime shim binds it."""
+    """``run_in`` with the checkpoint directory bound as the runtime shim binds it."""
     from bootseer.agents.oci import add_checkpoints_mount
     from bootseer.prefetch.container import run_rootfs
 
@@ -405,5 +391,5 @@ def test_servers_are_spares_started_ahead_and_a_restarted_agent_takes_them_over(
         assert listed["serving"] and listed["pid"] in servers
         os.kill(listed["pid"], signal.SIGKILL)  # replaceable: its connection was taken back
         _replaced(client, listed["pid"])
-        assert _run(mount, 'python3 -c "print(6 * 7)"').stdout == "42\n"
+        assert run_in(mount, 'python3 -c "print(6 * 7)"').stdout == "42\n"
         client.release("c9")

@@ -1,0 +1,19 @@
+"""Commands in a container on a root the node agent mounted (no engine: runc directly)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from bootseer.agents.mountapi import ContainerMount
+
+
+def run_in(mount: ContainerMount, script: str, timeout: float = 120,
+           ) -> subprocess.CompletedProcess[str]:
+    """``sh -c script`` in a container on ``mount``, with the image's environment and the
+    mount's, its signal directory bound where the container expects it."""
+    from bootseer.prefetch.container import run_rootfs
+
+    env = dict(i.split("=", 1) for i in mount.image_config.get("Env", []))
+    return run_rootfs(mount.rootfs, ["sh", "-c", script], env=env | mount.env,
+                      binds={mount.signal_target: Path(mount.signal_dir)}, timeout=timeout)
