@@ -483,6 +483,7 @@ class MountManager:
         meta = MetaImage(whole_files_beside(NodeCaches.for_config(self.config).blocks()),
                          image_id)
         (directory / "meta").mkdir()
+        meta.data_dir.mkdir(mode=0o700, exist_ok=True)  # every whole file may be evicted
         mount_erofs(meta.path, directory / "meta")
         mount_overlay(directory / "meta", parts["upper"], parts["work"], parts["rootfs"],
                       data=[meta.data_dir, parts["lower"]])

@@ -147,7 +147,10 @@ def _write_tree(root: Path, entries: Iterable[FileEntry], keys: dict[str, str]) 
     dirs: set[str] = {"/"}
     files: set[str] = set()
     stamps: list[tuple[str, FileEntry]] = []
-    for entry in sorted(entries, key=lambda e: (e.path.count("/"), e.path)):
+    # Parents before children; hard links last, since the file a link names may lie
+    # deeper than the link (git's helpers in /usr/lib/git-core are links to /usr/bin/git).
+    order = sorted(entries, key=lambda e: (e.kind is Kind.HARDLINK, e.path.count("/"), e.path))
+    for entry in order:
         path = entry.path
         if path == "/":
             stamps.append((str(root), entry))

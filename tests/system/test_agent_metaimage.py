@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import stat
 import threading
@@ -172,6 +173,17 @@ def test_files_not_whole_are_read_from_the_server_and_survive_its_death(node, di
     assert start.detail["image"]["fuse_requests"]["lookup"] >= 1
 
 
+def test_with_every_whole_file_evicted_the_server_serves_them_all(node, dirs) -> None:
+    sock, _, _ = node
+    shutil.rmtree(dirs["agent-cache"] / "files" / "entries")
+    with AgentClient(sock) as client:
+        mount = client.mount(MountRequest("c4", "py", workload="py", record="never"))
+        assert run_in(mount, PY).stdout == "42\n"
+        start = client.release("c4")
+    assert start.detail["metadata_image"] is True
+    assert start.detail["image"]["fuse_requests"]["read"] > 0
+
+
 def test_a_restarted_agent_adopts_a_root_over_its_metadata_image(node, dirs) -> None:
     """The agent dies under a running container: the next one adopts the mount (its
     server serving keys), and its release unmounts the metadata image too."""
@@ -218,7 +230,8 @@ def test_a_hostile_manifest_builds_nothing_outside(tmp_path: Path, entries, erro
 
 def test_an_images_trusted_xattrs_never_reach_the_metadata_image(tmp_path: Path) -> None:
     """An image naming its own redirect (another file's bytes) or any overlay directive:
-    dropped; other xattrs (file capabilities, user.*) kept."""
+    dropped; other xattrs (file capabilities, user.*) kept. (A hard link shallower than
+    its file is still one inode with it.)"""
     from bootseer.prefetch.metaimage import METACOPY, REDIRECT, _write_tree
 
     root = tmp_path / "tree"
@@ -228,13 +241,16 @@ def test_an_images_trusted_xattrs_never_reach_the_metadata_image(tmp_path: Path)
                        _manifest_entry("/d", Kind.DIR, xattrs={"trusted.overlay.opaque": b"y"},
                                        ino=3),
                        _manifest_entry("/f", Kind.FILE, size=5, xattrs=evil, ino=4),
-                       _manifest_entry("/e", Kind.FILE, xattrs=evil, ino=5)],
-                {"/f": "cd" * 32})
+                       _manifest_entry("/e", Kind.FILE, xattrs=evil, ino=5),
+                       _manifest_entry("/l", Kind.HARDLINK, link_target="/d/g", ino=6),
+                       _manifest_entry("/d/g", Kind.FILE, size=3, ino=6)],
+                {"/f": "cd" * 32, "/d/g": "ef" * 32})
     assert os.getxattr(root / "f", REDIRECT) == b"/cd/" + b"cd" * 32  # its key's, not its own
     assert os.getxattr(root / "f", METACOPY) == b""
     assert os.getxattr(root / "f", "user.ok") == b"1"
     assert sorted(os.listxattr(root / "e")) == ["user.ok"]  # empty: no redirect at all
     assert os.listxattr(root / "d") == []
+    assert os.stat(root / "l").st_ino == os.stat(root / "d" / "g").st_ino  # a link, shallower
     assert stat.S_ISREG(os.stat(root / "f").st_mode) and os.stat(root / "f").st_size == 5
 
 
