@@ -29,7 +29,7 @@ from bootseer.mounts import is_mounted, unmount
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.lazyimage import LazyImage
-from bootseer.prefetch.metaimage import unsupported
+from bootseer.prefetch.metaimage import METACOPY, REDIRECT, redirect, unsupported
 from bootseer.prefetch.rootfs import Kind
 from bootseer.prefetch.wholefiles import WholeFiles
 from bootseer.store import BlobStore, open_store
@@ -108,6 +108,26 @@ def test_a_containers_writes_stay_in_its_own_layer(node, dirs) -> None:
             assert (result.returncode, result.stdout) == (0, expected), result.stderr
             assert run_in(mount, "grep -c changed /usr/lib/os-release").stdout == "1\n"
             client.release(name)
+
+
+def test_overlay_xattrs_written_through_a_root_are_escaped(node, dirs) -> None:
+    """Even root, writing overlay directives through a container's root (a container
+    lacks the CAP_SYS_ADMIN that trusted.* needs), cannot point a file at other bytes:
+    overlayfs keeps them escaped in the writable layer."""
+    sock, _, _ = node
+    image = _image(dirs)
+    other = WholeFiles(image).key(next(e for e in image.manifest.entries
+                                       if "/json/__pycache__/__init__." in e.path))
+    with AgentClient(sock) as client:
+        mount = client.mount(MountRequest("x1", "py", workload="py", record="never"))
+        target = Path(mount.rootfs) / "usr/lib/os-release"
+        before = target.read_bytes()
+        os.setxattr(target, REDIRECT, redirect(other).encode())
+        os.setxattr(target, METACOPY, b"")
+        upper = sorted(os.listxattr(Path(mount.rootfs).parent / "upper/usr/lib/os-release"))
+        assert "trusted.overlay.overlay.redirect" in upper and REDIRECT not in upper
+        assert run_in(mount, "cat /usr/lib/os-release").stdout.encode() == before
+        client.release("x1")
 
 
 def test_the_root_equals_the_served_root(node, dirs) -> None:
@@ -232,7 +252,7 @@ def test_an_images_trusted_xattrs_never_reach_the_metadata_image(tmp_path: Path)
     """An image naming its own redirect (another file's bytes) or any overlay directive:
     dropped; other xattrs (file capabilities, user.*) kept. (A hard link shallower than
     its file is still one inode with it.)"""
-    from bootseer.prefetch.metaimage import METACOPY, REDIRECT, _write_tree
+    from bootseer.prefetch.metaimage import _write_tree
 
     root = tmp_path / "tree"
     root.mkdir()
