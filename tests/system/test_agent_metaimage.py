@@ -20,12 +20,12 @@ from types import SimpleNamespace
 
 import pytest
 from support.ci import require
-from support.containers import run_in
+from support.containers import run_in, stop_agents
 from support.images import bootseer
 
 from bootseer.agents.client import AgentClient
 from bootseer.agents.mountapi import MountRequest
-from bootseer.mounts import is_mounted, unmount
+from bootseer.mounts import is_mounted
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.lazyimage import LazyImage
@@ -63,14 +63,7 @@ def node(dirs, python_layout, tmp_path: Path):
         assert meta.stat().st_size < 8 << 20 and meta.stat().st_mode & 0o777 == 0o600
         yield sock, procs, lambda: procs.append(start_agent(sock, env))
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(30)
-        for container in (dirs["agent-cache"] / "containers").glob("*"):  # a failed test's
-            unmount(container / "rootfs")
-            unmount(container / "meta")
-            unmount(container / "lower")
+        stop_agents(procs, dirs["agent-cache"])
 
 
 def _image(dirs) -> LazyImage:

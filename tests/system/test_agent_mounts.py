@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
-from support.containers import run_in
+from support.containers import run_in, stop_agents
 from support.images import bootseer
 
 from bootseer.agents.client import AgentClient, AgentError
 from bootseer.agents.mountapi import ContainerMount, MountRequest
-from bootseer.mounts import is_mounted, unmount
+from bootseer.mounts import is_mounted
 from bootseer_dev.engines import start_agent
 
 
@@ -42,15 +42,7 @@ def node(dirs, python_layout, tmp_path: Path):
         procs.append(start_agent(sock, env))
 
     yield sock, procs, restart
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(30)
-    for container in (dirs["agent-cache"] / "containers").glob("*"):  # a failed test's
-        unmount(container / "rootfs")
-        unmount(container / "lower")  # its server exits once unmounted
-        for checkpoint in container.glob("checkpoints/*"):
-            unmount(checkpoint)
+    stop_agents(procs, dirs["agent-cache"])
 
 
 def test_a_container_runs_on_its_mount_and_release_completes_its_start(node) -> None:
