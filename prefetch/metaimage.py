@@ -50,6 +50,7 @@ from typing import Any
 
 from bootseer.errors import BootseerError
 from bootseer.fuse.tree import ROOT, Node, PushPages
+from bootseer.mounts import unmount
 from bootseer.nodecache import NodeCache, whole_files_beside
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.imagetree import ImageTree
@@ -315,9 +316,9 @@ def unsupported() -> str | None:
                 if (top / "f").read_bytes() != b"ok":
                     return "an overlay's data-only layer read wrong"
             finally:
-                subprocess.run(["umount", str(top)], capture_output=True)
+                unmount(top)
         finally:
-            subprocess.run(["umount", str(meta)], capture_output=True)
+            unmount(meta)
     return None
 
 
