@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import logging
 import sys
 
@@ -49,12 +50,23 @@ def run(spec: ServerSpec) -> None:
 
 def warm_up(config: Config) -> None:
     """What a spare does before it is needed: the servers' imports, the store connected
-    (for ``hdfs://``, the JVM is up)."""
+    (for ``hdfs://``, the JVM is up), and one blob read the way a start's first read (its
+    hot list: a reference, a chunk table, a chunk) is made. For ``hdfs://`` the first such
+    read loads and compiles the client's read path, which would otherwise lie on the start:
+    0.05 s of CPU, and of the mount's wait, leaves the server (0.06 -> 0.01 s for the hot
+    list's read). The blob is an image's manifest; a chunk of it is read (1 MiB at most)."""
     import bootseer.prefetch.session  # noqa: F401  (the servers' code)
     import bootseer.stripedfs.server  # noqa: F401
-    from bootseer.store import open_configured_store
+    from bootseer.prefetch.blockformat import IMAGE_REF_PREFIX
+    from bootseer.store import BlobStore, open_configured_store
 
-    open_configured_store(config).exists("refs")
+    blobs = BlobStore(open_configured_store(config))
+    blobs.store.exists("refs")  # connected: a store that cannot be reached fails here
+    try:
+        for name in itertools.islice(blobs.list_refs(IMAGE_REF_PREFIX), 1):
+            blobs.read_range(blobs.get_ref(name).digest, 0, 1)
+    except (OSError, BootseerError) as exc:  # a store without images, say: nothing to warm
+        logging.getLogger(__name__).info("spare: no sample read (%s)", exc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -195,3 +195,26 @@ def test_a_spare_gets_ready_then_serves_the_spec_it_is_handed(config: Config,
         assert "no-such-image" in (tmp_path / "server.log").read_text()
     finally:
         pool.close()
+
+
+def test_a_spares_warm_up_reads_a_blob_as_a_start_would_and_needs_none(
+        config: Config, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The warm-up reads a chunk of an image's manifest (the store's read path made ready
+    before a start needs it); an empty store, or an image ref to a blob that is gone,
+    leaves nothing to read, and the spare still gets ready."""
+    import logging
+
+    from bootseer.agents.runserver import warm_up
+    from bootseer.store import BlobStore, open_store
+
+    (tmp_path / "store").mkdir()
+    blobs = BlobStore(open_store(config.store))
+    caplog.set_level(logging.INFO, "bootseer.agents.runserver")
+    warm_up(config)  # no images at all
+    blob = blobs.put(b"manifest" * 100)
+    blobs.set_ref("images/a/b", blob.digest)
+    warm_up(config)
+    assert "no sample read" not in caplog.text
+    blobs.delete(blob.digest)
+    warm_up(config)
+    assert "spare: no sample read" in caplog.text and blob.digest in caplog.text
