@@ -8,7 +8,10 @@ through ``fusermount3`` (the way unprivileged users mount). Each tree is served 
 from the store, and with its files on the node (``*-passthrough``: the image's kept
 whole, the checkpoint's staged), where a root server's opens name them as backing files
 and the kernel reads them itself (FUSE passthrough; fusermount3's unprivileged server
-cannot, and serves them itself). On
+cannot, and serves them itself). The image is also served the way the agent serves a
+warmed image (``image-metadata``): an overlay over its metadata image (EROFS) whose
+data-only layers are the whole files and the connection serving by key (:class:`KeyTree`),
+here with half the files whole. On
 every combination the mount equals its source and refuses what writes; where the agent
 holds the connection, a killed server is taken over by a new one (only requests it had
 read fail; queued ones, retried page reads and open files carry on; files open in
@@ -50,6 +53,13 @@ BIG = random.Random(99).randbytes(5 * MIB + 777)
 #: Every file of the test trees, by path.
 CONTENT = {**FILES, "/data/big.bin": BIG, "/data/empty": b""}
 KINDS = ("image", "image-passthrough", "checkpoint", "checkpoint-passthrough")
+#: Each kind on each way of mounting it: the metadata image's overlay only on a connection
+#: the agent holds, as the agent mounts it.
+WAYS = [(kind, how) for kind in KINDS for how in ("agent", "self", "fusermount")] + \
+    [("image-metadata", "agent")]
+#: The files of ``image-metadata`` kept whole (read by the kernel, in place); the others
+#: are read through the server by key.
+METADATA_WHOLE = ("/data/big.bin", "/data/d0/")
 PASSTHROUGH_KINDS = ("image-passthrough", "checkpoint-passthrough")
 #: The trees whose reads reach the server (a passthrough file's never do).
 SERVED_KINDS = ("image", "checkpoint")
@@ -87,14 +97,16 @@ def make_tree(kind: str, store_path: str, image: str, cache: str, slow: str):
     from bootseer.nodecache import NodeCache
     from bootseer.prefetch.imagetree import ImageTree
     from bootseer.prefetch.lazyimage import LazyImage
+    from bootseer.prefetch.metaimage import KeyTree
     from bootseer.stripedfs.tree import CheckpointTree
 
     image_kind = kind.startswith("image")
     prefix = "packs/" if image_kind else "data/big.bin"
     store = SlowStore(store_path, prefix, Path(slow)) if slow else open_store(store_path)
     if image_kind:
-        return ImageTree(LazyImage(BlobStore(store), image,
-                                   NodeCache(Path(cache) / "blocks", 1 << 30)))
+        tree = KeyTree if kind == "image-metadata" else ImageTree
+        return tree(LazyImage(BlobStore(store), image, NodeCache(Path(cache) / "blocks",
+                                                                 1 << 30)))
     copies = checkpoint_copies(Path(cache)) if kind == "checkpoint-passthrough" else None
     return CheckpointTree(store, ttl=30.0, copies=copies)
 
@@ -146,21 +158,29 @@ def serve_main(kind: str, store: str, image: str, cache: str, how: str, target: 
 
 class Connection:
     """A mount of a test tree and its server processes. ``how="agent"``: a connection
-    mounted by fd that this process holds, as the agent does; else the server mounts."""
+    mounted by fd that this process holds, as the agent does; else the server mounts.
+    ``mnt`` is where the tree is seen: the connection's mount (``served``), or for
+    ``image-metadata`` the overlay over the metadata image and the connection."""
 
     def __init__(self, root: Path, kind: str, store: Path, image: str,
                  how: str = "agent") -> None:
         from bootseer.fuse.connection import mount_fd
 
         self.kind, self.store, self.image, self.how = kind, store, image, how
-        self.cache, self.mnt, self.state = root / "cache", root / "mnt", root / "takeover.json"
+        self.root, self.cache, self.state = root, root / "cache", root / "takeover.json"
+        self.mnt = self.served = root / "mnt"
         self.cache.mkdir(parents=True)
         self.mnt.mkdir()
         if kind == "image-passthrough":
             make_whole(store, image, self.cache)
         elif kind == "checkpoint-passthrough":
             stage_all(store, self.cache)
-        self.fd = mount_fd(self.mnt, "bootseer-test") if how == "agent" else None
+        elif kind == "image-metadata":
+            make_whole(store, image, self.cache, lambda path: path.startswith(METADATA_WHOLE))
+            self.served, self.meta = root / "keys", build_metadata_image(store, image,
+                                                                         self.cache)
+            self.served.mkdir()
+        self.fd = mount_fd(self.served, "bootseer-test") if how == "agent" else None
         self.servers: list[subprocess.Popen] = []
 
     def start(self, slow: Path | None = None) -> subprocess.Popen:
@@ -175,11 +195,25 @@ class Connection:
             while not is_mounted(self.mnt):
                 assert server.poll() is None and time.monotonic() < deadline, "no mount"
                 time.sleep(0.01)
+        if self.kind == "image-metadata" and not is_mounted(self.mnt):
+            self.mount_overlay()
         return server
 
+    def mount_overlay(self) -> None:
+        """The container's root as the agent mounts it for a warmed image (``mnt``): the
+        metadata image, then the whole files, then the connection serving by key."""
+        from bootseer.prefetch.container import mount_overlay
+        from bootseer.prefetch.metaimage import mount_erofs
+
+        (self.root / "meta").mkdir()
+        mount_erofs(self.meta.path, self.root / "meta")
+        mount_overlay(self.root / "meta", self.root / "upper", self.root / "work", self.mnt,
+                      data=[self.meta.data_dir, self.served])
+
     def close(self) -> None:
-        if is_mounted(self.mnt):
-            subprocess.run(["umount", "-l", str(self.mnt)], check=False)
+        for mounted in (self.mnt, self.root / "meta", self.served):
+            if is_mounted(mounted):
+                subprocess.run(["umount", "-l", str(mounted)], check=False)
         for server in self.servers:
             if server.poll() is None:
                 server.kill()
@@ -232,6 +266,21 @@ def make_whole(store: Path, image: str, cache: Path,
                      NodeCache(cache / "blocks", 1 << 30))
     files = [e for e in lazy.manifest.entries if e.kind is Kind.FILE and paths(e.path)]
     return WholeFiles(lazy).make_whole(files)
+
+
+def build_metadata_image(store: Path, image: str, cache: Path):
+    """The image's metadata image in the node cache ``cache``, as ``bootseer warm`` builds
+    it (:class:`MetaImage`)."""
+    from bootseer.nodecache import NodeCache
+    from bootseer.prefetch.lazyimage import LazyImage
+    from bootseer.prefetch.metaimage import MetaImage
+    from bootseer.prefetch.wholefiles import WholeFiles
+
+    lazy = LazyImage(BlobStore(open_store(str(store))), image,
+                     NodeCache(cache / "blocks", 1 << 30))
+    meta = MetaImage.of(lazy)
+    assert meta.build(WholeFiles(lazy))
+    return meta
 
 
 def files_image(root: Path) -> Path:
@@ -295,14 +344,44 @@ def refuses_writes(mnt: Path) -> None:
         assert info.value.errno == errno.EROFS
 
 
-@pytest.mark.parametrize("how", ["agent", "self", "fusermount"])
-@pytest.mark.parametrize("kind", KINDS)
+def key_of(conn: Connection, path: str) -> str:
+    """The whole-file key of the image's file ``path`` (its name in the data layers)."""
+    from bootseer.nodecache import NodeCache
+    from bootseer.prefetch.lazyimage import LazyImage
+    from bootseer.prefetch.wholefiles import WholeFiles
+
+    lazy = LazyImage(BlobStore(open_store(str(conn.store))), conn.image,
+                     NodeCache(conn.cache / "blocks", 1 << 30))
+    key = WholeFiles(lazy).key(lazy.lookup(path))
+    assert key is not None
+    return key
+
+
+def writes_stay_in_their_layer(conn: Connection) -> None:
+    """The metadata image's overlay is a container's root: a write is copied up into its
+    own layer; the whole file and the file served by key it came from do not change."""
+    from bootseer.prefetch.metaimage import redirect
+
+    for path, layer in (("/data/d0/f3.bin", conn.meta.data_dir), ("/data/d1/f1.bin",
+                                                                   conn.served)):
+        with open(conn.mnt / path[1:], "r+b") as f:
+            f.write(b"changed")
+        assert (conn.root / "upper" / path[1:]).read_bytes() == \
+            b"changed" + FILES[path][7:]
+        assert Path(str(layer) + redirect(key_of(conn, path))).read_bytes() == FILES[path]
+    refuses_writes(conn.root / "meta")
+
+
+@pytest.mark.parametrize(("kind", "how"), WAYS)
 def test_the_mount_equals_its_source_and_refuses_writes(tmp_path: Path, connect, kind: str,
                                                          how: str) -> None:
     conn = connect(kind, source(kind, tmp_path / "src"), how=how)
     conn.start()
     assert describe(conn.mnt) == expected()
-    refuses_writes(conn.mnt)
+    if kind == "image-metadata":
+        writes_stay_in_their_layer(conn)
+    else:
+        refuses_writes(conn.mnt)
     with pytest.raises(FileNotFoundError):
         os.stat(conn.mnt / "no" / "such")
     with pytest.raises(NotADirectoryError):
@@ -314,9 +393,13 @@ def test_the_mount_equals_its_source_and_refuses_writes(tmp_path: Path, connect,
     assert info.value.errno == errno.EINVAL
     assert os.statvfs(conn.mnt).f_namemax == 255
     assert os.lstat(conn.mnt / "data").st_mode & 0o555 == 0o555  # readable, searchable
-    mount_options = next(line.split()[3] for line in open("/proc/mounts")
-                         if line.split()[1] == str(conn.mnt))
-    assert {"ro", "nosuid", "nodev"} <= set(mount_options.split(","))
+    assert {"ro", "nosuid", "nodev"} <= mount_options(conn.served)
+    assert {"nosuid", "nodev"} <= mount_options(conn.mnt)
+
+
+def mount_options(mnt: Path) -> set[str]:
+    return set(next(line.split()[3] for line in open("/proc/mounts")
+                    if line.split()[1] == str(mnt)).split(","))
 
 
 @pytest.mark.parametrize("how", ["mount_fd", "fusermount_fd"])
@@ -432,9 +515,10 @@ def test_mount_equals_tar_extraction(tmp_path: Path, connect) -> None:
     assert bdi.read_text().strip() == "1024"  # raised by mount_fd, kept through INIT
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [*KINDS, "image-metadata"])
 def test_a_new_server_takes_over_and_queued_reads_succeed(tmp_path: Path, connect,
                                                           kind: str) -> None:
+    """(``image-metadata``: the files read first are whole, the queued ones are not.)"""
     conn = connect(kind, source(kind, tmp_path / "src"))
     first = conn.start()
     paths = sorted(FILES)
@@ -554,6 +638,35 @@ def test_files_open_in_passthrough_stay_readable_without_a_server(tmp_path: Path
     assert path.read_bytes() == BIG
 
 
+def test_whole_files_under_a_metadata_image_need_no_server(tmp_path: Path,
+                                                           connect) -> None:
+    """The kernel finds a whole file's name in the metadata image and its bytes in the
+    whole files: with the server killed and none to take over, whole files open, list and
+    read (and map) byte for byte, new opens too; a file served by key waits for the next
+    server, and reads right once it comes."""
+    conn = connect("image-metadata", files_image(tmp_path / "src"))
+    server = conn.start()
+    assert (conn.mnt / "data/d1/f1.bin").read_bytes() == FILES["/data/d1/f1.bin"]
+    server.send_signal(signal.SIGKILL)
+    server.wait()
+    assert sorted(os.listdir(conn.mnt / "data/d0")) == ["f0.bin", "f3.bin", "f6.bin",
+                                                        "f9.bin"]
+    assert (conn.mnt / "data/big.bin").read_bytes() == BIG
+    with open(conn.mnt / "data/d0/f9.bin", "rb") as f:
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+            assert mapped[:] == FILES["/data/d0/f9.bin"]
+    results: dict[str, bytes | OSError] = {}
+    reader = threading.Thread(target=lambda: results.update(
+        f4=read(conn.mnt / "data/d1/f4.bin")))
+    reader.start()
+    time.sleep(0.5)
+    assert reader.is_alive()  # queued for a server, not failed
+    conn.start()
+    reader.join(timeout=30)
+    assert results == {"f4": FILES["/data/d1/f4.bin"]}
+    assert describe(conn.mnt) == expected()
+
+
 def test_a_new_server_keeps_each_files_mode_and_its_backing_files(tmp_path: Path,
                                                                    connect) -> None:
     """The kernel fails an open (EIO) if a file's open files mix passthrough and reads
@@ -608,15 +721,16 @@ def test_a_whole_file_that_fails_its_check_is_never_registered(tmp_path: Path,
     assert server.wait(timeout=10) == 0
 
 
-@pytest.mark.parametrize("how", ["agent", "self"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "how"), [way for way in WAYS if way[1] != "fusermount"])
 def test_unmount_ends_the_server(tmp_path: Path, connect, kind: str, how: str) -> None:
     conn = connect(kind, source(kind, tmp_path / "src"), how=how)
     server = conn.start()
     assert (conn.mnt / "data/d1/f1.bin").read_bytes() == FILES["/data/d1/f1.bin"]
-    unmount(conn.mnt)
+    for mounted in (conn.mnt, conn.root / "meta", conn.served):  # the overlay's, first
+        if is_mounted(mounted):
+            unmount(mounted)
     assert server.wait(timeout=10) == 0
-    assert not is_mounted(conn.mnt)
+    assert not is_mounted(conn.served)
 
 
 @pytest.mark.parametrize("kind", ["image", "image-passthrough"])
