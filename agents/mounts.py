@@ -478,13 +478,13 @@ class MountManager:
         the node's whole files, else from the server serving them by key (``lower/``)."""
         from bootseer.nodecache import NodeCaches, whole_files_beside
         from bootseer.prefetch.container import mount_overlay
-        from bootseer.prefetch.metaimage import MetaImage, mount_erofs
+        from bootseer.prefetch.metaimage import MetaImage
 
         meta = MetaImage(whole_files_beside(NodeCaches.for_config(self.config).blocks()),
                          image_id)
         (directory / "meta").mkdir()
         meta.data_dir.mkdir(mode=0o700, exist_ok=True)  # every whole file may be evicted
-        mount_erofs(meta.path, directory / "meta")
+        meta.mount(directory / "meta")
         mount_overlay(directory / "meta", parts["upper"], parts["work"], parts["rootfs"],
                       data=[meta.data_dir, parts["lower"]])
 

@@ -4,9 +4,10 @@ Served through FUSE, a warmed start still sends the mount's server one request p
 looks up and per file it opens (a torch start: ~4,400), and that, not the bytes, is what
 kept it slower than the same start on local disk. The kernel can answer all of them
 itself, the way composefs does: the image's tree is written once per node as an EROFS
-image of *metadata only* (``<cache_dir>/files/images/<image id>.erofs``), every regular
-file with content a sparse stub that carries the overlay xattrs ``metacopy`` and
-``redirect=/<key[:2]>/<key>``, its whole-file key (:mod:`bootseer.prefetch.wholefiles`).
+image of *metadata only* (an entry of the whole files' cache, ``<cache_dir>/files``),
+every regular file with content a sparse stub that carries the overlay xattrs
+``metacopy`` and ``redirect=/<key[:2]>/<key>``, its whole-file key
+(:mod:`bootseer.prefetch.wholefiles`).
 The container's root is then an overlay over the EROFS mount whose *data-only* lower
 layers are, in order, the node's whole files (read by the kernel, in place) and the
 mount's FUSE connection serving the same keys (:class:`KeyTree`): a file not whole on the
@@ -16,6 +17,8 @@ node is still read lazily, block by block, by the server.
   whole, if :func:`unsupported` finds the kernel and ``mkfs.erofs`` able to. It depends on
   the manifest alone (keys name content, not what is on the node), so it is built once
   per image and never goes stale; files evicted later are found in the FUSE layer instead.
+  It counts against the cache's size limit like a whole file (~450 bytes a file of the
+  image), and is evicted like one.
 * **What it holds.** Names, modes, owners, times, links, devices and the image's xattrs,
   except any ``trusted.*`` one: an image must not be able to name a redirect (another
   file's bytes) or any other overlay directive of its own. A file whose blocks do not add
@@ -32,13 +35,12 @@ node is still read lazily, block by block, by the server.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import functools
+import hashlib
 import logging
 import os
-import secrets
 import shutil
 import stat
 import subprocess
@@ -51,13 +53,12 @@ from typing import Any
 from bootseer.errors import BootseerError
 from bootseer.fuse.tree import ROOT, Node, PushPages
 from bootseer.mounts import unmount
-from bootseer.nodecache import NodeCache, whole_files_beside
+from bootseer.nodecache import NodeCache, NotCached, whole_files_beside
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.imagetree import ImageTree
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.rootfs import Kind
 from bootseer.prefetch.wholefiles import WholeFiles
-from bootseer.store.local import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ STUB_OPTIONS = ("-zlz4", "-C1048576", "-Eztailpacking")
 METACOPY = "trusted.overlay.metacopy"
 REDIRECT = "trusted.overlay.redirect"
 MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
+_TAG = b"bootseer-metadata-image/1\0"
 
 
 def redirect(key: str) -> str:
@@ -78,12 +80,17 @@ def redirect(key: str) -> str:
 
 
 class MetaImage:
-    """The metadata image of image ``image_id`` beside the whole files ``files``."""
+    """The metadata image of image ``image_id``: an entry of the whole files' cache
+    ``files``, counted against its one size limit and evicted like any other (least
+    recently mounted first; a start after that is served through FUSE, and the next warm
+    builds it again). Named by a key over the image id, as whole files are named by a key
+    over their blocks, so it is never taken for one."""
 
     def __init__(self, files: NodeCache, image_id: str) -> None:
         self.files, self.image_id = files, image_id
-        self.path = files.directory / "images" / (
-            files.check_digest(image_id.removeprefix("sha256:")) + ".erofs")
+        files.check_digest(image_id.removeprefix("sha256:"))
+        self.key = hashlib.sha256(_TAG + image_id.encode()).hexdigest()
+        self.path = files.path(self.key)
 
     @classmethod
     def of(cls, image: LazyImage) -> MetaImage:
@@ -112,12 +119,7 @@ class MetaImage:
                              self.image_id, entry.path)
                     return False
                 keys[entry.path] = key
-        self.path.parent.mkdir(mode=0o700, exist_ok=True)
-        for stale in self.path.parent.glob(".*.tmp"):  # a dead builder's
-            with contextlib.suppress(ValueError, OSError):
-                if not pid_alive(int(stale.name.split(".")[-3])):
-                    stale.unlink()
-        out = self.path.with_name(f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        out = self.files.new_temporary(self.key)  # a dead builder's is swept by the cache
         with tempfile.TemporaryDirectory(dir=_scratch(), prefix="bootseer-meta-") as tree:
             _write_tree(Path(tree), entries, keys)
             try:
@@ -128,10 +130,20 @@ class MetaImage:
                     raise BootseerError(f"{MKFS} failed for image {self.image_id}: "
                                         f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
                 out.chmod(0o600)
-                os.replace(out, self.path)
+                self.files.add_file(out, self.key)
+            except NotCached as exc:  # no room: served through FUSE, as without one
+                log.warning("image %s: no room for its metadata image: %s", self.image_id,
+                            exc)
+                return False
             finally:
                 out.unlink(missing_ok=True)
         return True
+
+    def mount(self, target: Path) -> None:
+        """Mount it at ``target`` (read-only), marked used; ``FileNotFoundError`` if it
+        was evicted."""
+        os.close(self.files.open_unverified(self.key))  # the cache's mark of a use
+        mount_erofs(self.path, target)
 
 
 def _scratch() -> str | None:

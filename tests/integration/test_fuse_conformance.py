@@ -203,10 +203,9 @@ class Connection:
         """The container's root as the agent mounts it for a warmed image (``mnt``): the
         metadata image, then the whole files, then the connection serving by key."""
         from bootseer.prefetch.container import mount_overlay
-        from bootseer.prefetch.metaimage import mount_erofs
 
         (self.root / "meta").mkdir()
-        mount_erofs(self.meta.path, self.root / "meta")
+        self.meta.mount(self.root / "meta")
         mount_overlay(self.root / "meta", self.root / "upper", self.root / "work", self.mnt,
                       data=[self.meta.data_dir, self.served])
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import stat
 import threading
@@ -29,7 +28,7 @@ from bootseer.mounts import is_mounted
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.lazyimage import LazyImage
-from bootseer.prefetch.metaimage import METACOPY, REDIRECT, redirect, unsupported
+from bootseer.prefetch.metaimage import METACOPY, REDIRECT, MetaImage, redirect, unsupported
 from bootseer.prefetch.rootfs import Kind
 from bootseer.prefetch.wholefiles import WholeFiles
 from bootseer.store import BlobStore, open_store
@@ -59,7 +58,7 @@ def node(dirs, python_layout, tmp_path: Path):
                                      env={"BOOTSEER_AGENT_SOCKET": str(sock)}).stdout)
         assert warmed["via"] == "agent" and warmed["image"]["metadata_image"] is True
         # Stubs, not data: the image is a small fraction of the image's bytes.
-        (meta,) = (dirs["agent-cache"] / "files" / "images").glob("*.erofs")
+        meta = MetaImage.of(_image(dirs)).path
         assert meta.stat().st_size < 8 << 20 and meta.stat().st_mode & 0o777 == 0o600
         yield sock, procs, lambda: procs.append(start_agent(sock, env))
     finally:
@@ -188,7 +187,10 @@ def test_files_not_whole_are_read_from_the_server_and_survive_its_death(node, di
 
 def test_with_every_whole_file_evicted_the_server_serves_them_all(node, dirs) -> None:
     sock, _, _ = node
-    shutil.rmtree(dirs["agent-cache"] / "files" / "entries")
+    meta = MetaImage.of(_image(dirs))
+    for entry in meta.data_dir.glob("*/*"):
+        if entry.name != meta.key:
+            entry.unlink()
     with AgentClient(sock) as client:
         mount = client.mount(MountRequest("c4", "py", workload="py", record="never"))
         assert run_in(mount, PY).stdout == "42\n"
@@ -214,6 +216,28 @@ def test_a_restarted_agent_adopts_a_root_over_its_metadata_image(node, dirs) -> 
         start = client.release("c3")
     assert start.detail["metadata_image"] is True
     assert not directory.exists() and not is_mounted(directory / "meta")
+
+
+def test_the_metadata_image_counts_against_the_cache_and_may_be_evicted(node,
+                                                                        dirs) -> None:
+    """It is an entry of the whole files' cache, counted in its one limit. Evicted, the
+    next start is served through FUSE (names too), and the next warm builds it again."""
+    sock, _, _ = node
+    meta = MetaImage.of(_image(dirs))
+    used, size = meta.files.usage(), meta.path.stat().st_size
+    meta.files.drop(meta.key)
+    assert meta.files.usage() == used - size and not meta.exists()
+    with AgentClient(sock) as client:
+        mount = client.mount(MountRequest("c5", "py", workload="py", record="never"))
+        assert not is_mounted(Path(mount.rootfs).parent / "meta")
+        assert run_in(mount, PY).stdout == "42\n"
+        start = client.release("c5")
+    assert "metadata_image" not in start.detail
+    assert start.detail["image"]["fuse_requests"]["lookup"] > 0
+    warmed = json.loads(bootseer("warm", "--json", "--image", "py", "--workload", "py",
+                                 store=dirs["store"], cache=dirs["cache"],
+                                 env={"BOOTSEER_AGENT_SOCKET": str(sock)}).stdout)
+    assert warmed["image"]["metadata_image"] is True and meta.exists()
 
 
 def _manifest_entry(path: str, kind: Kind, **kw) -> FileEntry:
@@ -273,7 +297,6 @@ def test_an_image_with_a_file_whose_blocks_do_not_add_up_gets_no_metadata_image(
     no key to redirect to, so the image gets no metadata image at all (it is served
     through FUSE, as before), and nothing is left behind."""
     from bootseer.prefetch.blockformat import BlockLocation
-    from bootseer.prefetch.metaimage import MetaImage
 
     mib = 1 << 20
     table = [BlockLocation(f"{n:064x}", 0, 0, 10, size) for n, size in enumerate((mib, 5))]
