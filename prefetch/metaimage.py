@@ -104,6 +104,15 @@ class MetaImage:
     def exists(self) -> bool:
         return self.path.is_file()
 
+    def use(self) -> bool:
+        """Whether it exists, marked used if so: the server that chooses to serve by key
+        makes it the cache's last to evict before the agent mounts it."""
+        try:
+            os.close(self.files.open_unverified(self.key))  # the cache's mark of a use
+        except FileNotFoundError:
+            return False
+        return True
+
     def build(self, whole: WholeFiles) -> bool:
         """Write the image (if it is not there yet); False if this image cannot have one
         (a regular file without a key: see the module docstring)."""
@@ -140,9 +149,7 @@ class MetaImage:
         return True
 
     def mount(self, target: Path) -> None:
-        """Mount it at ``target`` (read-only), marked used; ``FileNotFoundError`` if it
-        was evicted."""
-        os.close(self.files.open_unverified(self.key))  # the cache's mark of a use
+        """Mount it at ``target`` (read-only)."""
         mount_erofs(self.path, target)
 
 

@@ -212,7 +212,7 @@ def _announce(spec: ImageServerSpec, image: LazyImage, record: bool) -> bool:
     by_key = spec.by_key
     if by_key is None:
         by_key = spec.fuse_fd is not None and not record and spec.config.image.passthrough \
-            and spec.config.image.kernel_metadata and MetaImage.of(image).exists()
+            and spec.config.image.kernel_metadata and MetaImage.of(image).use()
     if spec.info is not None:
         MountInfo(image.image_id, image.manifest.config, image.manifest.content_bytes,
                   record, by_key).save(spec.info)
