@@ -58,7 +58,7 @@ from bootseer.agents.timeline import StartRecord, container_phases
 from bootseer.config import Config
 from bootseer.errors import BootseerError
 from bootseer.jsonfile import write_json
-from bootseer.mounts import is_mounted, unmount, wait_for_file
+from bootseer.mounts import is_mounted, mount_overlay, unmount, wait_for_file
 from bootseer.prefetch.serverspec import ImageServerSpec, stats_path
 from bootseer.ready import READY_FILE_ENV, SIGNAL_DIR
 from bootseer.serve import ServerSpec
@@ -428,7 +428,6 @@ class MountManager:
     def _mount(self, request: MountRequest, created: float,
                image_id: str | None) -> _Container:
         """The container's connections, served, and its overlay."""
-        from bootseer.prefetch.container import mount_overlay
         from bootseer.prefetch.session import MountInfo
 
         directory = self.root / request.key
@@ -449,7 +448,8 @@ class MountManager:
             if info.by_key:
                 self._mount_by_key(info.image_id, directory, parts)
             else:
-                mount_overlay(parts["lower"], parts["upper"], parts["work"], parts["rootfs"])
+                mount_overlay([parts["lower"]], parts["upper"], parts["work"],
+                              parts["rootfs"])
             checkpoints: dict[str, Served] = {}
             if request.checkpoints:
                 (directory / "checkpoints").mkdir()
@@ -477,7 +477,6 @@ class MountManager:
         """The overlay over the image's metadata image (``meta/``), its files' data from
         the node's whole files, else from the server serving them by key (``lower/``)."""
         from bootseer.nodecache import NodeCaches, whole_files_beside
-        from bootseer.prefetch.container import mount_overlay
         from bootseer.prefetch.metaimage import MetaImage
 
         meta = MetaImage(whole_files_beside(NodeCaches.for_config(self.config).blocks()),
@@ -485,7 +484,7 @@ class MountManager:
         (directory / "meta").mkdir()
         meta.data_dir.mkdir(mode=0o700, exist_ok=True)  # every whole file may be evicted
         meta.mount(directory / "meta")
-        mount_overlay(directory / "meta", parts["upper"], parts["work"], parts["rootfs"],
+        mount_overlay([directory / "meta"], parts["upper"], parts["work"], parts["rootfs"],
                       data=[meta.data_dir, parts["lower"]])
 
     def _open(self, spec: ServerSpec, log_path: Path) -> Served:

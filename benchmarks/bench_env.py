@@ -80,15 +80,21 @@ from benchlib import (
     select_cases,
 )
 
+from bootseer.mounts import overlay_at, unmount
 from bootseer_dev.cluster import parse_link
 
 log = logging.getLogger("bench-env")
+#: What `env run` says when it restored (or mounted) instead of running the command.
+RESTORED = re.compile(r"(?P<how>restored|mounted the node's tree of) snapshot \S+: "
+                      r"(?P<entries>\d+) entries, .* from (?P<shards>\d+) shards in "
+                      r"(?P<seconds>[\d.]+) s; the command was not run")
 HERE = Path(__file__).resolve().parent
 MB, MIB = 1e6, 1 << 20
 LATENCY = "none added: kernel has no sch_netem"
 TORCH_WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
 UV_VERSION = "0.13.8"
-CASES = ("pip", "uv", "uv_bytecode", "restore", "raw_extract")
+CASES = ("pip", "uv", "uv_bytecode", "restore", "raw_extract", "prestaged",
+         "prestaged_extract")
 
 # Pinned: current releases with cp311 manylinux wheels, every dependency included (a lock
 # file, as a team would commit). torch==2.13.0 matches the local 2.13.0+cpu wheel.
@@ -320,6 +326,8 @@ class Bench:
                 *self.snapshot_command()]
 
     def reset_venv(self) -> None:
+        if overlay_at(self.venv) is not None:  # a restore as root mounted it
+            unmount(self.venv)
         parent = self.venv.parent
         if parent.is_dir():
             for p in parent.iterdir():  # the venv and any restore sidecars (.venv.bootseer-*)
@@ -414,18 +422,50 @@ class Bench:
         env = self.env | {"BOOTSEER_CACHE_DIR": str(cache)}
         row = self.run_steps("restore", i, [("env_run", self.env_run())], env)
         proc = row["_outputs"][0]
-        said = re.search(r"restored snapshot \S+: (\d+) entries, .* from (\d+) shards in "
-                         r"([\d.]+) s; the command was not run", proc.stderr)
+        said = RESTORED.search(proc.stderr)
         if not said or self.marker.exists() or proc.stdout.split()[:1] != [self.key]:
             raise RunFailed(f"restore run {i + 1} did not restore (marker "
                             f"{'present' if self.marker.exists() else 'absent'}):\n"
                             f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
-        row["restore_reported_s"] = float(said.group(3))
+        row["restore_reported_s"] = float(said.group("seconds"))
         row["outside_restore_s"] = round(row["seconds"] - row["restore_reported_s"], 3)
-        row["entries"], row["shards"] = int(said.group(1)), int(said.group(2))
+        row["entries"], row["shards"] = int(said.group("entries")), int(said.group("shards"))
+        row["mounted"] = said.group("how") != "restored"
         del row["env_run_s"]
         self.sanity("restore", i)
         row["venv_bytes"] = tree_bytes(self.venv)[0]
+        self.reset_venv()
+        shutil.rmtree(cache)
+        return row
+
+    def prestaged_run(self, i: int, *, mount: bool) -> dict:
+        """``bootseer warm --env`` first (untimed, as root): the shards on the node and,
+        with ``snapshot.mount`` on, the snapshot unpacked there; then the timed ``env
+        run``: a mount, or (``mount`` off) an extraction from the staged shards."""
+        name = "prestaged" if mount else "prestaged_extract"
+        self.reset_venv()
+        cache = self.work / "bootseer-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir()
+        env = self.env | {"BOOTSEER_CACHE_DIR": str(cache),
+                          "BOOTSEER_SNAPSHOT_MOUNT": "true" if mount else "false"}
+        warm = subprocess.run([sys.executable, "-m", "bootseer", "--store", self.url, "warm",
+                               "--json", "--env", self.key], env=env, capture_output=True,
+                              text=True, timeout=self.args.timeout, stdin=subprocess.DEVNULL)
+        if warm.returncode != 0:
+            raise RunFailed(f"{name} run {i + 1}: warm failed:\n{warm.stderr[-4000:]}")
+        (part,) = json.loads(warm.stdout)["envs"]
+        if not part["complete"] or part.get("tree", False) is not mount:
+            raise RunFailed(f"{name} run {i + 1}: warm staged {part}")
+        row = self.run_steps(name, i, [("env_run", self.env_run())], env)
+        said = RESTORED.search(row.pop("_outputs")[0].stderr)
+        if not said or self.marker.exists() or (said.group("how") != "restored") is not mount:
+            raise RunFailed(f"{name} run {i + 1} did not {'mount' if mount else 'restore'}")
+        row["restore_reported_s"] = float(said.group("seconds"))
+        row["warm_s"], row["unpack_s"] = part["seconds"], part.get("tree_s")
+        del row["env_run_s"]
+        self.sanity(name, i)
+        self.reset_venv()
         shutil.rmtree(cache)
         return row
 
@@ -563,6 +603,14 @@ class Bench:
                      snap["raw_tar_bytes"] / MB)
             times["raw_extract"] = self.case("raw_extract", self.raw_extract_run)
             self.raw_tar.unlink()
+        if "prestaged" in self.cases:
+            log.info("prestaged: bootseer warm --env first (untimed), then env run: a mount")
+            times["prestaged"] = self.case("prestaged",
+                                           lambda i: self.prestaged_run(i, mount=True))
+        if "prestaged_extract" in self.cases:
+            log.info("prestaged_extract: the same with snapshot.mount off: an extraction")
+            times["prestaged_extract"] = self.case(
+                "prestaged_extract", lambda i: self.prestaged_run(i, mount=False))
         if "restore" in self.cases and not self.args.no_breakdown:
             log.info("breakdown: fetch alone, decompress alone, restore from local disk")
             breakdown = self.breakdown()
@@ -583,6 +631,7 @@ class Bench:
             return round(a / b, 3) if a is not None and b else None
 
         restore, pip, uv = med.get("restore"), med.get("pip"), med.get("uv")
+        prestaged = med.get("prestaged")
 
         def detail_median(case: str, key: str) -> float | None:
             v = median_of([r.get(key) for r in self.details.get(case, [])])
@@ -653,6 +702,18 @@ class Bench:
             "restore_vs_uv": ratio(restore, uv),
             "restore_vs_uv_bytecode": ratio(restore, uv_bytecode),
             "restore_vs_limit": ratio(restore, limit),
+            "restore_mounted": all(r.get("mounted") for r in self.details.get("restore", [])),
+            "restore_mounted_note": "as root (snapshot.mount on), the cold restore unpacks "
+                                    "the snapshot into the node's cache and mounts it at "
+                                    "the venv path (bootseer.snapshot.mount)",
+            "prestaged_note": "bootseer warm --env first (untimed: shards staged, snapshot "
+                              "unpacked on the node), then the timed env run: a mount. "
+                              "prestaged_extract_s: the same with snapshot.mount off (the "
+                              "staged shards extracted, as before)",
+            "prestaged_vs_extract": ratio(prestaged, med.get("prestaged_extract")),
+            "prestaged_unpack_s": detail_median("prestaged", "unpack_s"),
+            "prestaged_unpack_note": "what the warm spent unpacking the staged snapshot (once "
+                                     "per node and snapshot, off the start)",
             "bounds": {
                 "restore_vs_uv_bytecode_at_link": ratio(transfer, uv_bytecode),
                 "restore_vs_uv_bytecode_at_link_note":
@@ -678,6 +739,7 @@ class Bench:
                 "restore_le_1.2_limit": (restore <= 1.2 * limit) if restore and limit else None,
                 "restore_le_0.35_uv_bytecode": (restore <= 0.35 * uv_bytecode)
                 if restore and uv_bytecode else None,
+                "prestaged_le_0.5_s": (prestaged <= 0.5) if prestaged else None,
             },
             "breakdown": breakdown,
             "setup": setup,

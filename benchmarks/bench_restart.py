@@ -205,8 +205,12 @@ class Bench:
         install = self.install_command()
         if not bootseer:
             return install
-        return self.bootseer("env", "run", "--path", str(self.venv), "--key-file",
-                             str(self.requirements()), "--", *install)
+        # Extracted, not mounted (snapshot.mount): the restore runs in the node's private
+        # mount namespace (private_env), where a mount would end with it, and the
+        # containers get the node's directory bound from outside.
+        return ["env", "BOOTSEER_SNAPSHOT_MOUNT=false",
+                *self.bootseer("env", "run", "--path", str(self.venv), "--key-file",
+                               str(self.requirements()), "--", *install)]
 
     def private_env(self, i: int, argv: list[str]) -> list[str]:
         """argv with node i's environment directory at the job's path (its own mount

@@ -132,6 +132,11 @@ class SnapshotConfig:
     concurrency: int = field(default_factory=default_snapshot_concurrency)
     bytecode: bool = True  # compile captured .py files before snapshotting
     cache_size: ByteSize = ByteSize(20 << 30)  # shards staged by `warm --env` (LRU beyond)
+    #: As root, a restore where the snapshot was captured mounts it, unpacked once on the
+    #: node (an overlay per target, writes in a private upper layer), instead of writing
+    #: every file again; a warm as root unpacks it (bootseer.snapshot.mount). Off: every
+    #: restore extracts.
+    mount: bool = True
 
 
 @dataclass

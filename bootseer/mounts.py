@@ -1,4 +1,6 @@
-"""FUSE mounts served by a child process: tell if one is there, wait for its server, end it.
+"""The kernel's mount table, for the mounts Bootseer makes: FUSE mounts served by a child
+process (tell if one is there, wait for its server, end it) and overlays (mount one, find
+one and its layers).
 
 A server is started by :func:`bootseer.serve.spawn_server`. Liveness comes from
 ``/proc/mounts``, because ``os.path.ismount`` says False for a mount
@@ -9,10 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from bootseer.errors import BootseerError
@@ -86,3 +91,82 @@ def unmount(mountpoint: Path, *, attempts: int = 10) -> None:
                             stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         raise BootseerError(f"could not unmount {mountpoint}: {result.stderr.strip()}")
+
+
+@dataclass(frozen=True)
+class OverlayMount:
+    """An overlay in this mount namespace, as ``/proc/self/mountinfo`` shows it."""
+
+    target: str
+    lowers: tuple[str, ...]  # the top one first; data-only layers too
+    upper: str | None
+
+
+def overlays() -> list[OverlayMount]:
+    """Every overlay mount of this mount namespace, in the order they were mounted."""
+    found = []
+    with open("/proc/self/mountinfo") as table:
+        for line in table:
+            mount, _, fs = line.partition(" - ")
+            fields, described = mount.split(), fs.split()
+            if len(fields) < 5 or len(described) < 3 or described[0] != "overlay":
+                continue
+            options = dict(o.partition("=")[::2] for o in described[2].split(","))
+            found.append(OverlayMount(
+                _unescape(fields[4]),
+                tuple(p for p in options.get("lowerdir", "").split(":") if p),
+                options.get("upperdir") or None))
+    return found
+
+
+def overlay_at(target: Path) -> OverlayMount | None:
+    """The overlay mounted at ``target`` (the top one, if several are), or None."""
+    path = os.path.abspath(target)
+    return next((m for m in reversed(overlays()) if m.target == path), None)
+
+
+def overlays_reading(path: Path) -> bool:
+    """Whether an overlay of this mount namespace has a layer at or below ``path`` (it must
+    not be removed from under it)."""
+    top = os.path.abspath(path)
+    return any(layer == top or layer.startswith(top + "/")
+               for m in overlays() for layer in (*m.lowers, m.upper or ""))
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo field with its octal escapes (``\\040`` for a space, ...) undone."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_overlay(lowers: Sequence[Path], upper: Path, work: Path, target: Path, *,
+                  data: Sequence[Path] = ()) -> None:
+    """Mount an overlay of ``upper`` (writable) over ``lowers`` (the top one first) at
+    ``target``.
+
+    ``upper`` and ``work`` must be on the same file system; missing directories are made.
+    The overlay is ``nosuid,nodev``: a container's root (or an environment) is written by
+    its user, and a setuid-root binary or a device node left there must not work for
+    anyone who reaches the directory from the host (nor, inside a container, escalate: it
+    runs as if ``no_new_privileges`` were set). ``data``: data-only lower layers, searched
+    in order for the files the lower layers redirect to (a metadata image,
+    :mod:`bootseer.prefetch.metaimage`); they need ``metacopy`` and ``redirect_dir``.
+    """
+    for path in (*lowers, upper, work, target, *data):
+        if any(c in str(path) for c in ",:\n"):
+            raise BootseerError(f"overlay paths cannot contain ',' or ':': {path}")
+    for lower in lowers:
+        if not lower.is_dir():
+            raise BootseerError(f"overlay lower directory {lower} does not exist")
+    for path in (upper, work, target):
+        path.mkdir(parents=True, exist_ok=True)
+    layers = ":".join(str(p.resolve()) for p in lowers)
+    layers += "".join(f"::{p.resolve()}" for p in data)
+    options = f"lowerdir={layers},upperdir={upper.resolve()},workdir={work.resolve()}"
+    if data:
+        options += ",metacopy=on,redirect_dir=on"
+    proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", "nosuid,nodev," + options,
+                           str(target)],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise BootseerError(f"mounting an overlay at {target} failed: {proc.stderr.strip()}"
+                            f"{' (needs root)' if os.geteuid() != 0 else ''}")

@@ -1,15 +1,17 @@
 """A node's cache on disk: verified entries named by their sha256, one size limit that holds
 across every process of the node, crash-safe.
 
-Image blocks (``<cache_dir>/blocks``), snapshot shards (``<cache_dir>/snapshots``) and
-checkpoint copies (``<cache_dir>/checkpoints/copies``) are each one :class:`NodeCache`,
-opened at once by the agent, every mount server, a standalone ``bootseer warm``, a restore
-and a checkpoint read. So nothing about the cache lives in a process: presence
-is the file, the limit is counted on disk, and what one process adds, every other sees at
-once (a server sees the blocks a warm staged after it started). Where each lives and how
+Image blocks (``<cache_dir>/blocks``), snapshot shards and unpacked snapshots
+(``<cache_dir>/snapshots``), and checkpoint copies (``<cache_dir>/checkpoints/copies``)
+are each one :class:`NodeCache`, opened at once by the agent, every mount server, a
+standalone ``bootseer warm``, a restore and a checkpoint read. So nothing about the cache
+lives in a process: presence is the file, the limit is counted on disk, and what one
+process adds, every other sees at once (a server sees the blocks a warm staged after it
+started). Where each lives and how
 large it may grow is decided in one place, :class:`NodeCaches`, from the config::
 
-    entries/ab/<hex>          an entry, named by the sha256 of its bytes
+    entries/ab/<hex>          an entry, named by the sha256 of its bytes (or a key)
+    entries/ab/<hex>/         a tree entry: tree/ its files, size their bytes
     tmp/<hex>.<pid>.<rand>    an entry being written by process <pid>
     usage                     the bytes entries hold, as the last add or eviction left it
     lock                      taken (flock) to add, drop or evict; 0600
@@ -30,6 +32,11 @@ large it may grow is decided in one place, :class:`NodeCaches`, from the config:
 * **Crash-safe.** A killed writer leaves at most a temporary under its own pid; it is
   removed once that process is dead (never while it lives), by the next process to open
   the cache or evict.
+* **Trees too.** An entry may be a directory of files (an unpacked snapshot:
+  :meth:`NodeCache.add_tree`), counted as the bytes its builder says it holds; it is
+  evicted like a file, except while ``in_use`` says something reads it (an overlay mounts
+  it), and removed by first renaming it out of ``entries``, so a half-removed tree is
+  never taken for one.
 * **Readers need no write access.** A process that may only read the cache (a training
   script restoring from the node's shards) finds entries and never creates anything.
 """
@@ -43,8 +50,9 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -52,12 +60,15 @@ from typing import BinaryIO
 from bootseer.config import Config
 from bootseer.errors import BootseerError, IntegrityError
 from bootseer.filelock import file_lock
+from bootseer.mounts import overlays_reading
 from bootseer.store.base import DigestCheckedStream
 from bootseer.store.local import pid_alive
 
 log = logging.getLogger(__name__)
 
 _HEX = re.compile(r"[0-9a-f]{64}")
+#: A tree entry's files, and the file saying how many bytes they hold.
+TREE, TREE_SIZE = "tree", "size"
 #: Longest an add or a drop waits for another process's (they take microseconds; an
 #: eviction's scan of a very large cache, under a second). Past it, the entry is simply
 #: not cached (:class:`CacheBusy`): a process stopped while holding the lock must not
@@ -86,10 +97,12 @@ class NodeCache:
     across every process that opens it."""
 
     def __init__(self, directory: Path, max_bytes: int, *, low_water: float = 0.9,
-                 mode: int = 0o644) -> None:
+                 mode: int = 0o644, in_use: Callable[[Path], bool] | None = None) -> None:
         self.directory, self.max_bytes = Path(directory), max_bytes
         self.low_water = low_water
         self.mode = mode  # of entries: shards are read by unprivileged restores
+        #: Whether a tree entry is read right now (never evicted then).
+        self.in_use = in_use
         #: Directories are as private as the entries: a 0600 cache lists to nobody either.
         self._dir_mode = 0o700 if not mode & 0o077 else 0o755
         self._entries = self.directory / "entries"
@@ -163,6 +176,14 @@ class NodeCache:
         _touch(path)
         return fd
 
+    def tree(self, key: str) -> Path | None:
+        """Tree entry ``key``'s files (:meth:`add_tree`), marked used; None if absent."""
+        path = self.path(key)
+        if not path.is_dir():
+            return None
+        _touch(path)
+        return path / TREE
+
     # -- adding ---------------------------------------------------------------------------
 
     def put(self, digest: str, data: bytes) -> None:
@@ -231,6 +252,14 @@ class NodeCache:
         self._mkdir(self._tmp)
         return self._tmp / f"{label}.{os.getpid()}.{secrets.token_hex(4)}"
 
+    def add_tree(self, tmp: Path, key: str, size: int) -> None:
+        """Rename the temporary directory ``tmp`` (:meth:`new_temporary`, holding the
+        complete, checked files in ``tmp/tree``) into place as tree entry ``key``, counted
+        as ``size`` bytes: a tree's bytes are not its directory's size, so they are written
+        beside its files, where a recount finds them. As :meth:`add_file` otherwise."""
+        (tmp / TREE_SIZE).write_text(str(size))
+        self._add_files([(tmp, key)])
+
     def add_file(self, tmp: Path, digest: str, *, keep: Iterable[str] = ()) -> None:
         """Rename the complete temporary ``tmp`` (:meth:`new_temporary`, its bytes checked
         against ``digest`` by the caller) into place as entry ``digest`` and count it.
@@ -246,7 +275,7 @@ class NodeCache:
     def _add_files(self, items: list[tuple[Path, str]], keep: Iterable[str] = ()) -> None:
         """:meth:`add_file` for several temporaries at once: room is made for all of them,
         then they go in, in order, while they fit."""
-        sized = [(tmp, digest, tmp.stat().st_size) for tmp, digest in items]
+        sized = [(tmp, digest, _size(tmp)) for tmp, digest in items]
         too_large = [n for _, _, n in sized if n > self.max_bytes]
         if too_large:
             raise CacheFull(f"{too_large[0]} bytes do not fit in a cache of {self.max_bytes}")
@@ -254,7 +283,7 @@ class NodeCache:
             new = []
             for tmp, digest, size in sized:
                 final = self.path(digest)
-                if final.is_file():  # another process added it meanwhile
+                if os.path.lexists(final):  # another process added it meanwhile
                     _touch(final)
                 else:
                     new.append((tmp, final, size))
@@ -285,8 +314,8 @@ class NodeCache:
         """Remove an entry (damaged, or stale) and its bytes from the count."""
         with self.locked():
             try:
-                size = self.path(digest).stat().st_size
-                self.path(digest).unlink()
+                size = _size(self.path(digest))
+                self._remove(self.path(digest))
             except FileNotFoundError:
                 return
             counted = self._read_usage()
@@ -312,11 +341,23 @@ class NodeCache:
         for _, size, path in found:
             if total <= target:
                 break
-            if path in keep:
+            if path in keep or (self.in_use is not None and path.is_dir()
+                                and self.in_use(path)):
                 continue
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                self._remove(path)
             total -= size
         return total
+
+    def _remove(self, path: Path) -> None:
+        """Remove an entry; a tree is first renamed out of ``entries`` (into a temporary
+        of this process, swept if it dies mid-removal), so none is ever half there."""
+        if not path.is_dir() or path.is_symlink():
+            path.unlink()
+            return
+        doomed = self.new_temporary(path.name)
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def _scan(self) -> Iterator[tuple[float, int, Path]]:
         """(last use, size, path) of every entry."""
@@ -328,15 +369,21 @@ class NodeCache:
             for entry in os.scandir(shard.path):
                 try:
                     st = entry.stat(follow_symlinks=False)
+                    size = _size(Path(entry.path)) if entry.is_dir(follow_symlinks=False) \
+                        else st.st_size
                 except FileNotFoundError:
                     continue
-                yield st.st_mtime, st.st_size, Path(entry.path)
+                yield st.st_mtime, size, Path(entry.path)
 
     def _sweep_temporaries(self) -> None:
         """Remove what writers that died left; a living writer's temporary stays."""
         for leftover in os.scandir(self._tmp) if self._tmp.is_dir() else ():
             pid = leftover.name.split(".")[-2] if leftover.name.count(".") >= 2 else ""
-            if not (pid.isdigit() and pid_alive(int(pid))):
+            if pid.isdigit() and pid_alive(int(pid)):
+                continue
+            if leftover.is_dir(follow_symlinks=False):  # a tree being built or removed
+                shutil.rmtree(leftover.path, ignore_errors=True)
+            else:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(leftover.path)
 
@@ -383,6 +430,16 @@ class NodeCache:
             lock.__exit__(None, None, None)
 
 
+def _size(path: Path) -> int:
+    """The bytes an entry holds: a file's size, or what its tree's builder counted."""
+    if not path.is_dir() or path.is_symlink():
+        return path.stat().st_size
+    try:
+        return int((path / TREE_SIZE).read_text())
+    except (FileNotFoundError, ValueError):
+        return 0  # damaged: it still goes, least recently used first
+
+
 def _touch(path: Path) -> None:
     """Mark an entry used now (its mtime orders eviction); best effort: a reader may not
     own it, and it may have just been evicted."""
@@ -423,7 +480,8 @@ class NodeCaches:
     def snapshots(self) -> NodeCache:
         """Snapshot shards and manifests, readable by the unprivileged restores of a
         training script."""
-        return NodeCache(self.cache_dir / "snapshots", self.shard_bytes)
+        return NodeCache(self.cache_dir / "snapshots", self.shard_bytes,
+                         in_use=overlays_reading)
 
     @property
     def checkpoints(self) -> Path:

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from bootseer.errors import BootseerError
-from bootseer.mounts import unmount
+from bootseer.mounts import mount_overlay, unmount
 
 log = logging.getLogger(__name__)
 
@@ -168,41 +168,11 @@ def _delete(runc: str, state: Path, container: str) -> None:
                    stdin=subprocess.DEVNULL, capture_output=True)
 
 
-def mount_overlay(lower: Path, upper: Path, work: Path, target: Path, *,
-                  data: Sequence[Path] = ()) -> None:
-    """Mount an overlay of ``upper`` (writable) over ``lower`` at ``target``.
-
-    ``upper`` and ``work`` must be on the same file system; missing directories are made.
-    The overlay is ``nosuid,nodev``: a container's root is written by the container, and a
-    setuid-root binary or a device node it leaves there must not work for anyone who
-    reaches the directory from the host (nor, inside the container, escalate: it runs as
-    if ``no_new_privileges`` were set). ``data``: data-only lower layers, searched in order
-    for the files ``lower`` redirects to (a metadata image,
-    :mod:`bootseer.prefetch.metaimage`); they need ``metacopy`` and ``redirect_dir``.
-    """
-    for path in (lower, upper, work, target, *data):
-        if any(c in str(path) for c in ",:\n"):
-            raise RuncError(f"overlay paths cannot contain ',' or ':': {path}")
-    if not lower.is_dir():
-        raise RuncError(f"overlay lower directory {lower} does not exist")
-    for path in (upper, work, target):
-        path.mkdir(parents=True, exist_ok=True)
-    lowers = "::".join(str(p.resolve()) for p in (lower, *data))
-    options = f"lowerdir={lowers},upperdir={upper.resolve()},workdir={work.resolve()}"
-    if data:
-        options += ",metacopy=on,redirect_dir=on"
-    proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", "nosuid,nodev," + options,
-                           str(target)],
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise RuncError(f"mounting an overlay at {target} failed: {proc.stderr.strip()}"
-                        f"{' (needs root)' if os.geteuid() != 0 else ''}")
-
-
 @contextlib.contextmanager
 def overlay_mount(lower: Path, upper: Path, work: Path, target: Path) -> Iterator[Path]:
-    """:func:`mount_overlay` for the ``with`` block; yields ``target``, unmounts after."""
-    mount_overlay(lower, upper, work, target)
+    """:func:`~bootseer.mounts.mount_overlay` for the ``with`` block; yields ``target``,
+    unmounts after."""
+    mount_overlay([lower], upper, work, target)
     try:
         yield target
     finally:

@@ -26,9 +26,11 @@ class SnapshotOptions:
     concurrency: int = field(default_factory=default_snapshot_concurrency)
     #: Compile captured .py files before snapshotting.
     bytecode: bool = SnapshotConfig.bytecode
+    #: Restore as root by mounting the node's unpacked tree; a warm as root unpacks it.
+    mount: bool = SnapshotConfig.mount
 
     @classmethod
     def from_config(cls, section: SnapshotConfig) -> SnapshotOptions:
         """The options the config file's ``[snapshot]`` section sets."""
         return cls(section.shard_size, section.compression_level, section.concurrency,
-                   section.bytecode)
+                   section.bytecode, section.mount)

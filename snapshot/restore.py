@@ -81,6 +81,7 @@ class RestoreResult:
     shards: int
     seconds: float
     relocated: int = 0  # files rewritten for a new prefix
+    mounted: bool = False  # mounted over the node's tree (bootseer.snapshot.mount)
 
 
 class FirstShards:
@@ -146,7 +147,7 @@ def load_manifest(blobs: BlobStore, key: str, cache: NodeCache | None = None,
     return Manifest.decode(manifest_blob(blobs, key, first)[1], key)
 
 
-def _crash_point(name: str) -> None:
+def crash_point(name: str) -> None:
     if os.environ.get(CRASH_ENV) == name:
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -205,15 +206,21 @@ def _lchown(path: str, uid: int, gid: int) -> None:
 
 
 class _Stage:
-    """One target's staging directory and what is needed to finish its directories."""
+    """One target's staging directory and what is needed to finish its directories: beside
+    the target, or ``root`` (a layer's, :func:`stage_layer`)."""
 
-    def __init__(self, target: str) -> None:
-        self.target, self.root = target, _sidecar(target, "new")
+    def __init__(self, target: str, root: str | None = None) -> None:
+        self.target, self.root = target, root or _sidecar(target, "new")
         self.dirs: dict[str, tuple[int, int, int, int]] = {}  # rel -> mode, uid, gid, mtime
         self._safe: set[str] = {""}
         # Staged from nothing (no current target): only this restore's own directories are
         # there, and manifest paths are unique, so there is never anything to clear.
         self.from_nothing = False
+        # A layer's stage (stage_layer): a parent the snapshot did not change is made here,
+        # and listed, for whoever mounts the layer to check and to give the target's
+        # attributes (it is in the target, as a restore requires).
+        self.layer = False
+        self.made_parents: list[str] = []
 
     def path(self, rel: str) -> str:
         return self.root if rel == "." else os.path.join(self.root, rel)
@@ -229,9 +236,14 @@ class _Stage:
             try:
                 st = os.lstat(self.path(p))
             except FileNotFoundError:
-                raise BootseerError(
-                    f"{os.path.join(self.target, p)} is missing: this target does not match "
-                    f"the state the snapshot was captured on") from None
+                if not self.layer:
+                    raise BootseerError(
+                        f"{os.path.join(self.target, p)} is missing: this target does not "
+                        f"match the state the snapshot was captured on") from None
+                with contextlib.suppress(FileExistsError):  # else another shard's thread
+                    os.mkdir(self.path(p), 0o755)
+                    self.made_parents.append(p)
+                st = os.lstat(self.path(p))
             if stat.S_ISLNK(st.st_mode):
                 raise UnsafeSnapshotError(f"{os.path.join(self.target, p)} is a symlink here; "
                                           f"restoring below it would write outside the target")
@@ -275,6 +287,11 @@ class _Stage:
                         shutil.copy2(s, d, follow_symlinks=False)
 
         walk(".")
+
+    def whiteout(self, rel: str) -> None:
+        """Mark ``rel`` deleted, in a layer: overlayfs's whiteout, a 0/0 character device."""
+        self.check_parents(rel)
+        os.mknod(self.path(rel), stat.S_IFCHR | 0o600, os.makedev(0, 0))
 
     def make_dir(self, entry: SnapEntry) -> None:
         path = self.path(entry.path)
@@ -404,7 +421,8 @@ def _write_file(content: Iterator[memoryview], path: str, entry: SnapEntry, key:
 
 
 @contextmanager
-def _locked(targets: tuple[str, ...]) -> Iterator[None]:
+def locked_targets(targets: tuple[str, ...]) -> Iterator[None]:
+    """Hold the targets' locks: one restore (or mount) of a target at a time on the node."""
     with ExitStack() as stack:
         for target in sorted(targets):
             stack.enter_context(file_lock(Path(_sidecar(target, "lock"))))
@@ -423,7 +441,7 @@ def restore(blobs: BlobStore, manifest: Manifest, *, targets: tuple[str, ...] | 
     concurrency = (options or SnapshotOptions()).concurrency
     targets, relocation = _relocation(manifest, targets, relocate)
     started = time.monotonic()
-    with _locked(targets):
+    with locked_targets(targets):
         for target in targets:
             recover(target)
         stages = [_Stage(t) for t in targets]
@@ -436,10 +454,10 @@ def restore(blobs: BlobStore, manifest: Manifest, *, targets: tuple[str, ...] | 
             raise
         if relocation:
             relocation.report()
-        _crash_point("staged")
+        crash_point("staged")
         for number, stage in enumerate(stages):
             if number:
-                _crash_point("switched-one")
+                crash_point("switched-one")
             _switch(stage)
     files = sum(1 for e in manifest.entries if e.kind != "dir")
     return RestoreResult(manifest.key, targets, files, manifest.content_bytes,
@@ -474,14 +492,36 @@ def _relocation(manifest: Manifest, targets: tuple[str, ...] | None, relocate: b
     return targets, Relocation(old, targets)
 
 
+def stage_layer(blobs: BlobStore, manifest: Manifest, root: str, *,
+                options: SnapshotOptions | None = None,
+                on_progress: Callable[[int], None] | None = None,
+                cache: NodeCache | None = None,
+                first: FirstShards | None = None) -> list[list[str]]:
+    """Unpack ``manifest`` below ``root`` as an overlayfs layer: each target at its
+    absolute path, what it changed as files, and each deletion a whiteout. Checked as a
+    restore is (a shard that does not match raises, leaving ``root`` to the caller).
+    Returns, per target, the directories it made that the snapshot did not change (the
+    parents of files changed in place), parents first."""
+    stages = [_Stage(t, os.path.join(root, t.lstrip("/"))) for t in manifest.targets]
+    for stage in stages:
+        stage.layer = True
+    _stage_all(blobs, manifest, stages, (options or SnapshotOptions()).concurrency,
+               on_progress, None, cache, first, layer=True)
+    return [sorted(stage.made_parents, key=lambda r: r.count("/")) for stage in stages]
+
+
 def _stage_all(blobs: BlobStore, manifest: Manifest, stages: list[_Stage], concurrency: int,
                on_progress: Callable[[int], None] | None,
                relocation: Relocation | None = None,
                cache: NodeCache | None = None,
-               first: FirstShards | None = None) -> None:
+               first: FirstShards | None = None, *, layer: bool = False) -> None:
     for stage in stages:
         os.makedirs(os.path.dirname(stage.root), exist_ok=True)
-        if os.path.lexists(stage.target):
+        if layer:  # from nothing: what is below it stays in the layers under it
+            os.mkdir(stage.root, 0o700)
+            stage.from_nothing = True
+            stage.dirs["."] = (0o755, 0, 0, time.time_ns())
+        elif os.path.lexists(stage.target):
             if not os.path.isdir(stage.target) or os.path.islink(stage.target):
                 raise BootseerError(f"{stage.target} exists and is not a directory")
             stage.clone_current()
@@ -489,11 +529,15 @@ def _stage_all(blobs: BlobStore, manifest: Manifest, stages: list[_Stage], concu
             os.mkdir(stage.root, 0o700)
             stage.from_nothing = True
             stage.dirs["."] = (0o755, os.getuid(), os.getgid(), time.time_ns())
-    for deletion in manifest.deleted:
-        stages[deletion.target].clear(deletion.path)
+    if not layer:
+        for deletion in manifest.deleted:
+            stages[deletion.target].clear(deletion.path)
     for entry in manifest.entries:
         if entry.kind == "dir":
             stages[entry.target].make_dir(entry)
+    if layer:  # a deletion's parent changed too, so it is a directory of the snapshot
+        for deletion in manifest.deleted:
+            stages[deletion.target].whiteout(deletion.path)
     per_shard: list[dict[str, SnapEntry]] = [{} for _ in manifest.shards]
     for entry in manifest.entries:
         if entry.shard is not None and entry.kind != "dir" and entry.kind != "hardlink":
@@ -519,7 +563,7 @@ def _switch(stage: _Stage) -> None:
         os.rename(new, target)
         return
     if _exchange(new, target):
-        _crash_point("exchanged")
+        crash_point("exchanged")
         remove_tree(new)  # now the previous tree
         return
     old = _sidecar(target, "old")

@@ -19,8 +19,9 @@ from bootseer.snapshot.bytecode import compile_sources
 from bootseer.snapshot.config import SnapshotOptions
 from bootseer.snapshot.key import KeyInputs, key_material, snapshot_key
 from bootseer.snapshot.manifest import Manifest
+from bootseer.snapshot.mount import restore_here
 from bootseer.snapshot.pack import Capture, build_manifest, creation_info, publish, target_paths
-from bootseer.snapshot.restore import FirstShards, RestoreResult, load_manifest, restore
+from bootseer.snapshot.restore import FirstShards, RestoreResult, load_manifest
 from bootseer.snapshot.scan import diff, scan
 from bootseer.store import BlobStore
 
@@ -87,7 +88,7 @@ def env_run(blobs: BlobStore, inputs: KeyInputs, *, environ: Mapping[str, str],
         except FileNotFoundError:
             manifest = None
         if manifest is not None:
-            return RunOutcome(key, restored=restore(
+            return RunOutcome(key, restored=restore_here(
                 blobs, manifest, options=options, on_progress=on_progress,
                 cache=cache, first=first))
     outcome = capture_command(blobs, key, list(inputs.argv), list(inputs.targets),

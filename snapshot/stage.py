@@ -24,12 +24,15 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
 from bootseer.p2p import Fanout, FetchResult
 from bootseer.snapshot.config import SnapshotOptions
+from bootseer.snapshot.manifest import Manifest
 from bootseer.snapshot.shardcache import stage_manifest
+from bootseer.snapshot.tree import EnvTree
 from bootseer.store import BlobStore
 from bootseer.warming import NO_HOOKS, Hooks, PartKind, PartResult
 
@@ -106,11 +109,27 @@ def stage_snapshot(blobs: BlobStore, cache: NodeCache, key: str, *,
                 log.warning("snapshot %s: shard %s could not be staged: %s", key,
                             shard.digest, exc)
     missing = sum(1 for s in manifest.shards if s.digest.removeprefix("sha256:") not in cache)
+    detail: dict[str, Any] = {}
+    if options is not None and options.mount and os.geteuid() == 0 and not missing:
+        detail = _unpack(blobs, cache, manifest, options)
     return PartResult(SNAPSHOT, key, items=len(manifest.shards), bytes=total,
                       already_local=len(manifest.shards) - len(wanted),
                       fetched=len(fetched), store_bytes=sum(store_bytes), missing=missing,
                       seconds=round(time.monotonic() - started, 3),
-                      peer_bytes=sum(peer_bytes))
+                      peer_bytes=sum(peer_bytes), detail=detail)
+
+
+def _unpack(blobs: BlobStore, cache: NodeCache, manifest: Manifest,
+            options: SnapshotOptions) -> dict[str, Any]:
+    """Unpack the staged snapshot into the node's tree (:mod:`bootseer.snapshot.tree`), so
+    that a restore here is a mount; what it took (``tree``: whether the node has it now)."""
+    started = time.monotonic()
+    try:
+        EnvTree(cache, manifest.key).build(blobs, manifest, options=options)
+    except (OSError, BootseerError) as exc:  # the shards are staged: a restore extracts
+        log.warning("snapshot %s: not unpacked on the node: %s", manifest.key, exc)
+        return {"tree": False}
+    return {"tree": True, "tree_s": round(time.monotonic() - started, 3)}
 
 
 def _fetch_shared(blobs: BlobStore, cache: NodeCache, digest: str,

@@ -60,6 +60,21 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.fixture(autouse=True)
+def _no_environment_left_mounted(tmp_path_factory: pytest.TempPathFactory):
+    """A restore as root mounts the environment (bootseer.snapshot.mount): one a test left
+    mounted under the session's temporary directories is unmounted after it."""
+    yield
+    if os.geteuid() != 0:
+        return
+    from bootseer.mounts import overlays, unmount
+
+    base = str(tmp_path_factory.getbasetemp()) + "/"
+    for mount in reversed(overlays()):
+        if mount.target.startswith(base) and "/envs/" in (mount.upper or ""):
+            unmount(Path(mount.target))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(FileDurations(), "file-durations")
 

@@ -104,7 +104,8 @@ def run_cmd(app: AppContext, command, paths, key_files, env_vars, bytecode) -> N
         mark_phase("env_ready")  # for `bootseer report`, when inside a Bootseer start
     if outcome.restored is not None:
         r = outcome.restored
-        console.print(f"restored snapshot {r.key[:12]}: {r.files} entries, "
+        how = "mounted the node's tree of" if r.mounted else "restored"
+        console.print(f"{how} snapshot {r.key[:12]}: {r.files} entries, "
                       f"{format_size(r.bytes)} from {r.shards} shards in {r.seconds:.2f} s; "
                       f"the command was not run")
         return
@@ -162,7 +163,8 @@ def snapshot_cmd(app: AppContext, key: str, paths, bytecode, command) -> None:
 @pass_app
 def restore_cmd(app: AppContext, key: str, paths, relocate: bool) -> None:
     """Restore snapshot KEY where it was captured, or with --relocate under --path."""
-    from bootseer.snapshot.restore import FirstShards, load_manifest, restore
+    from bootseer.snapshot.mount import restore_here
+    from bootseer.snapshot.restore import FirstShards, load_manifest
 
     if relocate and not paths:
         raise click.UsageError("--relocate needs the new location: one --path per target "
@@ -173,13 +175,29 @@ def restore_cmd(app: AppContext, key: str, paths, relocate: bool) -> None:
     with FirstShards(options.concurrency) as first:
         manifest = load_manifest(app.blobs, key, cache, first)
         with byte_progress(f"restoring {key[:12]}", manifest.content_bytes) as advance:
-            r = restore(app.blobs, manifest, targets=targets, relocate=relocate,
-                        options=options, on_progress=advance, cache=cache,
-                        first=first)
+            r = restore_here(app.blobs, manifest, targets=targets, relocate=relocate,
+                             options=options, on_progress=advance, cache=cache,
+                             first=first)
     moved = (f" (relocated from {', '.join(manifest.targets)}; {r.relocated} files "
              f"rewritten)" if r.targets != manifest.targets else "")
-    console.print(f"restored {', '.join(r.targets)}{moved}: {r.files} entries, "
+    how = "mounted the node's tree of it at" if r.mounted else "restored"
+    console.print(f"{how} {', '.join(r.targets)}{moved}: {r.files} entries, "
                   f"{format_size(r.bytes)} from {r.shards} shards in {r.seconds:.2f} s")
+
+
+@env.command("unmount")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@pass_app
+def unmount_cmd(app: AppContext, paths) -> None:
+    """Unmount the environments mounted at PATHS by a restore (their writes are dropped;
+    each directory is as it was before)."""
+    from bootseer.snapshot.mount import unmount_env
+
+    for path in paths:
+        if unmount_env(_shard_cache(app), path):
+            console.print(f"unmounted the environment at {os.path.abspath(path)}")
+        else:
+            console.print(f"{os.path.abspath(path)}: no environment is mounted there")
 
 
 @env.command("ls")

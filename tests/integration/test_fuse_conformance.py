@@ -202,11 +202,11 @@ class Connection:
     def mount_overlay(self) -> None:
         """The container's root as the agent mounts it for a warmed image (``mnt``): the
         metadata image, then the whole files, then the connection serving by key."""
-        from bootseer.prefetch.container import mount_overlay
+        from bootseer.mounts import mount_overlay
 
         (self.root / "meta").mkdir()
         self.meta.mount(self.root / "meta")
-        mount_overlay(self.root / "meta", self.root / "upper", self.root / "work", self.mnt,
+        mount_overlay([self.root / "meta"], self.root / "upper", self.root / "work", self.mnt,
                       data=[self.meta.data_dir, self.served])
 
     def close(self) -> None:

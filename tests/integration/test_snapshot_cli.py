@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from support.snapshots import bootseer, tiny_wheel, tree_state
+from support.snapshots import bootseer, remove_target, tiny_wheel, tree_state
 
 
 def test_env_run_installs_once_then_restores_and_a_failed_command_publishes_nothing(
@@ -27,7 +27,7 @@ def test_env_run_installs_once_then_restores_and_a_failed_command_publishes_noth
     assert "published snapshot" in first.stderr and ran.read_text() == "ran\n"
     installed = tree_state(venv)
     assert any(p.endswith(".pyc") and "tiny" in p for p in installed)
-    subprocess.run(["rm", "-rf", str(venv)], check=True)  # a fresh node
+    remove_target(venv)  # a fresh node
 
     second = bootseer(*run, store=store)
     assert second.stdout.strip() == key and "the command was not run" in second.stderr

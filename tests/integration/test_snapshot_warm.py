@@ -4,11 +4,10 @@ nothing but its manifest from the store, and through the agent it works the same
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-from support.snapshots import bootseer, published_venv, tiny_wheel, tree_state
+from support.snapshots import bootseer, published_venv, remove_target, tiny_wheel, tree_state
 
 
 def test_warm_env_stages_the_shards_and_a_restore_reads_them_locally(tmp_path: Path) -> None:
@@ -27,11 +26,11 @@ def test_warm_env_stages_the_shards_and_a_restore_reads_them_locally(tmp_path: P
     for shard in manifest["shards"]:
         hexdigest = shard["digest"].removeprefix("sha256:")
         (store / "blobs" / "sha256" / hexdigest[:2] / hexdigest).unlink()
-    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    remove_target(venv)
     restored = bootseer(*run, store=store, env=env)
     assert "the command was not run" in restored.stderr and tree_state(venv) == installed
     # Without the staged shards the same restore fails, clearly, and changes nothing.
-    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    remove_target(venv)
     gone = bootseer("env", "restore", key, store=store, check=False,
                     env={"BOOTSEER_CACHE_DIR": str(tmp_path / "empty")})
     assert gone.returncode == 1 and gone.stderr.startswith("error:") and not venv.exists()
@@ -61,7 +60,7 @@ def test_env_run_publishes_and_restores_through_hdfs(hdfs_cluster, tmp_path: Pat
     run = ("--store", url, "env", "run", "--path", str(venv), "--", "sh", "-c", install)
     first = bootseer(*run, store=tmp_path / "unused")
     installed = tree_state(venv)
-    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    remove_target(venv)
     second = bootseer(*run, store=tmp_path / "unused")
     assert second.stdout == first.stdout and "the command was not run" in second.stderr
     assert tree_state(venv) == installed
@@ -78,14 +77,14 @@ def test_a_warmed_restore_reads_nothing_from_the_store(tmp_path: Path) -> None:
     record = cache / "snapshots" / "keys" / key
     assert len(record.read_text()) == 64
     installed = tree_state(venv)
-    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    remove_target(venv)
     store.rename(tmp_path / "store-gone")
     restored = bootseer(*run, store=store, env=env)
     assert "the command was not run" in restored.stderr and tree_state(venv) == installed
     (tmp_path / "store-gone").rename(store)
     for forged in ("0" * 64, "../../../etc/passwd"):
         record.write_text(forged)
-        subprocess.run(["rm", "-rf", str(venv)], check=True)
+        remove_target(venv)
         again = bootseer(*run, store=store, env=env)
         assert "the command was not run" in again.stderr and tree_state(venv) == installed
 
@@ -104,7 +103,7 @@ def test_a_warmed_restore_never_connects_to_hdfs(hdfs_cluster, tmp_path: Path) -
     key = bootseer("--store", url, *command, store=tmp_path / "unused").stdout.strip()
     installed = tree_state(venv)
     bootseer("--store", url, "warm", "--env", key, store=tmp_path / "unused", env=env)
-    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    remove_target(venv)
     restored = bootseer("--store", "hdfs://127.0.0.1:9/nothing-listens", *command,
                         store=tmp_path / "unused", env=env)
     assert "the command was not run" in restored.stderr and tree_state(venv) == installed

@@ -1,6 +1,7 @@
 """Environment snapshots as a user makes them: ``bootseer`` against a ``file://`` store (a real
-process), a wheel pip installs with no index, a venv published by ``env run``, and the state
-of a tree that a restore must reproduce."""
+process), a wheel pip installs with no index, a venv published by ``env run``, the state
+of a tree that a restore must reproduce, and a command that makes every kind of change
+(:data:`MUTATE`) over a base (:func:`make_base`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from pathlib import Path
 
 def bootseer(*args: str, store: Path, check: bool = True, env: dict[str, str] | None = None,
              **kw) -> subprocess.CompletedProcess:
-    environ = {**os.environ, "BOOTSEER_STORE": f"file://{store}", **(env or {})}
+    # The node's caches beside the store (not the machine's): a restore as root leaves
+    # its unpacked tree there.
+    environ = {**os.environ, "BOOTSEER_STORE": f"file://{store}",
+               "BOOTSEER_CACHE_DIR": str(store.parent / "node-cache"), **(env or {})}
     result = subprocess.run([sys.executable, "-m", "bootseer", *args], capture_output=True,
                             text=True, env=environ, timeout=60, **kw)
     if check and result.returncode != 0:
@@ -72,3 +76,56 @@ def published_venv(tmp_path: Path) -> tuple[str, Path, tuple[str, ...]]:
     run = ("env", "run", "--path", str(venv), "--", "sh", "-c", install)
     key = bootseer(*run, store=store).stdout.strip()
     return key, venv, run
+
+
+T0 = 1_600_000_000_123_456_789  # base mtimes, in ns
+
+# Every kind of change, made by a real process: argv[1:] are the target directories.
+MUTATE = r"""
+import os, sys
+for root in sys.argv[1:]:
+    j = lambda *p: os.path.join(root, *p)
+    open(j("new.txt"), "w").write("new\n")
+    open(j("empty"), "w").close()
+    open(j("keep", "modified.txt"), "w").write("modified content\n")
+    with open(j("untouched", "in-place.txt"), "r+") as f:  # its directory does not change
+        f.write("changed in place\n")
+    os.chmod(j("keep", "mode.txt"), 0o600)
+    os.utime(j("keep", "touched.txt"), ns=(1_700_000_000_000_000_001,) * 2)
+    os.unlink(j("gone.txt"))
+    os.unlink(j("gone-tree", "a", "f")); os.rmdir(j("gone-tree", "a")); os.rmdir(j("gone-tree"))
+    os.makedirs(j("pkg", "sub")); open(j("pkg", "sub", "mod.py"), "w").write("X = 42\n")
+    os.symlink("../keep/same.txt", j("pkg", "link"))
+    os.unlink(j("old-link")); os.symlink("/elsewhere/abs", j("old-link"))
+    os.link(j("new.txt"), j("pkg", "new-hardlink"))
+    os.link(j("keep", "same.txt"), j("keep", "same-hardlink"))
+    os.unlink(j("file-to-dir")); os.mkdir(j("file-to-dir"))
+    open(j("file-to-dir", "x"), "w").write("x")
+    os.unlink(j("dir-to-link", "f")); os.rmdir(j("dir-to-link"))
+    os.symlink("keep", j("dir-to-link"))
+    open(j("big.bin"), "wb").write(open(os.environ["BIG_FILE"], "rb").read())
+    os.mkdir(j("ro")); open(j("ro", "f"), "w").write("ro\n"); os.chmod(j("ro"), 0o555)
+"""
+
+
+def make_base(root: Path) -> None:
+    """The state before the command, identical (mtimes included) every time it is made."""
+    for rel, data in {"keep/modified.txt": "original\n", "keep/mode.txt": "m\n",
+                      "keep/touched.txt": "t\n", "keep/same.txt": "same\n", "gone.txt": "g\n",
+                      "gone-tree/a/f": "f\n", "file-to-dir": "fd\n",
+                      "dir-to-link/f": "dl\n", "untouched/in-place.txt": "as it was\n"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(data)
+    os.symlink("keep/same.txt", root / "old-link")
+    for path in sorted(root.rglob("*"), reverse=True) + [root]:
+        os.utime(path, ns=(T0, T0), follow_symlinks=False)
+
+
+def remove_target(path: Path) -> None:
+    """``rm -rf`` a restored target, unmounting first the environment a restore as root
+    mounted there (a fresh node, as far as the target goes)."""
+    from bootseer.mounts import overlay_at, unmount
+
+    if overlay_at(path) is not None:
+        unmount(path)
+    subprocess.run(["rm", "-rf", str(path)], check=True)

@@ -345,19 +345,21 @@ def _peer_bytes(summary: dict) -> int:
 def _assert_staged_and_verified(lab: Lab, i: int, summary: dict) -> None:
     """The warm completed, and every cache entry on the node hashes to its name (whole
     files, in ``files/``, are named by their blocks' digests instead: they are made of
-    blocks verified here, prefetch/wholefiles.py)."""
+    blocks verified here, prefetch/wholefiles.py; the snapshot's unpacked tree, a
+    directory, by its key: it is unpacked from shards verified here, snapshot/tree.py)."""
     assert summary["complete"] and summary["image"]["hot_list"], summary
     (env,) = summary["envs"]
-    assert env["shards"] == 3 and env["missing"] == 0, env
+    assert env["shards"] == 3 and env["missing"] == 0 and env["tree"], env
     (ckpt,) = summary["checkpoints"]
     assert ckpt["files"] == 2 and ckpt["missing"] == 0, ckpt
     entries = [entry for entry in lab.node_files(i).cache_dir.glob("*/entries/*/*")
-               if entry.parent.parent.parent.name != "files"]
+               if entry.parent.parent.parent.name != "files" and not entry.is_dir()]
     copies = list(lab.node_files(i).cache_dir.glob("checkpoints/copies/entries/*/*"))
     assert len(copies) == 2
     entries += copies
-    shards = list(lab.node_files(i).cache_dir.glob("snapshots/entries/*/*"))
-    assert len(shards) == env["shards"] + 1  # and the manifest
+    snapshots = list(lab.node_files(i).cache_dir.glob("snapshots/entries/*/*"))
+    assert len([e for e in snapshots if e.is_dir()]) == 1  # the unpacked tree
+    assert len(snapshots) == env["shards"] + 2  # and the manifest
     for entry in entries:
         assert hashlib.sha256(entry.read_bytes()).hexdigest() == entry.name, entry
 

@@ -191,3 +191,44 @@ def test_an_add_makes_room_first_and_never_evicts_what_it_keeps(tmp_path: Path) 
     assert not list((tmp_path / "tmp").iterdir())
     with pytest.raises(CacheFull):  # larger than the whole cache
         cache.put(hashlib.sha256(b"x" * (4 * 64 * KIB)).hexdigest(), b"x" * (4 * 64 * KIB))
+
+
+def _tree(cache: NodeCache, key: str, size: int) -> None:
+    tmp = cache.new_temporary(key)
+    (tmp / "tree" / "d").mkdir(parents=True)
+    (tmp / "tree" / "d" / "f").write_bytes(b"f" * size)
+    cache.add_tree(tmp, key, size)
+
+
+def test_a_tree_entry_is_counted_evicted_unless_in_use_and_never_half_there(
+        tmp_path: Path) -> None:
+    """A directory entry (an unpacked snapshot) counts the bytes its builder says, is found
+    with :meth:`NodeCache.tree`, survives eviction while ``in_use`` says it is read, and
+    goes like a file otherwise; a dead builder's half-built tree is swept, never found."""
+    reading: set[Path] = set()
+    cache = NodeCache(tmp_path, 3 * 64 * KIB, in_use=lambda path: path in reading)
+    tree_key, other = "a" * 64, "b" * 64
+    _tree(cache, tree_key, 64 * KIB)
+    found = cache.tree(tree_key)
+    assert found is not None and (found / "d" / "f").stat().st_size == 64 * KIB
+    assert cache.usage() == 64 * KIB
+    os.utime(cache.path(tree_key), (1000, 1000))  # the least recently used
+    reading.add(cache.path(tree_key))
+    data = os.urandom(2 * 64 * KIB)
+    from bootseer.nodecache import CacheFull
+
+    with pytest.raises(CacheFull):  # room only by evicting the tree being read
+        cache.put(hashlib.sha256(data + b"!").hexdigest(), data + b"!")
+    assert cache.tree(tree_key) is not None
+    os.utime(cache.path(tree_key), (1000, 1000))
+    reading.clear()
+    cache.put(hashlib.sha256(data + b"?").hexdigest(), data + b"?")
+    assert cache.tree(tree_key) is None and cache.usage() == 2 * 64 * KIB + 1
+    assert not list((tmp_path / "tmp").iterdir())  # removed by way of a temporary
+    _tree(cache, other, 1)
+    cache.drop(other)
+    assert cache.tree(other) is None and cache.usage() == 2 * 64 * KIB + 1
+    dead = tmp_path / "tmp" / f"{tree_key}.999999999.0000"  # no such pid
+    (dead / "tree").mkdir(parents=True)
+    NodeCache(tmp_path, 3 * 64 * KIB)
+    assert not dead.exists() and cache.tree(tree_key) is None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from support.snapshots import tree_state
+from support.snapshots import MUTATE, T0, make_base, tree_state
 
 from bootseer.errors import IntegrityError
 from bootseer.snapshot.config import SnapshotOptions
@@ -32,47 +32,6 @@ from bootseer.store.blobs import STREAM_READ, ChunkTable
 
 BIG = os.urandom(3 << 20)  # spans several shards of SHARD_SIZE
 SHARD_SIZE = 1 << 20
-T0 = 1_600_000_000_123_456_789  # base mtimes, in ns
-
-# Every kind of change, made by a real process: argv[1:] are the target directories.
-MUTATE = r"""
-import os, sys
-for root in sys.argv[1:]:
-    j = lambda *p: os.path.join(root, *p)
-    open(j("new.txt"), "w").write("new\n")
-    open(j("empty"), "w").close()
-    open(j("keep", "modified.txt"), "w").write("modified content\n")
-    os.chmod(j("keep", "mode.txt"), 0o600)
-    os.utime(j("keep", "touched.txt"), ns=(1_700_000_000_000_000_001,) * 2)
-    os.unlink(j("gone.txt"))
-    os.unlink(j("gone-tree", "a", "f")); os.rmdir(j("gone-tree", "a")); os.rmdir(j("gone-tree"))
-    os.makedirs(j("pkg", "sub")); open(j("pkg", "sub", "mod.py"), "w").write("X = 42\n")
-    os.symlink("../keep/same.txt", j("pkg", "link"))
-    os.unlink(j("old-link")); os.symlink("/elsewhere/abs", j("old-link"))
-    os.link(j("new.txt"), j("pkg", "new-hardlink"))
-    os.link(j("keep", "same.txt"), j("keep", "same-hardlink"))
-    os.unlink(j("file-to-dir")); os.mkdir(j("file-to-dir"))
-    open(j("file-to-dir", "x"), "w").write("x")
-    os.unlink(j("dir-to-link", "f")); os.rmdir(j("dir-to-link"))
-    os.symlink("keep", j("dir-to-link"))
-    open(j("big.bin"), "wb").write(open(os.environ["BIG_FILE"], "rb").read())
-    os.mkdir(j("ro")); open(j("ro", "f"), "w").write("ro\n"); os.chmod(j("ro"), 0o555)
-"""
-
-
-def make_base(root: Path) -> None:
-    """The state before the command, identical (mtimes included) every time it is made."""
-    for rel, data in {"keep/modified.txt": "original\n", "keep/mode.txt": "m\n",
-                      "keep/touched.txt": "t\n", "keep/same.txt": "same\n", "gone.txt": "g\n",
-                      "gone-tree/a/f": "f\n", "file-to-dir": "fd\n",
-                      "dir-to-link/f": "dl\n"}.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(data)
-    os.symlink("keep/same.txt", root / "old-link")
-    for path in sorted(root.rglob("*"), reverse=True) + [root]:
-        os.utime(path, ns=(T0, T0), follow_symlinks=False)
-
-
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     big = tmp_path / "big.src"

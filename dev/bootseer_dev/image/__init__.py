@@ -20,8 +20,8 @@ Command line: ``python -m bootseer_dev.image build [--python|--torch] [--out DIR
 ``scripts/install-system-deps.sh``.
 """
 
-from bootseer.mounts import unmount
-from bootseer.prefetch.container import RuncError, mount_overlay, overlay_mount, run_rootfs
+from bootseer.mounts import mount_overlay, unmount
+from bootseer.prefetch.container import RuncError, overlay_mount, run_rootfs
 
 from .build import (
     BuildInfo,
