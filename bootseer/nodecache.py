@@ -7,8 +7,8 @@ are each one :class:`NodeCache`, opened at once by the agent, every mount server
 standalone ``bootseer warm``, a restore and a checkpoint read. So nothing about the cache
 lives in a process: presence is the file, the limit is counted on disk, and what one
 process adds, every other sees at once (a server sees the blocks a warm staged after it
-started). Where each lives and how
-large it may grow is decided in one place, :class:`NodeCaches`, from the config::
+started). Where each lives and how large it may grow is decided in one place,
+:class:`NodeCaches`, from the config::
 
     entries/ab/<hex>          an entry, named by the sha256 of its bytes (or a key)
     entries/ab/<hex>/         a tree entry: tree/ its files, size their bytes
