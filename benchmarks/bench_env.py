@@ -434,9 +434,7 @@ class Bench:
         del row["env_run_s"]
         self.sanity("restore", i)
         row["venv_bytes"] = tree_bytes(self.venv)[0]
-        self.reset_venv()
-        shutil.rmtree(cache)
-        return row
+        return row  # the next run empties the venv and the cache (raw_extract tars it)
 
     def prestaged_run(self, i: int, *, mount: bool) -> dict:
         """``bootseer warm --env`` first (untimed, as root): the shards on the node and,
@@ -465,8 +463,6 @@ class Bench:
         row["warm_s"], row["unpack_s"] = part["seconds"], part.get("tree_s")
         del row["env_run_s"]
         self.sanity(name, i)
-        self.reset_venv()
-        shutil.rmtree(cache)
         return row
 
     def raw_extract_run(self, i: int) -> dict:
