@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bootseer.agents import fields
-from bootseer.agents.fields import COMPONENT, CONTAINER_ID, IMAGE, JOB, RUNTIME
+from bootseer.agents.fields import COMPONENT, CONTAINER_ID, IMAGE, JOB, RUNTIME, SNAPSHOT_KEY
 from bootseer.ready import SIGNAL_DIR
 
 RECORD_MODES = ("auto", "always", "never")
@@ -54,6 +54,9 @@ class MountRequest:
     checkpoints: dict[str, str] = field(default_factory=dict)
     #: Where the engine keeps the container (runc's ``--root``); part of the mount's key.
     namespace: str = ""
+    #: Snapshots mounted in the root over the image, the first one on top
+    #: (:mod:`bootseer.agents.envs`).
+    envs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         fields.name(self.id, "id", CONTAINER_ID)
@@ -72,6 +75,9 @@ class MountRequest:
         for checkpoint, url in self.checkpoints.items():
             fields.name(checkpoint, "checkpoints", COMPONENT)
             fields.url(url, f"checkpoints.{checkpoint}")
+        if not isinstance(self.envs, tuple) or len(set(self.envs)) != len(self.envs):
+            raise ValueError("'envs' must name each snapshot once")
+        fields.names(list(self.envs), "envs", SNAPSHOT_KEY)
 
     @property
     def key(self) -> str:
@@ -79,7 +85,7 @@ class MountRequest:
         return mount_key(self.id, self.namespace)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "envs": list(self.envs)}
 
     @classmethod
     def from_json(cls, body: Any) -> MountRequest:
@@ -89,7 +95,8 @@ class MountRequest:
                    record=_default(body, "record", "auto"), job=body.get("job"),
                    runtime=_default(body, "runtime", "oci"),
                    checkpoints=_default(body, "checkpoints", {}),
-                   namespace=_default(body, "namespace", ""))
+                   namespace=_default(body, "namespace", ""),
+                   envs=fields.names(body.get("envs"), "envs", SNAPSHOT_KEY))
 
 
 def _default(body: Any, name: str, default: Any) -> Any:

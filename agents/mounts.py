@@ -63,6 +63,7 @@ from bootseer.prefetch.serverspec import ImageServerSpec, stats_path
 from bootseer.ready import READY_FILE_ENV, SIGNAL_DIR
 from bootseer.serve import ServerSpec
 from bootseer.snapshot.key import IMAGE_ID_ENV
+from bootseer.snapshot.run import MOUNTED_ENVS
 from bootseer.store.local import pid_alive
 from bootseer.stripedfs.serverspec import CheckpointServerSpec
 
@@ -446,9 +447,10 @@ class MountManager:
             info = MountInfo.load(directory / "info.json")
             image.spec = dataclasses.replace(image.spec, by_key=info.by_key)  # for takeovers
             if info.by_key:
-                self._mount_by_key(info.image_id, directory, parts)
+                self._mount_by_key(info.image_id, directory, parts, request.envs)
             else:
-                mount_overlay([parts["lower"]], parts["upper"], parts["work"],
+                envs = self._environments(request.envs, parts["lower"], parts["upper"])
+                mount_overlay([*envs, parts["lower"]], parts["upper"], parts["work"],
                               parts["rootfs"])
             checkpoints: dict[str, Served] = {}
             if request.checkpoints:
@@ -464,7 +466,8 @@ class MountManager:
             mount = ContainerMount(
                 id=request.key, image=request.image, image_id=info.image_id,
                 rootfs=str(parts["rootfs"]), signal_dir=str(parts["signal"]),
-                env={READY_FILE_ENV: f"{SIGNAL_DIR}/ready", IMAGE_ID_ENV: info.image_id},
+                env={READY_FILE_ENV: f"{SIGNAL_DIR}/ready", IMAGE_ID_ENV: info.image_id,
+                     **({MOUNTED_ENVS: ",".join(request.envs)} if request.envs else {})},
                 image_config=image_config, recording=info.recording,
                 checkpoints_dir=str(directory / "checkpoints") if request.checkpoints
                 else None)
@@ -473,9 +476,11 @@ class MountManager:
             raise
         return _Container(request, mount, created, image, checkpoints)
 
-    def _mount_by_key(self, image_id: str, directory: Path, parts: dict[str, Path]) -> None:
+    def _mount_by_key(self, image_id: str, directory: Path, parts: dict[str, Path],
+                      envs: tuple[str, ...]) -> None:
         """The overlay over the image's metadata image (``meta/``), its files' data from
-        the node's whole files, else from the server serving them by key (``lower/``)."""
+        the node's whole files, else from the server serving them by key (``lower/``);
+        the snapshots ``envs`` above it."""
         from bootseer.nodecache import NodeCaches, whole_files_beside
         from bootseer.prefetch.metaimage import MetaImage
 
@@ -484,8 +489,24 @@ class MountManager:
         (directory / "meta").mkdir()
         meta.data_dir.mkdir(mode=0o700, exist_ok=True)  # every whole file may be evicted
         meta.mount(directory / "meta")
-        mount_overlay([directory / "meta"], parts["upper"], parts["work"], parts["rootfs"],
+        layers = self._environments(envs, directory / "meta", parts["upper"])
+        mount_overlay([*layers, directory / "meta"], parts["upper"], parts["work"],
+                      parts["rootfs"],
                       data=[meta.data_dir, parts["lower"]])
+
+    def _environments(self, keys: tuple[str, ...], image: Path, upper: Path) -> list[Path]:
+        """The trees of the snapshots a container names, to lay over its image
+        (:mod:`bootseer.agents.envs`)."""
+        if not keys:
+            return []
+        from bootseer.agents.envs import layers
+        from bootseer.nodecache import NodeCaches
+        from bootseer.snapshot.config import SnapshotOptions
+        from bootseer.store import BlobStore, open_configured_store
+
+        return layers(keys, BlobStore(open_configured_store(self.config)),
+                      NodeCaches.for_config(self.config).snapshots(),
+                      SnapshotOptions.from_config(self.config.snapshot), image, upper)
 
     def _open(self, spec: ServerSpec, log_path: Path) -> Served:
         """A connection served by a spare, if one is there (it is ahead of a fresh start)."""

@@ -56,12 +56,14 @@ class Labels:
     job: str | None = None
     record: str = "auto"
     checkpoints: tuple[tuple[str, str], ...] = ()  # (name, store URL) to mount
+    envs: tuple[str, ...] = ()  # snapshot keys to mount in the root
 
     def mount_request(self, container_id: str, runtime: str,
                       namespace: str = "") -> MountRequest:
         return MountRequest(id=container_id, image=self.image, workload=self.workload,
                             record=self.record, job=self.job, runtime=runtime,
-                            checkpoints=dict(self.checkpoints), namespace=namespace)
+                            checkpoints=dict(self.checkpoints), namespace=namespace,
+                            envs=self.envs)
 
 
 def parse_checkpoints(value: str | None) -> tuple[tuple[str, str], ...]:
@@ -102,9 +104,10 @@ def requested(spec: Spec) -> Labels | None:
     if record not in RECORD_MODES:
         raise SpecError(f"{ANNOTATION_PREFIX}record / {ENV_PREFIX}RECORD is {record!r}; "
                         f"use one of {', '.join(RECORD_MODES)}")
+    envs = tuple(filter(None, (k.strip() for k in (setting("envs") or "").split(","))))
     return Labels(image=image, workload=setting("workload") or "default",
                   job=annotations.get(ANNOTATION_PREFIX + "job") or None, record=record,
-                  checkpoints=parse_checkpoints(setting("checkpoints")))
+                  checkpoints=parse_checkpoints(setting("checkpoints")), envs=envs)
 
 
 @dataclass(frozen=True)

@@ -541,7 +541,8 @@ class Bench:
             row = self.run_steps(name, i, [("restore", [
                 sys.executable, "-m", "bootseer", "--store", local.as_uri(), "env", "restore",
                 self.key])], self.env | {"BOOTSEER_CACHE_DIR": str(self.work / "lc"),
-                                         "BOOTSEER_SNAPSHOT_CONCURRENCY": str(concurrency)})
+                                         "BOOTSEER_SNAPSHOT_CONCURRENCY": str(concurrency),
+                                         "BOOTSEER_SNAPSHOT_MOUNT": "false"})
             said = re.search(r"in ([\d.]+) s", row.pop("_outputs")[0].stderr)
             row["restore_reported_s"] = float(said.group(1)) if said else None
             row["concurrency"] = concurrency
@@ -559,7 +560,8 @@ class Bench:
             "1": sweep[0]["seconds"], "2": sweep[1]["seconds"],
             "4": statistics.median(r["seconds"] for r in rows), "8": sweep[2]["seconds"]}
         out["local_restore_note"] = ("bootseer env restore from a file:// store on local "
-                                     "disk (same shards): no network, no JVM; cold; "
+                                     "disk (same shards), extracted (snapshot.mount off): "
+                                     "no network, no JVM; cold; "
                                      "snapshot.concurrency 4 (default), and one run each "
                                      "at 1, 2 and 8")
         shutil.rmtree(local)

@@ -36,7 +36,7 @@ from bootseer.errors import BootseerError
 from bootseer.mounts import OverlayMount, mount_overlay, overlay_at, unmount
 from bootseer.nodecache import NodeCache, NotCached
 from bootseer.snapshot.config import SnapshotOptions
-from bootseer.snapshot.manifest import Manifest, SnapEntry, UnsafeSnapshotError
+from bootseer.snapshot.manifest import Manifest, UnsafeSnapshotError
 from bootseer.snapshot.restore import (
     FirstShards,
     RestoreResult,
@@ -45,7 +45,7 @@ from bootseer.snapshot.restore import (
     remove_tree,
     restore,
 )
-from bootseer.snapshot.tree import EnvTree
+from bootseer.snapshot.tree import Attributes, EnvTree, TreeRecord
 from bootseer.store import BlobStore
 
 log = logging.getLogger(__name__)
@@ -64,15 +64,42 @@ def mounts_dir(cache: NodeCache) -> Path:
     return cache.directory.parent / "envs"
 
 
+def mount_prestaged(cache: NodeCache | None, key: str, options: SnapshotOptions,
+                    targets: tuple[str, ...] | None = None) -> RestoreResult | None:
+    """Restore snapshot ``key`` by mounting its tree if the node has it and a mount can
+    serve here; None otherwise (the caller restores from the manifest). Reads no
+    manifest: the tree's record has what a mount needs."""
+    if cache is None or not options.mount:
+        return None
+    tree = EnvTree(cache, key)
+    root = tree.find()
+    if root is None:
+        return None
+    record = tree.record(root)
+    why = _cannot_mount(record.targets, targets)
+    if why is not None:
+        log.info("snapshot %s: not mounting: %s", key, why)
+        return None
+    try:
+        return _mount_all(tree, root, record, cache, shards_read=0)
+    except MountUnavailable as exc:
+        log.info("snapshot %s: not mounting: %s", key, exc)
+        return None
+
+
 def restore_here(blobs: BlobStore, manifest: Manifest, *, cache: NodeCache | None,
                  options: SnapshotOptions, targets: tuple[str, ...] | None = None,
                  relocate: bool = False, on_progress: Callable[[int], None] | None = None,
                  first: FirstShards | None = None) -> RestoreResult:
     """Restore ``manifest``: as a mount where one can serve (see the module docstring),
-    else by extraction (:func:`bootseer.snapshot.restore.restore`)."""
+    unpacking its tree first, else by extraction
+    (:func:`bootseer.snapshot.restore.restore`)."""
     if cache is not None and options.mount:
         try:
-            why = _cannot_mount(manifest, cache, targets)
+            why = _cannot_mount(manifest.targets, targets)
+            if why is None and manifest.content_bytes > cache.max_bytes * cache.low_water:
+                why = (f"its {manifest.content_bytes} bytes do not fit in the snapshot "
+                       f"cache ({cache.max_bytes} bytes)")
             if why is not None:
                 raise MountUnavailable(why)
             return mount_restore(blobs, manifest, cache, options=options,
@@ -87,19 +114,16 @@ def restore_here(blobs: BlobStore, manifest: Manifest, *, cache: NodeCache | Non
 _CAP_SYS_ADMIN = 21
 
 
-def _cannot_mount(manifest: Manifest, cache: NodeCache,
-                  targets: tuple[str, ...] | None) -> str | None:
+def _cannot_mount(captured: tuple[str, ...], targets: tuple[str, ...] | None) -> str | None:
+    """Why a snapshot captured under ``captured`` cannot be mounted at ``targets`` (None:
+    where it was captured) here; None if it can."""
     if os.geteuid() != 0 or not _may_mount():
         return "only root with CAP_SYS_ADMIN mounts (not a container's root, say)"
-    if targets is not None and tuple(os.path.normpath(t) for t in targets) != \
-            manifest.targets:
+    if targets is not None and tuple(os.path.normpath(t) for t in targets) != captured:
         return "restoring elsewhere than where it was captured"
-    if manifest.content_bytes > cache.max_bytes * cache.low_water:
-        return (f"its {manifest.content_bytes} bytes do not fit in the snapshot cache "
-                f"({cache.max_bytes} bytes)")
-    for target in manifest.targets:
+    for target in captured:
         if any(other != target and other.startswith(target.rstrip("/") + "/")
-               for other in manifest.targets):
+               for other in captured):
             return f"target {target} holds another target"
         if any(c in target for c in ",:\n"):
             return f"target {target} holds a character overlayfs options cannot carry"
@@ -118,7 +142,6 @@ def mount_restore(blobs: BlobStore, manifest: Manifest, cache: NodeCache, *,
                   first: FirstShards | None = None) -> RestoreResult:
     """Mount the snapshot's tree at each of its targets, unpacking it first if the node
     does not have it (``MountUnavailable`` if that cannot be done here)."""
-    started = time.monotonic()
     tree = EnvTree(cache, manifest.key)
     root = tree.find()
     read = 0 if root is not None else len(manifest.shards)
@@ -127,23 +150,29 @@ def mount_restore(blobs: BlobStore, manifest: Manifest, cache: NodeCache, *,
                                   on_progress=on_progress, first=first)
     except NotCached as exc:
         raise MountUnavailable(f"the snapshot cache has no room for its tree: {exc}") from exc
-    states, made = mounts_dir(cache), tree.made_parents(root)
-    with locked_targets(manifest.targets):
-        for number, target in enumerate(manifest.targets):
+    return _mount_all(tree, root, tree.record(root), cache, shards_read=read)
+
+
+def _mount_all(tree: EnvTree, root: Path, record: TreeRecord, cache: NodeCache, *,
+               shards_read: int) -> RestoreResult:
+    """Mount the tree at every target of its snapshot, or at none."""
+    started = time.monotonic()
+    states = mounts_dir(cache)
+    with locked_targets(record.targets):
+        for number, target in enumerate(record.targets):
             try:
-                _mount_target(manifest, number, tree.layer(root, target), made[number],
-                              Path(target), states)
+                _mount_target(tree.layer(root, target), record.captured[number],
+                              record.made[number], Path(target), states)
             except MountFailed as exc:  # all targets or none: the extraction does them all
-                for done in manifest.targets[:number]:
+                for done in record.targets[:number]:
                     unmount(Path(done))
                     remove_tree(str(_state(states, Path(done))))
                 raise MountUnavailable(str(exc)) from exc
-    files = sum(1 for e in manifest.entries if e.kind != "dir")
-    return RestoreResult(manifest.key, manifest.targets, files, manifest.content_bytes,
-                         read, time.monotonic() - started, mounted=True)
+    return RestoreResult(record.key, record.targets, record.files, record.bytes,
+                         shards_read, time.monotonic() - started, mounted=True)
 
 
-def _mount_target(manifest: Manifest, number: int, layer: Path, made: list[str],
+def _mount_target(layer: Path, captured: dict[str, Attributes], made: tuple[str, ...],
                   target: Path, states: Path) -> None:
     current = overlay_at(target)
     if current is not None:
@@ -162,7 +191,7 @@ def _mount_target(manifest: Manifest, number: int, layer: Path, made: list[str],
     states.mkdir(mode=0o700, parents=True, exist_ok=True)
     state.mkdir(mode=0o700)
     upper = state / "upper"
-    _upper_dirs(manifest, number, made, target, upper)
+    make_dirs(upper, upper_dirs(captured, made, target))
     try:
         mount_overlay([layer, target], upper, state / "work", target)
     except BootseerError as exc:
@@ -170,18 +199,22 @@ def _mount_target(manifest: Manifest, number: int, layer: Path, made: list[str],
         raise MountFailed(str(exc)) from exc
 
 
-def _upper_dirs(manifest: Manifest, number: int, made: list[str], target: Path,
-                upper: Path) -> None:
-    """The upper layer's directories, made before the mount: an overlay's directory shows
-    the attributes of its top layer's, so each gets what an extraction leaves there. The
-    root: the snapshot's, if it captured the target, else the target's own. The tree's
-    directories the snapshot did not change (parents of files changed in place): the
-    target's, where each must be a real directory (as a restore requires), with their
-    parents the snapshot changed in between."""
-    dirs = {e.path: e for e in manifest.entries if e.target == number and e.kind == "dir"}
-    wanted: dict[str, tuple[int, int, int, int]] = {}
+def upper_dirs(captured: dict[str, Attributes], made: tuple[str, ...],
+               current: Path) -> dict[str, Attributes]:
+    """The directories an upper layer must hold, made before the mount, for one target
+    (relative to the target's root, ``"."`` the target itself), ``current`` where the
+    target as it lies under the layer can be seen. An overlay's directory shows its top
+    layer's attributes, so each gets what an extraction leaves there. The root: the
+    snapshot's, if it captured the target (``captured``), else the target's own. The
+    tree's directories the snapshot did not change (``made``: parents of files changed
+    in place): the target's, where each must be a real directory (as a restore requires),
+    with their parents the snapshot changed in between."""
+    wanted: dict[str, Attributes] = {}
     for rel in [".", *made]:
-        path = target if rel == "." else target / rel
+        if rel in captured:
+            wanted[rel] = captured[rel]
+            continue
+        path = current if rel == "." else current / rel
         try:
             st = os.lstat(path)
         except FileNotFoundError:
@@ -192,26 +225,26 @@ def _upper_dirs(manifest: Manifest, number: int, made: list[str], target: Path,
                                       "write outside the target")
         if not stat.S_ISDIR(st.st_mode):
             raise BootseerError(f"{path} is not a directory here")
-        own = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns)
-        wanted[rel] = own if rel not in dirs else _attributes(dirs[rel])
+        wanted[rel] = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns)
         parent = rel.rpartition("/")[0]
-        while parent and parent not in wanted:  # changed by the snapshot: its attributes
-            wanted[parent] = _attributes(dirs[parent])
+        while parent and parent not in wanted and parent in captured:
+            wanted[parent] = captured[parent]
             parent = parent.rpartition("/")[0]
-    upper.mkdir(mode=0o700)
+    return wanted
+
+
+def make_dirs(root: Path, wanted: dict[str, Attributes]) -> None:
+    """Make ``wanted``'s directories below ``root`` (``"."``: ``root`` itself), parents
+    first, and give each its attributes, children first (making a child changes its
+    parent's mtime)."""
     for rel in sorted(wanted, key=lambda r: (r != ".", r.count("/"))):
-        if rel != ".":
-            (upper / rel).mkdir(mode=0o700)
+        os.makedirs(root if rel == "." else root / rel, mode=0o700, exist_ok=True)
     for rel in sorted(wanted, key=lambda r: (r != ".", r.count("/")), reverse=True):
         mode, uid, gid, mtime_ns = wanted[rel]
-        path = upper if rel == "." else upper / rel
+        path = root if rel == "." else root / rel
         os.chown(path, uid, gid)
         os.chmod(path, mode)
         os.utime(path, ns=(mtime_ns, mtime_ns))
-
-
-def _attributes(entry: SnapEntry) -> tuple[int, int, int, int]:
-    return entry.mode, entry.uid, entry.gid, entry.mtime_ns
 
 
 def _state(states: Path, target: Path) -> Path:

@@ -19,11 +19,15 @@ from bootseer.snapshot.bytecode import compile_sources
 from bootseer.snapshot.config import SnapshotOptions
 from bootseer.snapshot.key import KeyInputs, key_material, snapshot_key
 from bootseer.snapshot.manifest import Manifest
-from bootseer.snapshot.mount import restore_here
+from bootseer.snapshot.mount import mount_prestaged, restore_here
 from bootseer.snapshot.pack import Capture, build_manifest, creation_info, publish, target_paths
 from bootseer.snapshot.restore import FirstShards, RestoreResult, load_manifest
 from bootseer.snapshot.scan import diff, scan
 from bootseer.store import BlobStore
+
+#: In a container: the snapshots the node agent mounted in its root, comma-separated
+#: (bootseer.agents.envs): ``env run`` of one of them restores nothing.
+MOUNTED_ENVS = "BOOTSEER_ENVS_MOUNTED"
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class RunOutcome:
     key: str
     capture: CaptureOutcome | None = None  # the command ran
     restored: RestoreResult | None = None  # or the snapshot was restored instead
+    mounted_by_agent: bool = False  # or the node agent mounted it in this container
 
 
 def _run(argv: list[str], environ: Mapping[str, str]) -> int:
@@ -82,6 +87,11 @@ def env_run(blobs: BlobStore, inputs: KeyInputs, *, environ: Mapping[str, str],
             cache: NodeCache | None = None) -> RunOutcome:
     material = key_material(inputs, environ)
     key = snapshot_key(material)
+    if key in environ.get(MOUNTED_ENVS, "").split(","):
+        return RunOutcome(key, mounted_by_agent=True)
+    mounted = mount_prestaged(cache, key, options)
+    if mounted is not None:
+        return RunOutcome(key, restored=mounted)
     with FirstShards(options.concurrency) as first:
         try:
             manifest = load_manifest(blobs, key, cache, first)

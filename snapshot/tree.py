@@ -27,12 +27,14 @@ create-only), and holds the snapshot as captured: a relocated restore extracts a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from bootseer.errors import BootseerError
@@ -45,9 +47,64 @@ from bootseer.store import BlobStore
 log = logging.getLogger(__name__)
 
 _TAG = b"bootseer-env-tree/1\0"
-#: Beside a tree's files in its cache entry: the directories it made (:meth:`made_parents`).
-PARENTS = "parents.json"
+#: Beside a tree's files in its cache entry: what a mount needs of the snapshot.
+RECORD = "record.json"
 _PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
+Attributes = tuple[int, int, int, int]  # mode, uid, gid, mtime_ns
+
+
+@dataclass(frozen=True)
+class TreeRecord:
+    """What mounting a tree needs of its snapshot, written beside it when it is built (so
+    a mount decodes no manifest: 0.34 s for 36,000 entries), root's like the tree."""
+
+    key: str
+    targets: tuple[str, ...]
+    files: int  # entries that are not directories
+    bytes: int  # content bytes
+    #: Per target: the directories the tree holds that the snapshot did not change (the
+    #: parents of files changed in place, :func:`~bootseer.snapshot.restore.stage_layer`),
+    #: parents first; a mount gives them the target's own attributes.
+    made: tuple[tuple[str, ...], ...]
+    #: Per target: the attributes the snapshot gives the target itself (``"."``, if it
+    #: captured it) and the directories it changed between the target and those.
+    captured: tuple[dict[str, Attributes], ...]
+
+    @classmethod
+    def of(cls, manifest: Manifest, made: list[list[str]]) -> TreeRecord:
+        captured = []
+        for number, rels in enumerate(made):
+            dirs = {e.path: e for e in manifest.entries
+                    if e.target == number and e.kind == "dir"}
+            wanted = {"."} | {p for rel in rels for p in _parents(rel)}
+            captured.append({rel: (e.mode, e.uid, e.gid, e.mtime_ns)
+                             for rel, e in dirs.items() if rel in wanted})
+        return cls(manifest.key, manifest.targets,
+                   sum(1 for e in manifest.entries if e.kind != "dir"),
+                   manifest.content_bytes, tuple(tuple(m) for m in made), tuple(captured))
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def load(cls, path: Path) -> TreeRecord:
+        try:
+            body = json.loads(path.read_text())
+            return cls(str(body["key"]), tuple(body["targets"]), int(body["files"]),
+                       int(body["bytes"]), tuple(tuple(m) for m in body["made"]),
+                       tuple({rel: tuple(a) for rel, a in c.items()}
+                             for c in body["captured"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BootseerError(f"{path} is damaged: {exc}") from exc
+
+
+def _parents(rel: str) -> list[str]:
+    """``a/b/c`` -> ``a/b``, ``a``."""
+    out = []
+    while "/" in rel:
+        rel = rel.rpartition("/")[0]
+        out.append(rel)
+    return out
 
 
 def _refuse_privileges(manifest: Manifest) -> None:
@@ -75,14 +132,9 @@ class EnvTree:
         """Where target ``target``'s layer lies in the tree rooted at ``root``."""
         return root / target.lstrip("/")
 
-    def made_parents(self, root: Path) -> list[list[str]]:
-        """Per target, the directories the tree holds that the snapshot did not change
-        (:func:`~bootseer.snapshot.restore.stage_layer`): a mount gives them the target's
-        own attributes."""
-        made = json.loads((root.parent / PARENTS).read_text())
-        if not (isinstance(made, list) and all(isinstance(m, list) for m in made)):
-            raise BootseerError(f"{root.parent / PARENTS} is damaged")
-        return made
+    def record(self, root: Path) -> TreeRecord:
+        """What mounting the tree rooted at ``root`` needs of its snapshot."""
+        return TreeRecord.load(root.parent / RECORD)
 
     def build(self, blobs: BlobStore, manifest: Manifest, *,
               options: SnapshotOptions | None = None,
@@ -103,7 +155,7 @@ class EnvTree:
             os.mkdir(tmp / TREE, 0o755)
             made = stage_layer(blobs, manifest, str(tmp / TREE), options=options,
                                on_progress=on_progress, cache=self.cache, first=first)
-            (tmp / PARENTS).write_text(json.dumps(made))
+            TreeRecord.of(manifest, made).save(tmp / RECORD)
             crash_point("unpacked")
             self.cache.add_tree(tmp, self.entry, manifest.content_bytes)
         finally:

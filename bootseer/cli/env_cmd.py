@@ -100,8 +100,13 @@ def run_cmd(app: AppContext, command, paths, key_files, env_vars, bytecode) -> N
                           environ=os.environ, options=_options(app, bytecode),
                           on_progress=advance, cache=_shard_cache(app))
     click.echo(outcome.key)
-    if outcome.restored is not None or (outcome.capture and outcome.capture.exit_code == 0):
+    if outcome.restored is not None or outcome.mounted_by_agent or \
+            (outcome.capture and outcome.capture.exit_code == 0):
         mark_phase("env_ready")  # for `bootseer report`, when inside a Bootseer start
+    if outcome.mounted_by_agent:
+        console.print(f"snapshot {outcome.key[:12]} is mounted in this container by the "
+                      "node agent; the command was not run")
+        return
     if outcome.restored is not None:
         r = outcome.restored
         how = "mounted the node's tree of" if r.mounted else "restored"
@@ -163,7 +168,7 @@ def snapshot_cmd(app: AppContext, key: str, paths, bytecode, command) -> None:
 @pass_app
 def restore_cmd(app: AppContext, key: str, paths, relocate: bool) -> None:
     """Restore snapshot KEY where it was captured, or with --relocate under --path."""
-    from bootseer.snapshot.mount import restore_here
+    from bootseer.snapshot.mount import mount_prestaged, restore_here
     from bootseer.snapshot.restore import FirstShards, load_manifest
 
     if relocate and not paths:
@@ -172,14 +177,17 @@ def restore_cmd(app: AppContext, key: str, paths, relocate: bool) -> None:
     options = _options(app)
     targets = tuple(os.path.abspath(p) for p in paths) or None
     cache = _shard_cache(app)
-    with FirstShards(options.concurrency) as first:
-        manifest = load_manifest(app.blobs, key, cache, first)
-        with byte_progress(f"restoring {key[:12]}", manifest.content_bytes) as advance:
-            r = restore_here(app.blobs, manifest, targets=targets, relocate=relocate,
-                             options=options, on_progress=advance, cache=cache,
-                             first=first)
-    moved = (f" (relocated from {', '.join(manifest.targets)}; {r.relocated} files "
-             f"rewritten)" if r.targets != manifest.targets else "")
+    r, moved = mount_prestaged(cache, key, options, targets), ""
+    if r is None:
+        with FirstShards(options.concurrency) as first:
+            manifest = load_manifest(app.blobs, key, cache, first)
+            with byte_progress(f"restoring {key[:12]}", manifest.content_bytes) as advance:
+                r = restore_here(app.blobs, manifest, targets=targets, relocate=relocate,
+                                 options=options, on_progress=advance, cache=cache,
+                                 first=first)
+        if r.targets != manifest.targets:
+            moved = (f" (relocated from {', '.join(manifest.targets)}; {r.relocated} "
+                     f"files rewritten)")
     how = "mounted the node's tree of it at" if r.mounted else "restored"
     console.print(f"{how} {', '.join(r.targets)}{moved}: {r.files} entries, "
                   f"{format_size(r.bytes)} from {r.shards} shards in {r.seconds:.2f} s")

@@ -86,7 +86,7 @@ def test_a_mount_shows_what_an_extraction_writes_for_every_kind_of_change(
     cache = _cache(tmp_path)
     result = mount_restore(blobs, load_manifest(blobs, "k1"), cache)
     tree = EnvTree(cache, "k1")
-    assert tree.made_parents(tree.find()) == [["untouched"], ["untouched"]]
+    assert tree.record(tree.find()).made == (("untouched",), ("untouched",))
     try:
         assert result.mounted and all(overlay_at(t) is not None for t in targets)
         mounted = {t: tree_state(t) for t in targets}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bootseer.agents import oci
-from bootseer.agents.mountapi import ContainerMount
+from bootseer.agents.mountapi import ContainerMount, MountRequest
 from bootseer.agents.runtime import RuncCall, parse
 from bootseer.prefetch.container import bundle_config
 from bootseer.prefetch.dockerstub import build_stub, stub_config
@@ -189,3 +189,19 @@ def test_checkpoints_are_asked_for_by_name_and_bound_read_only_as_slaves() -> No
     (bind,) = [m for m in oci.rewrite(spec(), with_checkpoints)["mounts"]
                if m["destination"] == "/mnt/checkpoints"]
     assert bind["source"] == "/x/ckpt" and {"ro", "rslave", "rbind"} <= set(bind["options"])
+
+
+def test_environments_are_asked_for_by_key_and_named_to_the_container() -> None:
+    labels = oci.requested(spec(env={"BOOTSEER_IMAGE": "py"}, annotations={
+        "io.bootseer.envs": "torch-abc, tools.1"}))
+    assert labels.envs == ("torch-abc", "tools.1")
+    request = labels.mount_request("c1", "docker")
+    assert request.envs == ("torch-abc", "tools.1")
+    assert MountRequest.from_json(request.to_json()) == request
+    for bad in (("../x",), ("a", "a")):
+        with pytest.raises(ValueError, match="envs"):
+            oci.Labels("py", envs=bad).mount_request("c1", "docker")
+    with pytest.raises(ValueError, match="envs"):
+        MountRequest.from_json({"id": "c1", "image": "py", "envs": "torch-abc"})
+    mounted = ContainerMount(**{**MOUNT.to_json(), "env": {"BOOTSEER_ENVS_MOUNTED": "a,b"}})
+    assert "BOOTSEER_ENVS_MOUNTED=a,b" in oci.rewrite(spec(), mounted)["process"]["env"]

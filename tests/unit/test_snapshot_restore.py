@@ -372,3 +372,21 @@ def test_a_restore_killed_midway_leaves_whole_states_and_a_retry_completes(env, 
     restore(blobs, load_manifest(blobs, "k1"))
     assert {t: tree_state(t) for t in targets} == restored
     assert not [p for p in targets[0].parent.iterdir() if "-new" in p.name or "-old" in p.name]
+
+
+def test_env_run_of_a_snapshot_the_agent_mounted_here_runs_and_restores_nothing(
+        tmp_path) -> None:
+    """In a container whose root the node agent gave the snapshot (``BOOTSEER_ENVS_MOUNTED``
+    names its key), ``env run`` neither restores (there is no store here to ask) nor runs
+    the command."""
+    from bootseer.snapshot.key import KeyInputs, key_material, snapshot_key
+    from bootseer.snapshot.run import MOUNTED_ENVS, env_run
+
+    marker = tmp_path / "ran"
+    inputs = KeyInputs(("sh", "-c", f"touch {marker}"), targets=(tmp_path / "venv",))
+    key = snapshot_key(key_material(inputs, {}))
+    blobs = BlobStore(open_store(f"file://{tmp_path / 'no-store'}"))
+    outcome = env_run(blobs, inputs, environ={MOUNTED_ENVS: f"other,{key}"},
+                      options=SnapshotOptions())
+    assert outcome.mounted_by_agent and outcome.restored is None and outcome.capture is None
+    assert not marker.exists() and not (tmp_path / "no-store").exists()
