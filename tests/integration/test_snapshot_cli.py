@@ -49,7 +49,10 @@ def test_env_run_installs_once_then_restores_and_a_failed_command_publishes_noth
 
     bootseer("env", "rm", key, store=store)
     assert bootseer("env", "ls", store=store).stdout == ""
-    gone = bootseer("env", "restore", key, store=store, check=False)
+    # A node that has it unpacked still mounts it (a node cache, like staged shards);
+    # one that has not finds nothing.
+    gone = bootseer("env", "restore", key, store=store, check=False,
+                    env={"BOOTSEER_CACHE_DIR": str(tmp_path / "another-node")})
     assert gone.returncode == 1 and gone.stderr.startswith("error: no snapshot")
 
 
