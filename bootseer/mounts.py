@@ -121,7 +121,7 @@ def overlays() -> list[OverlayMount]:
 
 def overlay_at(target: Path) -> OverlayMount | None:
     """The overlay mounted at ``target`` (the top one, if several are), or None."""
-    path = os.path.abspath(target)
+    path = os.path.realpath(target)  # the kernel shows the path it resolved
     return next((m for m in reversed(overlays()) if m.target == path), None)
 
 

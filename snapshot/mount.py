@@ -16,10 +16,13 @@ and its writes dropped (an extraction, too, puts back every file the snapshot ho
 environment is left alone and the restore refused. ``bootseer env unmount``
 gives a target back (its directory as it was before the first mount).
 
-Only root mounts, and only a restore where the snapshot was captured (a relocated one
-rewrites files, so it extracts as before). :func:`restore_here` chooses: where a mount
+Only root with ``CAP_SYS_ADMIN`` mounts (not a container's root: there, the node agent
+lays the tree in the container's root, :mod:`bootseer.agents.envs`), and only where the
+snapshot was captured (a relocated restore rewrites files, so it extracts as before). A
+restore first tries :func:`mount_prestaged`, which reads the tree's record and no
+manifest; else :func:`restore_here` unpacks the tree and mounts it, or, where a mount
 cannot serve (not root, relocation, nested targets, a tree larger than the cache, no
-overlayfs), the restore extracts, as before.
+overlayfs), extracts as before.
 """
 
 from __future__ import annotations
@@ -81,7 +84,8 @@ def mount_prestaged(cache: NodeCache | None, key: str, options: SnapshotOptions,
         log.info("snapshot %s: not mounting: %s", key, why)
         return None
     try:
-        return _mount_all(tree, root, record, cache, shards_read=0)
+        return _mount_all(tree, root, record, cache, shards_read=0,
+                          started=time.monotonic())
     except MountUnavailable as exc:
         log.info("snapshot %s: not mounting: %s", key, exc)
         return None
@@ -142,6 +146,7 @@ def mount_restore(blobs: BlobStore, manifest: Manifest, cache: NodeCache, *,
                   first: FirstShards | None = None) -> RestoreResult:
     """Mount the snapshot's tree at each of its targets, unpacking it first if the node
     does not have it (``MountUnavailable`` if that cannot be done here)."""
+    started = time.monotonic()
     tree = EnvTree(cache, manifest.key)
     root = tree.find()
     read = 0 if root is not None else len(manifest.shards)
@@ -150,13 +155,14 @@ def mount_restore(blobs: BlobStore, manifest: Manifest, cache: NodeCache, *,
                                   on_progress=on_progress, first=first)
     except NotCached as exc:
         raise MountUnavailable(f"the snapshot cache has no room for its tree: {exc}") from exc
-    return _mount_all(tree, root, tree.record(root), cache, shards_read=read)
+    return _mount_all(tree, root, tree.record(root), cache, shards_read=read,
+                      started=started)
 
 
 def _mount_all(tree: EnvTree, root: Path, record: TreeRecord, cache: NodeCache, *,
-               shards_read: int) -> RestoreResult:
-    """Mount the tree at every target of its snapshot, or at none."""
-    started = time.monotonic()
+               shards_read: int, started: float) -> RestoreResult:
+    """Mount the tree at every target of its snapshot, or at none; its seconds counted
+    from ``started``."""
     states = mounts_dir(cache)
     with locked_targets(record.targets):
         for number, target in enumerate(record.targets):
@@ -252,7 +258,7 @@ def _state(states: Path, target: Path) -> Path:
 
 
 def _ours(mount: OverlayMount, states: Path) -> bool:
-    return mount.upper is not None and Path(mount.upper).parent.parent == states
+    return mount.upper is not None and Path(mount.upper).parent.parent == states.resolve()
 
 
 def unmount_env(cache: NodeCache, target: Path) -> bool:
@@ -262,10 +268,10 @@ def unmount_env(cache: NodeCache, target: Path) -> bool:
     current = overlay_at(target)
     if current is None:
         return False
-    if not _ours(current, states):
+    if current.upper is None or not _ours(current, states):
         raise BootseerError(f"{target} is an overlay mount that is not a Bootseer "
                             f"environment; not unmounting it")
     with locked_targets((str(target),)):
         unmount(target)
-        remove_tree(str(_state(states, target)))
+        remove_tree(str(Path(current.upper).parent))  # its state: upper and work
     return True
