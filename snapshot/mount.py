@@ -192,12 +192,13 @@ def _mount_target(layer: Path, captured: dict[str, Attributes], made: tuple[str,
     if os.path.lexists(target) and (target.is_symlink() or not target.is_dir()):
         raise BootseerError(f"{target} exists and is not a directory")
     target.mkdir(parents=True, exist_ok=True)
+    wanted = upper_dirs(captured, made, target)  # refused before anything is made
     state = _state(states, target)
     remove_tree(str(state))
     states.mkdir(mode=0o700, parents=True, exist_ok=True)
     state.mkdir(mode=0o700)
     upper = state / "upper"
-    make_dirs(upper, upper_dirs(captured, made, target))
+    make_dirs(upper, wanted)
     try:
         mount_overlay([layer, target], upper, state / "work", target)
     except BootseerError as exc:
@@ -220,7 +221,22 @@ def upper_dirs(captured: dict[str, Attributes], made: tuple[str, ...],
         if rel in captured:
             wanted[rel] = captured[rel]
             continue
-        path = current if rel == "." else current / rel
+        st = _real_dir(current, rel)
+        wanted[rel] = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns)
+        parent = rel.rpartition("/")[0]
+        while parent and parent not in wanted and parent in captured:
+            wanted[parent] = captured[parent]
+            parent = parent.rpartition("/")[0]
+    return wanted
+
+
+def _real_dir(current: Path, rel: str) -> os.stat_result:
+    """``current/rel``'s status, each of its components checked to be a real directory
+    (as a restore checks a target's): never one looked up through a symlink, which may
+    lead out of the target (out of the image, for a container's root)."""
+    path = current
+    for part in ["", *([] if rel == "." else rel.split("/"))]:
+        path = path / part if part else path
         try:
             st = os.lstat(path)
         except FileNotFoundError:
@@ -231,12 +247,7 @@ def upper_dirs(captured: dict[str, Attributes], made: tuple[str, ...],
                                       "write outside the target")
         if not stat.S_ISDIR(st.st_mode):
             raise BootseerError(f"{path} is not a directory here")
-        wanted[rel] = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns)
-        parent = rel.rpartition("/")[0]
-        while parent and parent not in wanted and parent in captured:
-            wanted[parent] = captured[parent]
-            parent = parent.rpartition("/")[0]
-    return wanted
+    return st
 
 
 def make_dirs(root: Path, wanted: dict[str, Attributes]) -> None:

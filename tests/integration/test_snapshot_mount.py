@@ -202,3 +202,29 @@ def test_a_setuid_file_or_a_lying_shard_builds_no_tree(tmp_path: Path) -> None:
     assert not list((cache.directory / "tmp").iterdir())
     assert EnvTree(cache, "suid").find() is None and EnvTree(cache, "lies").find() is None
     assert overlay_at(target) is None and overlay_at(tmp_path / "u") is None
+
+
+def test_a_parent_that_became_a_symlink_is_refused_before_anything_is_mounted(
+        tmp_path: Path) -> None:
+    """A file changed in place below ``d`` leaves ``d`` for the target to provide. Where
+    ``d`` is now a symlink out of the target, the mount is refused (as an extraction
+    refuses it) and nothing outside is looked up or changed."""
+    store, target, outside = tmp_path / "store", tmp_path / "t", tmp_path / "outside"
+    blobs = BlobStore(open_store(f"file://{store}"))
+    (target / "d" / "e").mkdir(parents=True)
+    (target / "d" / "e" / "f").write_text("before\n")
+    os.utime(target / "d" / "e", ns=(1, 1))
+    change = f"echo after > {target}/d/e/f"  # in place: d and d/e do not change
+    assert capture_command(blobs, "inplace", ["sh", "-c", change], [target],
+                           environ=os.environ, options=SnapshotOptions()).published
+    (outside / "e").mkdir(parents=True)
+    subprocess.run(["rm", "-rf", str(target / "d")], check=True)
+    (target / "d").symlink_to(outside)
+    cache = _cache(tmp_path)
+    with pytest.raises(UnsafeSnapshotError, match="symlink"):
+        mount_restore(blobs, load_manifest(blobs, "inplace"), cache)
+    assert overlay_at(target) is None and sorted(os.listdir(outside)) == ["e"]
+    assert not (tmp_path / "cache" / "envs").exists() or \
+        not list((tmp_path / "cache" / "envs").iterdir())
+    assert EnvTree(cache, "inplace").record(EnvTree(cache, "inplace").find()).made == (
+        ("d", "d/e"),)
