@@ -13,17 +13,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support.ci import require
 from support.snapshots import (
-    MUTATE,
+    based_targets,
     bootseer,
-    make_base,
+    capture,
     published_venv,
     remove_target,
+    reset,
     tree_state,
 )
 
@@ -64,24 +64,10 @@ def test_a_mount_shows_what_an_extraction_writes_for_every_kind_of_change(
     that became a directory and a directory a link, a read-only directory). Mounted over
     the base, each target equals the extraction over the same base, attribute for
     attribute (the parents of files changed in place included)."""
-    big = tmp_path / "big.src"
-    big.write_bytes(os.urandom(3 << 20))
-    monkeypatch.setenv("BIG_FILE", str(big))
-    blobs = BlobStore(open_store(f"file://{tmp_path / 'store'}"))
-    targets = [tmp_path / "node" / "a", tmp_path / "node" / "b"]
-    for target in targets:
-        target.mkdir(parents=True)
-        make_base(target)
-    outcome = capture_command(blobs, "k1", [sys.executable, "-c", MUTATE, *map(str, targets)],
-                              targets, environ=os.environ,
-                              options=SnapshotOptions(shard_size=1 << 20, concurrency=2))
-    assert outcome.published
+    blobs, targets = based_targets(tmp_path, monkeypatch)
+    capture(blobs, targets)
     extracted = {t: tree_state(t) for t in targets}
-    for target in targets:
-        subprocess.run(["chmod", "-R", "u+w", str(target)], check=True)
-        subprocess.run(["rm", "-rf", str(target)], check=True)
-        target.mkdir()
-        make_base(target)
+    reset(targets)
     base = {t: tree_state(t) for t in targets}
     cache = _cache(tmp_path)
     result = mount_restore(blobs, load_manifest(blobs, "k1"), cache)

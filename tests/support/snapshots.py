@@ -129,3 +129,41 @@ def remove_target(path: Path) -> None:
     if overlay_at(path) is not None:
         unmount(path)
     subprocess.run(["rm", "-rf", str(path)], check=True)
+
+
+def based_targets(root: Path, monkeypatch) -> tuple:
+    """A ``file://`` store under ``root`` and two targets made with :func:`make_base`
+    (``BIG_FILE``, which :data:`MUTATE` copies, set for the test): (blobs, targets)."""
+    from bootseer.store import BlobStore, open_store
+
+    big = root / "big.src"
+    big.write_bytes(os.urandom(3 << 20))  # spans several shards of 1 MiB
+    monkeypatch.setenv("BIG_FILE", str(big))
+    blobs = BlobStore(open_store(f"file://{root / 'store'}"))
+    targets = [root / "node" / "a", root / "node" / "b"]
+    for target in targets:
+        target.mkdir(parents=True)
+        make_base(target)
+    return blobs, targets
+
+
+def capture(blobs, targets: list[Path], key: str = "k1"):
+    """Run :data:`MUTATE` on ``targets`` and publish what it changed as ``key``: its
+    manifest (1 MiB shards)."""
+    from bootseer.snapshot.config import SnapshotOptions
+    from bootseer.snapshot.run import capture_command
+
+    outcome = capture_command(blobs, key, [sys.executable, "-c", MUTATE, *map(str, targets)],
+                              targets, environ=os.environ,
+                              options=SnapshotOptions(shard_size=1 << 20, concurrency=2))
+    assert outcome.exit_code == 0 and outcome.published
+    return outcome.manifest
+
+
+def reset(targets: list[Path]) -> None:
+    """The targets back to their base."""
+    for target in targets:
+        subprocess.run(["chmod", "-R", "u+w", str(target)], check=True)
+        subprocess.run(["rm", "-rf", str(target)], check=True)
+        target.mkdir()
+        make_base(target)

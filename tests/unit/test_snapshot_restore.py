@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from support.snapshots import MUTATE, T0, make_base, tree_state
+from support.snapshots import T0, based_targets, capture, reset, tree_state
 
 from bootseer.errors import IntegrityError
 from bootseer.snapshot.config import SnapshotOptions
@@ -26,39 +26,13 @@ from bootseer.snapshot.manifest import (
     UnsafeSnapshotError,
 )
 from bootseer.snapshot.restore import CRASH_ENV, FirstShards, load_manifest, restore
-from bootseer.snapshot.run import capture_command
 from bootseer.store import BlobStore, open_store
 from bootseer.store.blobs import STREAM_READ, ChunkTable
 
-BIG = os.urandom(3 << 20)  # spans several shards of SHARD_SIZE
-SHARD_SIZE = 1 << 20
+
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    big = tmp_path / "big.src"
-    big.write_bytes(BIG)
-    monkeypatch.setenv("BIG_FILE", str(big))
-    blobs = BlobStore(open_store(f"file://{tmp_path / 'store'}"))
-    targets = [tmp_path / "node" / "a", tmp_path / "node" / "b"]
-    for t in targets:
-        t.mkdir(parents=True)
-        make_base(t)
-    return blobs, targets
-
-
-def capture(blobs: BlobStore, targets: list[Path], key: str = "k1") -> Manifest:
-    outcome = capture_command(blobs, key, [sys.executable, "-c", MUTATE, *map(str, targets)],
-                              targets, environ=os.environ,
-                              options=SnapshotOptions(shard_size=SHARD_SIZE, concurrency=2))
-    assert outcome.exit_code == 0 and outcome.published
-    return outcome.manifest
-
-
-def reset(targets: list[Path]) -> None:
-    for t in targets:
-        subprocess.run(["chmod", "-R", "u+w", str(t)], check=True)
-        subprocess.run(["rm", "-rf", str(t)], check=True)
-        t.mkdir()
-        make_base(t)
+    return based_targets(tmp_path, monkeypatch)
 
 
 def test_capture_records_every_kind_of_change(env) -> None:
