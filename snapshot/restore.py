@@ -209,17 +209,17 @@ class _Stage:
     """One target's staging directory and what is needed to finish its directories: beside
     the target, or ``root`` (a layer's, :func:`stage_layer`)."""
 
-    def __init__(self, target: str, root: str | None = None) -> None:
+    def __init__(self, target: str, root: str | None = None, *, layer: bool = False) -> None:
         self.target, self.root = target, root or _sidecar(target, "new")
         self.dirs: dict[str, tuple[int, int, int, int]] = {}  # rel -> mode, uid, gid, mtime
         self._safe: set[str] = {""}
         # Staged from nothing (no current target): only this restore's own directories are
         # there, and manifest paths are unique, so there is never anything to clear.
         self.from_nothing = False
-        # A layer's stage (stage_layer): a parent the snapshot did not change is made here,
-        # and listed, for whoever mounts the layer to check and to give the target's
-        # attributes (it is in the target, as a restore requires).
-        self.layer = False
+        # A layer's stage (stage_layer), staged from nothing: a parent the snapshot did not
+        # change is made here, and listed, for whoever mounts the layer to check and to
+        # give the target's attributes (it is in the target, as a restore requires).
+        self.layer = layer
         self.made_parents: list[str] = []
 
     def path(self, rel: str) -> str:
@@ -502,11 +502,10 @@ def stage_layer(blobs: BlobStore, manifest: Manifest, root: str, *,
     restore is (a shard that does not match raises, leaving ``root`` to the caller).
     Returns, per target, the directories it made that the snapshot did not change (the
     parents of files changed in place), parents first."""
-    stages = [_Stage(t, os.path.join(root, t.lstrip("/"))) for t in manifest.targets]
-    for stage in stages:
-        stage.layer = True
+    stages = [_Stage(t, os.path.join(root, t.lstrip("/")), layer=True)
+              for t in manifest.targets]
     _stage_all(blobs, manifest, stages, (options or SnapshotOptions()).concurrency,
-               on_progress, None, cache, first, layer=True)
+               on_progress, None, cache, first)
     return [sorted(stage.made_parents, key=lambda r: r.count("/")) for stage in stages]
 
 
@@ -514,10 +513,10 @@ def _stage_all(blobs: BlobStore, manifest: Manifest, stages: list[_Stage], concu
                on_progress: Callable[[int], None] | None,
                relocation: Relocation | None = None,
                cache: NodeCache | None = None,
-               first: FirstShards | None = None, *, layer: bool = False) -> None:
+               first: FirstShards | None = None) -> None:
     for stage in stages:
         os.makedirs(os.path.dirname(stage.root), exist_ok=True)
-        if layer:  # from nothing: what is below it stays in the layers under it
+        if stage.layer:  # from nothing: what is below it stays in the layers under it
             os.mkdir(stage.root, 0o700)
             stage.from_nothing = True
             stage.dirs["."] = (0o755, 0, 0, time.time_ns())
@@ -529,14 +528,14 @@ def _stage_all(blobs: BlobStore, manifest: Manifest, stages: list[_Stage], concu
             os.mkdir(stage.root, 0o700)
             stage.from_nothing = True
             stage.dirs["."] = (0o755, os.getuid(), os.getgid(), time.time_ns())
-    if not layer:
-        for deletion in manifest.deleted:
+    for deletion in manifest.deleted:
+        if not stages[deletion.target].layer:
             stages[deletion.target].clear(deletion.path)
     for entry in manifest.entries:
         if entry.kind == "dir":
             stages[entry.target].make_dir(entry)
-    if layer:  # a deletion's parent changed too, so it is a directory of the snapshot
-        for deletion in manifest.deleted:
+    for deletion in manifest.deleted:  # in a layer: once the directories are there
+        if stages[deletion.target].layer:
             stages[deletion.target].whiteout(deletion.path)
     per_shard: list[dict[str, SnapEntry]] = [{} for _ in manifest.shards]
     for entry in manifest.entries:
