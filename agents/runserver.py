@@ -50,11 +50,13 @@ def run(spec: ServerSpec) -> None:
 
 def warm_up(config: Config) -> None:
     """What a spare does before it is needed: the servers' imports, the store connected
-    (for ``hdfs://``, the JVM is up), and one blob read the way a start's first read (its
-    hot list: a reference, a chunk table, a chunk) is made. For ``hdfs://`` the first such
-    read loads and compiles the client's read path, which would otherwise lie on the start:
-    0.05 s of CPU, and of the mount's wait, leaves the server (0.06 -> 0.01 s for the hot
-    list's read). The blob is an image's manifest; a chunk of it is read (1 MiB at most)."""
+    (for ``hdfs://``, the JVM is up), and one blob's reference and chunk table read the way
+    a start's first read (its hot list) reads them. For ``hdfs://`` the first such read
+    loads and compiles the client's read path, which would otherwise lie on the start:
+    0.04-0.05 s of CPU, and of the mount's wait, leaves the server (the hot list's read:
+    0.05-0.06 s cold, 0.01-0.02 s after). The blob is an image's manifest; its table is a
+    few hundred bytes (a chunk, 1 MiB per spare, is traffic a job reading through its
+    peers would see at the DataNode: tests/system/test_p2p_warm.py)."""
     import bootseer.prefetch.session  # noqa: F401  (the servers' code)
     import bootseer.stripedfs.server  # noqa: F401
     from bootseer.prefetch.blockformat import IMAGE_REF_PREFIX
@@ -64,7 +66,7 @@ def warm_up(config: Config) -> None:
     blobs.store.exists("refs")  # connected: a store that cannot be reached fails here
     try:
         for name in itertools.islice(blobs.list_refs(IMAGE_REF_PREFIX), 1):
-            blobs.read_range(blobs.get_ref(name).digest, 0, 1)
+            blobs.chunk_table(blobs.get_ref(name).digest)
     except (OSError, BootseerError) as exc:  # a store without images, say: nothing to warm
         logging.getLogger(__name__).info("spare: no sample read (%s)", exc)
 

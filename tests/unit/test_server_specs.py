@@ -199,7 +199,7 @@ def test_a_spare_gets_ready_then_serves_the_spec_it_is_handed(config: Config,
 
 def test_a_spares_warm_up_reads_a_blob_as_a_start_would_and_needs_none(
         config: Config, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The warm-up reads a chunk of an image's manifest (the store's read path made ready
+    """The warm-up reads an image manifest's chunk table (the store's read path made ready
     before a start needs it); an empty store, or an image ref to a blob that is gone,
     leaves nothing to read, and the spare still gets ready."""
     import logging
