@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 work=build/demo
+$BIN/bootseer env unmount "$PWD/$work/env/venv" >/dev/null 2>&1 || true  # an earlier demo's
 rm -rf "$work" && mkdir -p "$work"
 export BOOTSEER_STORE="file://$PWD/$work/store"
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
@@ -147,6 +148,8 @@ $BIN/bootseer env run --path "$venv" --key-file "$req" -- sh -c "$install"
 second_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 "$venv/bin/python" -c 'import numpy; print("numpy", numpy.__version__, "imports from the restored venv")'
 echo "install + snapshot: ${first_ms} ms; restore: ${second_ms} ms"
+# As root, the restore mounted the node's unpacked copy of the snapshot: give it back.
+$BIN/bootseer env unmount "$venv"
 
 step "a training job restarted through the node agent and the runtime hook"
 echo "(each node runs 'bootseer agent'; the job's bundle goes through bootseer-runtime, the"
