@@ -57,6 +57,15 @@ def _python(venv: Path) -> str:
     return run.stdout.strip()
 
 
+def _fresh_node(tmp_path: Path) -> tuple[str, Path, tuple[str, ...], dict, dict[str, str]]:
+    """A venv published by ``env run``, its state, then removed as on a fresh node whose
+    cache is ``tmp_path/cache``: (key, venv, the run's arguments, state, environment)."""
+    key, venv, run = published_venv(tmp_path)
+    installed = tree_state(venv)
+    remove_target(venv)
+    return key, venv, run, installed, {"BOOTSEER_CACHE_DIR": str(tmp_path / "cache")}
+
+
 def test_a_mount_shows_what_an_extraction_writes_for_every_kind_of_change(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two targets with a base each; a command changes everything a command can (new,
@@ -87,10 +96,7 @@ def test_a_mount_shows_what_an_extraction_writes_for_every_kind_of_change(
 
 def test_a_restore_as_root_mounts_and_writes_stay_in_the_mounts_own_layer(
         tmp_path: Path) -> None:
-    key, venv, run = published_venv(tmp_path)
-    installed = tree_state(venv)
-    env = {"BOOTSEER_CACHE_DIR": str(tmp_path / "cache")}
-    remove_target(venv)
+    key, venv, run, installed, env = _fresh_node(tmp_path)
     restored = bootseer(*run, store=tmp_path / "store", env=env)
     assert "mounted the node's tree" in restored.stderr and "not run" in restored.stderr
     assert overlay_at(venv) is not None and tree_state(venv) == installed
@@ -130,9 +136,7 @@ def test_a_prestaged_snapshot_mounts_with_no_store_and_no_extraction(tmp_path: P
 
 
 def test_the_tree_is_counted_and_never_evicted_while_mounted(tmp_path: Path) -> None:
-    key, venv, run = published_venv(tmp_path)
-    env = {"BOOTSEER_CACHE_DIR": str(tmp_path / "cache")}
-    remove_target(venv)
+    key, venv, run, _, env = _fresh_node(tmp_path)
     bootseer(*run, store=tmp_path / "store", env=env)
     cache = _cache(tmp_path)
     tree = EnvTree(cache, key)
@@ -150,10 +154,7 @@ def test_the_tree_is_counted_and_never_evicted_while_mounted(tmp_path: Path) -> 
 
 def test_a_crash_mid_unpack_leaves_nothing_trusted_and_the_next_restore_recovers(
         tmp_path: Path) -> None:
-    key, venv, run = published_venv(tmp_path)
-    installed = tree_state(venv)
-    env = {"BOOTSEER_CACHE_DIR": str(tmp_path / "cache")}
-    remove_target(venv)
+    key, venv, run, installed, env = _fresh_node(tmp_path)
     crashed = bootseer(*run, store=tmp_path / "store", check=False,
                        env={**env, CRASH_ENV: "unpacked"})
     assert crashed.returncode == -signal.SIGKILL

@@ -120,3 +120,28 @@ def test_a_snapshot_the_store_does_not_have_fails_the_start_and_leaves_nothing(
             client.mount(MountRequest("e5", "py", record="never", envs=("missing",)))
         assert client.mounts() == []
     assert not list((dirs["agent-cache"] / "containers").iterdir())
+
+
+def test_an_image_whose_path_to_a_target_is_a_symlink_gets_no_environment(
+        tmp_path: Path) -> None:
+    """The image is the container's: where a directory above the snapshot's target is a
+    symlink in it (out to the host's ``/``), the agent refuses before it looks anything
+    up through it or makes anything in the container's layer."""
+    from bootseer.agents.envs import layers
+    from bootseer.errors import BootseerError
+    from bootseer.mounts import overlays_reading
+    from bootseer.nodecache import NodeCache
+
+    target = tmp_path / "env"
+    blobs = BlobStore(open_store(f"file://{tmp_path / 'store'}"))
+    assert capture_command(blobs, "answers", ["sh", "-c", f"mkdir -p {target}"], [target],
+                           environ=os.environ, options=SnapshotOptions()).published
+    image, upper = tmp_path / "image", tmp_path / "upper"
+    image.mkdir()
+    upper.mkdir()
+    top = target.relative_to("/").parts[0]
+    (image / top).symlink_to("/")
+    cache = NodeCache(tmp_path / "cache" / "snapshots", 1 << 30, in_use=overlays_reading)
+    with pytest.raises(BootseerError, match="not a directory in the image"):
+        layers(("answers",), blobs, cache, SnapshotOptions(), image, upper)
+    assert list(upper.iterdir()) == []

@@ -263,6 +263,28 @@ def test_hostile_snapshots_are_refused_and_write_nothing(tmp_path, case) -> None
     assert set(os.listdir(tmp_path)) - {".t.bootseer-lock"} == {"outside", "store", "t"}
 
 
+@pytest.mark.parametrize("case", ["dotdot", "absolute", "below-own-symlink", "hardlink-out",
+                                  "member-not-in-manifest"])
+def test_hostile_snapshots_unpack_into_no_tree_and_write_nothing(tmp_path, case) -> None:
+    """The node-wide tree (snapshot/tree.py) is unpacked by the same checks: a hostile
+    snapshot is refused before, or as, its bad entry comes, and nothing lands outside."""
+    from bootseer.snapshot.manifest import Deletion
+    from bootseer.snapshot.restore import stage_layer
+
+    blobs = BlobStore(open_store(f"file://{tmp_path / 'store'}"))
+    target, outside, root = tmp_path / "t", tmp_path / "outside", tmp_path / "tree"
+    outside.mkdir()
+    root.mkdir()
+    entries, deleted, shard, message = hostile_cases(str(target), str(outside), blobs)[case]
+    m = Manifest("evil", (str(target),), tuple(entries),
+                 tuple(Deletion(t, p) for t, p in deleted), (shard,))
+    _publish(blobs, m)
+    with pytest.raises(UnsafeSnapshotError, match=message):
+        stage_layer(blobs, load_manifest(blobs, "evil"), str(root))
+    assert os.listdir(outside) == [] and not (tmp_path / "evil").exists()
+    assert set(os.listdir(tmp_path)) == {"outside", "store", "tree"}
+
+
 def test_entries_below_a_non_directory_are_found_at_any_depth_and_neighbours_are_not() -> None:
     """The manifest check sorts paths: what lies below ``p`` sorts between ``p/`` and
     ``p0``; names that only sort near ``p`` (``p-x``, ``p.x``, ``p0``) are not below it."""
