@@ -77,6 +77,10 @@ bench-env: system-deps venv
 bench-env-cuda: system-deps venv
 	$(BIN)/python benchmarks/bench_env.py --requirements cuda --out bench-results/env-cuda.json
 
+# The same with JupyterLab and its extensions: many small files, no torch (124 wheels).
+bench-env-jupyter: system-deps venv
+	$(BIN)/python benchmarks/bench_env.py --requirements jupyter --out bench-results/env-jupyter.json
+
 # Demand reads served by a peer vs the same reads from an idle store (two lab nodes).
 bench-p2p-read: system-deps venv
 	$(BIN)/python benchmarks/bench_p2p_read.py --out bench-results/p2p-read.json

@@ -1,9 +1,9 @@
 """The node agent: one long-lived process per node that owns the local caches.
 
 It serves a small HTTP API on a Unix socket (aiohttp on uvloop). Being long-lived is the
-point: the store client (for ``hdfs://``, a JVM) is opened once, the block cache and the
-in-flight table of each image are shared by every request, so two ``warm`` calls for the
-same image never fetch a block twice.
+point: the store client (for ``hdfs://``, its NameNode connection) is opened once, the
+block cache and the in-flight table of each image are shared by every request, so two
+``warm`` calls for the same image never fetch a block twice.
 
 API (JSON; long operations stream NDJSON events, one per line). Every body is checked
 field by field (:mod:`bootseer.agents.fields`): a malformed one gets a 400, a request the operator's
@@ -171,7 +171,7 @@ class Agent:
         self.store_connected = threading.Event()
 
     def connect_store(self) -> None:
-        """Connect to the store ahead of the first request (for ``hdfs://``, start the JVM):
+        """Connect to the store ahead of the first request (for ``hdfs://``, the NameNode's):
         else the first container start on a freshly started agent pays for it before its
         mount even begins. In the background; a failure is the first request's to report."""
         def connect() -> None:

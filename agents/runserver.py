@@ -49,14 +49,12 @@ def run(spec: ServerSpec) -> None:
 
 
 def warm_up(config: Config) -> None:
-    """What a spare does before it is needed: the servers' imports, the store connected
-    (for ``hdfs://``, the JVM is up), and one blob's reference and chunk table read the way
-    a start's first read (its hot list) reads them. For ``hdfs://`` the first such read
-    loads and compiles the client's read path, which would otherwise lie on the start:
-    0.04-0.05 s of CPU, and of the mount's wait, leaves the server (the hot list's read:
-    0.05-0.06 s cold, 0.01-0.02 s after). The blob is an image's manifest; its table is a
-    few hundred bytes (a chunk, 1 MiB per spare, is traffic a job reading through its
-    peers would see at the DataNode: tests/system/test_p2p_warm.py)."""
+    """What a spare does before it is needed: the servers' imports, the store connected,
+    and one blob's reference and chunk table read the way a start's first read (its hot
+    list) reads them, so that the first read's own setup (for ``hdfs://``, the client's
+    connections and runtime) does not lie on the start. The blob is an image's manifest;
+    its table is a few hundred bytes (a chunk, 1 MiB per spare, is traffic a job reading
+    through its peers would see at the DataNode: tests/system/test_p2p_warm.py)."""
     import bootseer.prefetch.session  # noqa: F401  (the servers' code)
     import bootseer.stripedfs.server  # noqa: F401
     from bootseer.prefetch.blockformat import IMAGE_REF_PREFIX

@@ -2,7 +2,7 @@
 
 A mount's servers (the lazy image's, each checkpoint directory's) are processes of
 :mod:`bootseer.agents.runserver`. Starting one costs a second or two of CPU: the
-interpreter, Bootseer's imports, and for ``hdfs://`` a JVM and its NameNode connection.
+interpreter, Bootseer's imports, and the store's connection.
 Spent at mount time, all of it lies on the container's start, and when many containers
 start at once on few cores it is most of their start. A spare pays it beforehand, the way
 nydus keeps a daemon ready to take a connection over: started by the agent with the

@@ -10,11 +10,11 @@ picks one replica, as on a production cluster.
 
 * ``single_stream``: ``hdfs dfs -cat`` (Hadoop's FsShell): one sequential stream, what a
   plain HDFS-FUSE mount does — the baseline a user has today;
-* ``raw_parallel``: every HDFS block read at once with plain positional reads (libhdfs
-  ``hdfsPread``, 4 MiB each, into a buffer per thread), no FUSE, no assembly — the limit
-  of this cluster, cap and client (``aggregate_cap_MBps`` is the sum of the caps;
-  ``placement_limit_MBps`` what the busiest DataNode allows when each read picks one of a
-  block's replicas at random);
+* ``raw_parallel``: every HDFS block read at once with plain positional reads (the
+  ``hdfs://`` store's ``read_range_into``, 4 MiB each, into a buffer per thread), no FUSE,
+  no assembly — the limit of this cluster, cap and client (``aggregate_cap_MBps`` is the
+  sum of the caps; ``placement_limit_MBps`` what the busiest DataNode allows when each
+  read picks one of a block's replicas at random);
 * ``api``: ``bootseer.checkpoint.open(url)`` read to the end;
 * ``fuse``: ``dd`` of the file through ``bootseer ckpt mount`` (``--direct-io``, the default)
   and ``fuse_page_cache`` with ``--page-cache``, the measurement behind that default;

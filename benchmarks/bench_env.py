@@ -33,8 +33,9 @@ After each pip, uv and restore run, ``V/bin/python -c "import numpy, scipy, ..."
 work (untimed). Then, untimed, a breakdown of the restore (``breakdown``): the shards
 fetched alone over the capped link (4 at once, as the restore does); decompressed alone
 from memory (4 threads), and on one thread with tarfile's stream parsing or with sha256;
-the CLI's start alone and ``env show`` (CLI + JVM + manifest); and ``env restore`` from a
-``file://`` store on local disk (no network, no JVM) at snapshot.concurrency 4, 1, 2, 8.
+the CLI's start alone and ``env show`` (CLI + HDFS connection + manifest); and
+``env restore`` from a ``file://`` store on local disk (no network) at
+snapshot.concurrency 4, 1, 2, 8.
 CPU seconds and context switches of every timed process are in ``details``.
 
 Medians of ``--runs`` runs, with the machine's CPU busy fraction per case. Goals:
@@ -133,6 +134,52 @@ PRESETS: dict[str, dict[str, Any]] = {
         ],
         "imports": ["numpy", "torch"],
     },
+    # Many small files and no torch: JupyterLab with widgets, its language-server extension
+    # and python-lsp-server's plugins (pylint, rope, black, ...): 124 wheels, every one pinned.
+    "jupyter": {
+        "requirements": [
+            "ipywidgets==8.1.9", "jupyterlab==4.6.6", "jupyterlab-lsp==5.3.0",
+            "nbconvert==7.17.2", "python-lsp-server[all]==1.15.0",
+            # dependencies
+            "anyio==4.16.0", "argon2-cffi==25.1.0", "argon2-cffi-bindings==26.2.0",
+            "arrow==1.4.0", "astroid==4.0.4", "asttokens==3.0.2", "async-lru==2.4.0",
+            "attrs==26.1.0", "autopep8==2.0.4", "babel==2.19.0", "beautifulsoup4==4.15.0",
+            "black==26.10.1", "bleach==6.4.0", "certifi==2026.10.19.post1", "cffi==2.1.1",
+            "charset-normalizer==3.5.3", "click==8.5.1", "comm==0.2.3", "debugpy==1.8.22",
+            "defusedxml==0.7.1", "dill==0.4.1", "docstring-to-markdown==0.17",
+            "executing==2.3.0", "fastjsonschema==2.22.3", "flake8==7.1.2", "fqdn==1.6.0",
+            "h11==0.16.0", "httpcore==1.0.9", "httpx==0.28.1", "idna==3.20",
+            "importlib_metadata==10.2.0", "ipykernel==7.4.0", "ipython==9.18.1",
+            "ipython_pygments_lexers==1.1.1", "isoduration==20.11.0", "isort==9.0.2",
+            "jedi==0.20.1", "Jinja2==3.1.6", "json5==0.17.3", "jsonpointer==3.12",
+            "jsonschema==4.26.0", "jsonschema-specifications==2025.9.1",
+            "jupyter-events==0.12.1", "jupyter-lsp==2.3.1", "jupyter_builder==1.3.0",
+            "jupyter_client==8.10.0", "jupyter_core==5.9.1", "jupyter_server==2.21.1",
+            "jupyter_server_terminals==0.5.4", "jupyterlab_pygments==0.3.0",
+            "jupyterlab_server==2.28.1", "jupyterlab_widgets==3.0.17", "lark==1.3.1",
+            "lazy-importer==0.1.0", "MarkupSafe==3.0.4", "matplotlib-inline==0.2.2",
+            "mccabe==0.7.0", "mistune==3.4.0", "mypy_extensions==1.2.0", "nbclient==0.11.0",
+            "nbformat==5.11.1", "nest-asyncio2==1.7.4", "notebook_shim==0.2.4",
+            "overrides==7.7.0", "packaging==26.4", "pandocfilters==1.5.1", "parso==0.8.7",
+            "pathspec==1.1.1", "pexpect==4.9.0", "platformdirs==4.14.8", "pluggy==1.7.0",
+            "prometheus_client==0.26.0", "prompt_toolkit==3.0.53", "psutil==7.2.2",
+            "ptyprocess==0.7.0", "pure_eval==0.2.4", "pycodestyle==2.12.1",
+            "pycparser==3.12", "pydocstyle==6.3.0", "pyflakes==3.2.0", "Pygments==2.21.0",
+            "pylint==4.0.10", "python-dateutil==4.0.0", "python-json-logger==4.2.0",
+            "python-lsp-jsonrpc==1.1.2", "pytokens==0.4.1", "pytoolconfig==1.3.1",
+            "PyYAML==6.0.4", "pyzmq==27.3.0", "referencing==0.37.0", "requests==2.34.2",
+            "rfc3339-validator==0.1.4", "rfc3986-validator==0.1.1", "rfc3987-syntax==1.1.0",
+            "rope==1.15.2", "rpds-py==2026.9.1", "Send2Trash==2.2.0", "six==1.17.0",
+            "snowballstemmer==3.1.1", "soupsieve==4.1.3", "stack-data==0.6.3",
+            "terminado==0.18.1", "tinycss2==1.5.1", "tomlkit==0.15.2", "tornado==6.6.1",
+            "traitlets==5.16.1", "typing_extensions==4.16.0", "tzdata==2026.6",
+            "ujson==6.1.0", "uri-template==1.3.0", "urllib3==2.8.0", "wcwidth==0.9.4",
+            "webcolors==25.10.0", "webencodings==0.6.1", "websocket-client==1.9.2",
+            "whatthepatch==1.0.7", "widgetsnbextension==4.0.16", "yapf==0.43.0",
+            "zipp==4.1.2",
+        ],
+        "imports": ["jupyterlab", "ipywidgets", "pylsp", "nbconvert", "pylint"],
+    },
     "small": {"requirements": ["numpy==2.4.6"], "imports": ["numpy"]},
 }
 
@@ -203,8 +250,8 @@ class Bench:
         self.hdfs = CappedCluster(work, base_port=args.base_port, cap=self.cap,
                                   block_size=args.block_size * MIB)
         self.cluster, self.url = self.hdfs.cluster, self.hdfs.url
-        self.recording = Recording("env-cuda" if args.requirements == "cuda" else "env",
-                                   code_root())
+        self.recording = Recording("env" if args.requirements == "full"
+                                   else f"env-{args.requirements}", code_root())
         self.index_port = args.base_port + 50
         self.index_url = f"http://127.0.0.1:{self.index_port}/"
         self.index_tc = work / "index-tc.json"
@@ -504,8 +551,8 @@ class Bench:
                 "env_du_bytes": du_bytes(self.venv), **info}
 
     def helper(self, what: str, *extra: str) -> dict[str, Any]:
-        """Run a store-side helper in a child process (libhdfs' JVM stays out of this one:
-        a process with a JVM must not fork)."""
+        """Run a store-side helper in a child process (its HDFS client's threads stay out
+        of this one, which forks)."""
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "_helper", what,
                                "--store", self.url, "--key", self.key, *extra],
                               env=self.env, capture_output=True, text=True,
@@ -522,7 +569,7 @@ class Bench:
         drop_page_cache()
         out = self.helper("breakdown", "--shards-dir", str(shards), "--local-store",
                           str(local), "--concurrency", "4")
-        # What a CLI run costs besides restore(): process start + imports, JVM start, the
+        # What a CLI run costs besides restore(): process start + imports, the HDFS connection, the
         # ref and manifest read (`env show` does exactly that and prints).
         for name, argv in (("cli_start", [sys.executable, "-m", "bootseer", "--version"]),
                            ("show", [sys.executable, "-m", "bootseer", "--store", self.url,
@@ -533,7 +580,7 @@ class Bench:
                 runs.append(row["seconds"])
             out[f"{name}_s"] = figure(runs)
         out["cli_start_note"] = "bootseer --version: interpreter start + CLI imports, cold"
-        out["show_note"] = ("bootseer env show KEY: the same + JVM/libhdfs start + ref and "
+        out["show_note"] = ("bootseer env show KEY: the same + HDFS connection + ref and "
                             "manifest fetch + printing the entries (restore's overhead "
                             "outside restore(), roughly)")
         def local_restore(name: str, i: int, concurrency: int) -> dict:
@@ -561,7 +608,7 @@ class Bench:
             "4": statistics.median(r["seconds"] for r in rows), "8": sweep[2]["seconds"]}
         out["local_restore_note"] = ("bootseer env restore from a file:// store on local "
                                      "disk (same shards), extracted (snapshot.mount off): "
-                                     "no network, no JVM; cold; "
+                                     "no network; cold; "
                                      "snapshot.concurrency 4 (default), and one run each "
                                      "at 1, 2 and 8")
         shutil.rmtree(local)
@@ -688,7 +735,7 @@ class Bench:
             "venv_create_s": detail_median("pip", "venv_s"),
             "restore_reported_s": reported,
             "restore_reported_note": "the CLI's own figure: restore() only, without process "
-                                     "start, JVM start and manifest fetch",
+                                     "start, HDFS connection and manifest fetch",
             "restore_cpu_s": round(restore_cpu, 2) if restore_cpu is not None else None,
             "restore_cpu_note": "user+sys of the bootseer process (the DataNode's is not "
                                 f"counted); the machine has {os.cpu_count()} cores",
@@ -720,7 +767,7 @@ class Bench:
                 "outside_restore_s": detail_median("restore", "outside_restore_s"),
                 "outside_restore_note":
                     "the timed restore minus the CLI's restore() figure: interpreter and "
-                    "CLI start, JVM start, ref and manifest fetch (the link idle so far), "
+                    "CLI start, HDFS connection, ref and manifest fetch (the link idle so far), "
                     "manifest decode (the first shards already crossing), process exit",
                 "restore_call_vs_limit": ratio(reported, limit),
                 "restore_call_vs_limit_note": "restore_reported_s against limit_s",
@@ -771,13 +818,13 @@ def table(result: dict) -> str:
                      f"{b['tarfile_serial_s']:.2f} s, zstd+sha256 "
                      f"{b['decompress_sha256_serial_s']:.2f} s; restore from local disk "
                      f"{b['local_restore_s']['median']:.2f} s; CLI start "
-                     f"{b['cli_start_s']['median']:.2f} s, env show (CLI + JVM + manifest) "
+                     f"{b['cli_start_s']['median']:.2f} s, env show (CLI + connection + manifest) "
                      f"{b['show_s']['median']:.2f} s; local restore by concurrency "
                      f"{b['local_restore_by_concurrency_s']}")
     return "\n".join(lines)
 
 
-# -- helpers run in a child process (they open the HDFS store: a JVM) -----------------------
+# -- helpers run in a child process (they open the HDFS store) -----------------------
 
 def _helper(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="bench_env.py _helper")
@@ -879,7 +926,7 @@ def _helper(argv: list[str]) -> None:
         "fetch_cpu_s": round(fetch_cpu, 3),
         "fetch_note": "shards read through BlobStore.open (8 MiB reads, verified), "
                       f"{args.concurrency} at once, over the capped link, cold; includes "
-                      "nothing else (JVM already up)",
+                      "nothing else (connection already made)",
         "decompress_s": round(decompress_s, 3), "decompress_cpu_s": round(decompress_cpu, 3),
         "tar_bytes": tar_bytes,
         "decompress_note": f"zstd of all shards from memory, {args.concurrency} threads",

@@ -7,14 +7,14 @@ client gets today and to what the hardware could give. This benchmark starts its
 2-DataNode cluster (base port 21000, state in a temporary directory, so it never touches a
 developer's or the test suite's cluster) and measures:
 
-* ``cluster_start_s`` -- warm start of the cluster (jars and libhdfs.so already cached),
+* ``cluster_start_s`` -- warm start of the cluster (jars already cached),
   fresh state dir every run: the fixed cost every HDFS test and benchmark pays.
 * ``namenode_rss_mb`` / ``datanode_rss_mb`` -- VmRSS of the cluster's JVMs (PIDs from the
   cluster's process records), sampled after each round of reads; the DataNode runs list
   both DataNodes round by round, ``per_datanode`` splits them.
 * ``sequential_read_mb_s`` -- the **baseline**: one object read start to end by one thread
   through ``store.read_range`` in 4 MiB pieces, with each store backend (``hdfs`` =
-  libhdfs, ``webhdfs`` = HdfsCLI), written once with a 64 MiB block size.
+  hdfs-native, ``webhdfs`` = HdfsCLI), written once with a 64 MiB block size.
 
   - uncapped: loopback is faster than any network, so the limit is the disk. Its
     **physical limit** ``disk`` is the same bytes read sequentially straight from the
@@ -55,10 +55,9 @@ from typing import Any
 from benchlib import CappedCluster, Recording, drop_page_cache, figure
 
 from bootseer.store import Store, open_store
-from bootseer_dev.cluster import Cluster, ClusterSpec, LinkCap, java_home, parse_link, tc_available
+from bootseer_dev.cluster import Cluster, ClusterSpec, LinkCap, parse_link, tc_available
 from bootseer_dev.cluster.cluster import _port_free
 from bootseer_dev.cluster.jars import ensure_jars
-from bootseer_dev.cluster.libhdfs import ensure_libhdfs
 
 log = logging.getLogger("bench_hdfs")
 
@@ -156,8 +155,7 @@ def rss_mb(pid: int | None) -> float:
 # ----------------------------------------------------------------------------- measurements
 def measure_start(base_port: int, runs: int, tmp: Path) -> list[float]:
     """Seconds from Cluster.start() to 2 live DataNodes, warm cache, fresh state each run."""
-    ensure_jars()
-    ensure_libhdfs(jdk=java_home())  # the one-off download and build are not start-up
+    ensure_jars()  # the one-off download is not start-up
     times = []
     for i in range(runs):
         cluster = Cluster(ClusterSpec.with_base_port(
@@ -196,10 +194,7 @@ def open_backend(cluster: Cluster, backend: str) -> Store:
 
 def measure_reads(cluster: Cluster, cap: LinkCap, runs: int, cold: Cold) -> dict[str, Any]:
     """Write the objects once, then `runs` rounds of every read measurement."""
-    os.environ.update(cluster.env())  # before the first hdfs:// store connects
-    # -Xrs: the JVM libhdfs embeds leaves SIGINT/SIGTERM to Python; otherwise it takes them
-    # over and exits the process on the spot, skipping the finally that stops the cluster.
-    os.environ["LIBHDFS_OPTS"] = f"{os.environ.get('LIBHDFS_OPTS', '')} -Xrs".strip()
+    os.environ.update(cluster.env())
     # One store per concurrent stream, so two streams never share an HTTP session.
     stores = {b: [open_backend(cluster, b) for _ in range(DATANODES)] for b in BACKENDS}
     writer = stores["hdfs"][0]

@@ -314,7 +314,7 @@ class Bench:
     def run_case(self, case: str, n: int, key: str) -> dict[str, Any]:
         self.prepare(case, n, key)
         # The lab's own load at rest (agents, engines, HDFS): wait for what the preparation
-        # set going (restarted agents' JVMs, an engine deleting an image) to settle.
+        # set going (restarted agents and their spares, an engine deleting an image) to settle.
         deadline = time.monotonic() + QUIET_WAIT_S
         while True:
             idle0 = cpu_times()

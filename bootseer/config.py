@@ -79,7 +79,7 @@ class HdfsConfig:
     user: str | None = None  # HDFS user to act as; None = the current user
     replication: int | None = None  # replication of new files; None = the cluster default
     block_size: ByteSize | None = None  # block size of new files; None = the cluster default
-    kerberos: bool = False  # webhdfs://: authenticate with Kerberos (needs requests-kerberos)
+    kerberos: bool = False  # authenticate with Kerberos (webhdfs://: needs requests-kerberos)
 
 
 @dataclass
@@ -184,7 +184,7 @@ class AgentConfig:
     #: the host name.
     node_name: str = ""
     #: Mount servers kept started ahead of need (:mod:`bootseer.agents.spare`): each takes
-    #: a second or two of CPU (interpreter, imports, the store's JVM) off a container's
+    #: a second or two of CPU (interpreter, imports, the store's connection) off a container's
     #: start. A mount uses one per server (the image's, one per checkpoint directory).
     spare_servers: int = 2
     #: Jobs (name prefixes; "*" for all) a container may join with ``io.bootseer.job``:

@@ -43,7 +43,7 @@ def server_log(directory: Path, what: str) -> Path:
 def wait_for_file(path: Path, pid: int, timeout: float) -> None:
     """Wait for a server (:func:`bootseer.serve.spawn_server`) to write ``path`` after its unmount
     (its last work, such as storing a recording, comes before); not for the process to exit,
-    which for a JVM-hosting process can take a while longer."""
+    which can take a while longer."""
     deadline = time.monotonic() + timeout
     while not path.exists():
         try:

@@ -1,9 +1,9 @@
 """Server processes: each technique's spec, carried to the process that serves it.
 
 A FUSE server (a lazy image's, a checkpoint directory's) runs in a process of its own,
-started before it opens any store (so a JVM is never forked) and in a session of its own
-(so it outlives whoever started it). Its whole contract with that caller is its spec, a
-frozen dataclass its technique owns (:class:`ImageServerSpec`,
+started before it opens any store (so a store client's threads are never forked) and in
+a session of its own (so it outlives whoever started it). Its whole contract with that
+caller is its spec, a frozen dataclass its technique owns (:class:`ImageServerSpec`,
 :class:`CheckpointServerSpec`) holding everything it needs, the node's configuration
 included: a server reads no config file, no environment and no command line, so what
 ``bootseer image mount``, the node agent and a spare server start is the same server.

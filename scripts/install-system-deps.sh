@@ -7,8 +7,7 @@ set -euo pipefail
 
 PACKAGES=(
   # bootseer_dev.cluster: local Apache Hadoop 2.7.3 HDFS
-  openjdk-17-jdk-headless        # JVM for NameNode/DataNodes; jni.h to build libhdfs.so
-  gcc                            # compiles libhdfs.so (hdfs:// stores)
+  openjdk-17-jdk-headless        # JVM for NameNode/DataNodes (hdfs:// stores need none)
   libjersey1-core-java           # WebHDFS is Jersey 1; the pyspark jars only carry Jersey 2
   libjersey1-server-java
   libjersey1-servlet-java

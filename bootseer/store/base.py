@@ -271,7 +271,7 @@ class Store(ABC):
         """Fill ``buffer`` with the bytes at ``offset``, or :class:`InvalidRangeError`.
 
         The same contract as :meth:`read_range`, into memory the caller reuses: backends
-        that can read in place (``pread``, libhdfs) override it and save an allocation and
+        that can read in place (``pread``) override it and save an allocation and
         a copy per call, which is what keeps parallel readers off the CPU ceiling.
         """
         buffer[:] = self.read_range(key, offset, len(buffer))

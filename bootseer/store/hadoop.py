@@ -1,7 +1,7 @@
 """What the two HDFS backends share: paths, temporaries and the publish protocol.
 
 HDFS gives us atomic ``rename`` but not an atomic rename-over-an-existing-file (``rename2``
-with ``OVERWRITE`` is not reachable from libhdfs or WebHDFS 2.7), so:
+with ``OVERWRITE`` is not reachable from WebHDFS 2.7, and both backends share this), so:
 
 * create-only publish (blobs, ``overwrite=False``) is one ``rename``; HDFS refuses it when
   the destination exists, which makes racing writers of the same blob safe;

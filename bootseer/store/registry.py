@@ -1,6 +1,6 @@
 """URL scheme → store backend, imported on first use (the fsspec registry pattern).
 
-Backends with heavy or optional dependencies (a JVM for libhdfs, an HTTP client) are only
+Backends with heavy or optional dependencies (HDFS's native client, an HTTP client) are only
 imported when a URL of their scheme is opened, so ``file://`` users pay for neither. A
 backend that cannot be imported raises :class:`BackendUnavailableError` carrying the hint
 of what to install. Third-party backends register through the ``bootseer.stores``
@@ -35,8 +35,7 @@ known_backends: dict[str, BackendSpec] = {
     "file": BackendSpec("bootseer.store.local:LocalStore"),
     "hdfs": BackendSpec(
         "bootseer.store.hdfs:HdfsStore",
-        "needs libhdfs.so and a JVM: set JAVA_HOME, ARROW_LIBHDFS_DIR and "
-        "CLASSPATH (`python -m bootseer_dev.cluster env` prints them for the test cluster)",
+        "pip install hdfs-native",
     ),
     "webhdfs": BackendSpec("bootseer.store.webhdfs:WebHdfsStore", "pip install hdfs"),
 }

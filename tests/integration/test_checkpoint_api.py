@@ -185,6 +185,7 @@ def test_the_api_reads_as_the_configured_hdfs_user(hdfs_cluster, scheme: str, tm
         store.put(f"dcp/{path.name}", path.read_bytes())
     user = f"api-{scheme}-{run}"
     monkeypatch.setenv("BOOTSEER_HDFS_USER", user)
+    monkeypatch.delenv("HADOOP_USER_NAME", raising=False)  # hdfs.user sets it: put it back
     with ckpt.open(f"{url}/blob.bin") as f:
         assert f.read() == ramp(0, 2 * MIB)
     target = {k: torch.zeros_like(v) for k, v in state.items()}

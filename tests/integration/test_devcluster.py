@@ -100,7 +100,7 @@ def _read_webhdfs(client, path: str) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
-_LIBHDFS_SCRIPT = r"""
+_STORE_SCRIPT = r"""
 import json, os, sys, threading, time
 from bootseer.store import open_store
 port, mode = int(sys.argv[1]), sys.argv[2]
@@ -115,12 +115,12 @@ def read(key, limit=None):
 out = {}
 if mode == "roundtrip":
     data = os.urandom(3 * (1 << 20) + 12345)
-    store.put("libhdfs-roundtrip", data)
-    out["equal"] = store.get("libhdfs-roundtrip") == data
-    out["size"] = store.stat("libhdfs-roundtrip").size
+    store.put("store-roundtrip", data)
+    out["equal"] = store.get("store-roundtrip") == data
+    out["size"] = store.stat("store-roundtrip").size
 else:
     keys = [p.lstrip("/") for p in sys.argv[3:]]
-    for k in keys:  # warm the JVM and the path to each DataNode: 1 MiB each
+    for k in keys:  # warm the path to each DataNode: 1 MiB each
         read(k, 1 << 20)
     n, dt = read(keys[0])
     out["single"] = n / dt
@@ -134,10 +134,10 @@ print(json.dumps(out))
 """
 
 
-def _libhdfs(cluster: Cluster, *args: str) -> dict:
-    """Run Bootseer's libhdfs store in a subprocess: its JVM must see env() from birth."""
+def _hdfs_store(cluster: Cluster, *args: str) -> dict:
+    """Run Bootseer's hdfs:// store in a subprocess with the cluster's client env()."""
     env = {**os.environ, **cluster.env()}
-    proc = subprocess.run([sys.executable, "-c", _LIBHDFS_SCRIPT,
+    proc = subprocess.run([sys.executable, "-c", _STORE_SCRIPT,
                            str(cluster.spec.namenode_rpc_port), *args],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -186,8 +186,8 @@ def test_multiblock_file_spreads_over_both_datanodes(running):
         assert r.read() == data
 
 
-def test_libhdfs_roundtrip(running):
-    out = _libhdfs(running, "roundtrip")
+def test_hdfs_store_roundtrip(running):
+    out = _hdfs_store(running, "roundtrip")
     assert out == {"equal": True, "size": 3 * MiB + 12345}
 
 
@@ -196,8 +196,8 @@ def test_env_cli_prints_exports(running):
                           "--state-dir", str(running.state_dir)], capture_output=True, text=True)
     assert cli.returncode == 0, cli.stderr
     keys = {ln.split("=", 1)[0].removeprefix("export ") for ln in cli.stdout.splitlines()}
-    assert {"JAVA_HOME", "ARROW_LIBHDFS_DIR", "CLASSPATH"} <= keys
-    assert "*" not in running.env()["CLASSPATH"]  # libhdfs does not expand wildcards
+    assert {"JAVA_HOME", "CLASSPATH", "HADOOP_CONF_DIR"} <= keys
+    assert "*" not in running.env()["CLASSPATH"]  # an explicit jar list
 
 
 def test_datanode_restart_keeps_its_blocks(running):
@@ -240,12 +240,12 @@ def test_link_cap_limits_each_datanode(running):
         [t.join() for t in threads]
         aggregate = 2 * CAPPED_FILE / (time.perf_counter() - t0)
         assert aggregate >= 1.6 * single, f"{aggregate / 1e6:.1f} vs {single / 1e6:.1f} MB/s"
-        # libhdfs reads from the transfer port: the same cap holds there.
-        pa = _libhdfs(running, "capped", *paths)
+        # hdfs:// stores read from the transfer port: the same cap holds there.
+        pa = _hdfs_store(running, "capped", *paths)
         assert 0.6 * cap <= pa["single"] <= 1.15 * cap, pa
         assert pa["aggregate"] >= 1.6 * pa["single"], pa
         print(f"cap {CAP}: webhdfs single {single / 1e6:.1f} MB/s, two-DN aggregate "
-              f"{aggregate / 1e6:.1f} MB/s; libhdfs single {pa['single'] / 1e6:.1f}, "
+              f"{aggregate / 1e6:.1f} MB/s; hdfs:// single {pa['single'] / 1e6:.1f}, "
               f"aggregate {pa['aggregate'] / 1e6:.1f} MB/s")
     finally:
         running.set_link(None)

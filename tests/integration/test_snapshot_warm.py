@@ -91,8 +91,7 @@ def test_a_warmed_restore_reads_nothing_from_the_store(tmp_path: Path) -> None:
 
 def test_a_warmed_restore_never_connects_to_hdfs(hdfs_cluster, tmp_path: Path) -> None:
     """Warmed from the real cluster, the restore runs with the store's NameNode gone (an
-    address where nothing listens): the store is opened but never connected to, so no JVM
-    is started either."""
+    address where nothing listens): the store is opened but never connected to."""
     url = f"{hdfs_cluster.namenode_rpc_url}/test-env-{tmp_path.name}"
     venv, wheel = tmp_path / "node" / "venv", tiny_wheel(tmp_path)
     install = (f"{sys.executable} -m venv --without-pip {venv} && "

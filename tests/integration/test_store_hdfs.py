@@ -67,22 +67,31 @@ def test_hadoop_client_cross_check(hdfs_cluster, scheme: str) -> None:
     assert store.read_range("from-hadoop/file", MIB - 3, 10) == other[MIB - 3 : MIB + 7]
 
 
-def test_the_store_writes_blocks_with_crc32_checksums(hdfs_cluster) -> None:
-    """hdfs:// chooses CRC32 for what it writes (``CLIENT_CONF``), which a JVM without
-    Hadoop's native library verifies through an intrinsic; a file Hadoop's own client
-    wrote keeps its CRC32C, and both read back."""
-    root = _root()
-    store = open_store(hdfs_cluster.namenode_rpc_url + root)
-    info = BlobStore(store).put(ramp(7, 3 * MIB + 1))
-    _fsshell(hdfs_cluster, "-put", "-", f"{root}/from-hadoop", stdin=ramp(0, MIB))
+_AS_USER = r"""
+import sys
+from bootseer.errors import BackendUnavailableError
+from bootseer.store import open_store
+store = open_store(sys.argv[1], user="alice")
+store.put("owned", b"x")
+print(store._fs_perm(store._path("owned")).owner)
+try:
+    open_store(sys.argv[1], user="bob")
+except BackendUnavailableError as exc:
+    print(exc)
+"""
 
-    def algorithm(key: str) -> str:
-        return _fsshell(hdfs_cluster, "-checksum", f"{root}/{key}").decode().split("\t")[1]
 
-    assert algorithm(BlobStore.blob_key(info.digest)).endswith("-of-512CRC32")
-    assert algorithm("from-hadoop").endswith("-of-512CRC32C")
-    assert store.get(BlobStore.blob_key(info.digest)) == ramp(7, 3 * MIB + 1)
-    assert store.get("from-hadoop") == ramp(0, MIB)
+def test_the_store_acts_as_its_configured_user(hdfs_cluster) -> None:
+    """``hdfs.user``: what the store writes is owned by that HDFS user; the client takes
+    the user from the process's environment, so a second user in one process, while the
+    first's store is open, is refused, not silently ignored."""
+    env = {k: v for k, v in os.environ.items() if k != "HADOOP_USER_NAME"}
+    out = subprocess.run([sys.executable, "-c", _AS_USER,
+                          hdfs_cluster.namenode_rpc_url + _root()],
+                         capture_output=True, text=True, timeout=60, env=env, check=True)
+    owner, refusal = out.stdout.splitlines()
+    assert owner == "alice"
+    assert "acting as HDFS user 'alice'" in refusal and "'bob'" in refusal
 
 
 class _OpenRedirects:

@@ -18,13 +18,12 @@ from bootseer_dev import log_to_stderr
 
 from .cluster import Cluster, ClusterError
 from .jars import JarsError
-from .libhdfs import LibhdfsError
 from .linkcap import LinkCapError
 from .paths import default_state_dir
 from .spec import ClusterSpec, SpecError
 from .units import parse_link, parse_size
 
-_ERRORS = (ClusterError, JarsError, LibhdfsError, LinkCapError, SpecError, ValueError)
+_ERRORS = (ClusterError, JarsError, LinkCapError, SpecError, ValueError)
 
 state_dir_option = click.option(
     "--state-dir", type=click.Path(path_type=Path), default=None,
@@ -115,7 +114,7 @@ def status(state_dir, as_json) -> None:
 @main.command()
 @state_dir_option
 def env(state_dir) -> None:
-    """Print `export K=V` lines for clients (libhdfs, hdfs:// stores, needs them)."""
+    """Print `export K=V` lines for clients (hdfs:// stores, Hadoop's Java tools)."""
     try:
         variables = _attach(state_dir).env()
     except _ERRORS as exc:

@@ -32,7 +32,6 @@ from .. import netns
 from . import linkcap
 from .config import datanode_overrides, write_configs
 from .jars import ensure_jars, server_classpath
-from .libhdfs import ensure_libhdfs
 from .paths import java_home
 from .process import (
     ProcessRecord,
@@ -391,7 +390,6 @@ class Cluster:
                 raise ClusterError(f"--link needs tc: {reason}")
 
         ensure_jars()
-        ensure_libhdfs(jdk=self.jdk)
         t_fetch = time.monotonic() - t0
 
         for sub in ("name", "data", "tmp", "pids"):
@@ -424,7 +422,7 @@ class Cluster:
         except BaseException:
             self._stop_locked()
             raise
-        log.info("HDFS up in %.1fs (jars/libhdfs %.1fs): %s, %s, %d DataNode(s)%s; logs in %s",
+        log.info("HDFS up in %.1fs (jars %.1fs): %s, %s, %d DataNode(s)%s; logs in %s",
                  time.monotonic() - t0, t_fetch, self.namenode_rpc_url, self.webhdfs_url,
                  self.spec.datanodes, f", link cap {self.spec.link}" if self.spec.link else "",
                  self.log_dir)
@@ -527,20 +525,12 @@ class Cluster:
         return [self.state_dir / "client-conf", *ensure_jars()]
 
     def env(self) -> dict[str, str]:
-        """Environment for clients, libhdfs (``hdfs://`` stores) in particular.
-
-        libhdfs embeds a JVM: it needs JAVA_HOME (where libjvm.so is),
-        ARROW_LIBHDFS_DIR (where libhdfs.so is) and CLASSPATH as an explicit jar list
-        (JNI's class path does not expand wildcards). Merge into os.environ before the
-        first hdfs:// store connects: the JVM reads CLASSPATH once per process.
-        """
-        jvm_dir = self.jdk / "lib" / "server"
-        ld = os.environ.get("LD_LIBRARY_PATH", "")
+        """Environment for clients: ``HADOOP_CONF_DIR`` for ``hdfs://`` stores
+        (hdfs-native reads the site files there), and JAVA_HOME with CLASSPATH (an explicit
+        jar list) for Hadoop's own Java tools (FsShell, fsck) run against the cluster."""
         return {
             "JAVA_HOME": str(self.jdk),
-            "ARROW_LIBHDFS_DIR": str(ensure_libhdfs(jdk=self.jdk)),
             "CLASSPATH": os.pathsep.join(map(str, self.classpath())),
-            "LD_LIBRARY_PATH": f"{jvm_dir}:{ld}" if ld else str(jvm_dir),
             "HADOOP_CONF_DIR": str(self.state_dir / "client-conf"),
             "BOOTSEER_HDFS_STATE": str(self.state_dir),
             "BOOTSEER_HDFS_URL": self.namenode_rpc_url,

@@ -1,7 +1,7 @@
 """Write the Hadoop configuration (core-site.xml, hdfs-site.xml, log4j.properties).
 
 Two conf dirs per cluster: `conf/` for the servers (INFO logging into the log files) and
-`client-conf/` for clients such as libhdfs (same site files, WARN logging, so a client's
+`client-conf/` for clients (hdfs:// stores, FsShell) (same site files, WARN logging, so a client's
 read does not spray Hadoop INFO lines on stderr). Clients need the site files because
 dfs.blocksize and dfs.replication are applied by the *client* when it creates a file.
 """

@@ -8,7 +8,7 @@ Layout (shared by every dev cluster on the machine, guarded by a file lock):
       filters (u32, prio P of this cluster): ip sport <port> -> 1b5e:<m>, per shaped port
 
 Which ports: every byte a DataNode serves leaves its *data transfer* port exactly once.
-libhdfs/RPC readers read it from there directly; a WebHDFS read is served by the DataNode's
+RPC readers (hdfs:// stores) read it from there directly; a WebHDFS read is served by the DataNode's
 HTTP (Netty) handler, which itself reads the block through a DFSClient from the same
 DataNode's transfer port over loopback and then relays it from the HTTP port. Shaping the
 HTTP port as well would therefore charge WebHDFS bytes twice to the same class (measured:

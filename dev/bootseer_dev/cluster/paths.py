@@ -1,6 +1,6 @@
 """Where the dev cluster keeps things: the shared download/build cache, per-cluster state, Java.
 
-The cache (jars, libhdfs.so) is shared by every cluster of a user and costs a ~211 MB
+The cache (jars) is shared by every cluster of a user and costs a ~211 MB
 download once; state (fsimage, block files, logs, PIDs) belongs to one cluster, so tests and
 people running side by side each pass their own state dir.
 """
@@ -21,7 +21,7 @@ JAVA_ENV = "BOOTSEER_JAVA_HOME"
 
 
 class JavaNotFound(RuntimeError):
-    """No JDK with jni.h and libjvm.so: libhdfs cannot be built and clients cannot embed a JVM."""
+    """No JDK: the NameNode and DataNodes (and Hadoop's Java tools) cannot run."""
 
 
 def cache_dir() -> Path:
@@ -46,7 +46,7 @@ def _is_jdk(path: Path) -> bool:
 
 
 def java_home() -> Path:
-    """The JDK used for the servers, for building libhdfs and for the clients' JAVA_HOME.
+    """The JDK used for the servers and for Hadoop's Java tools (their JAVA_HOME).
 
     Order: $BOOTSEER_JAVA_HOME, $JAVA_HOME, the Debian OpenJDK 17 (the verified one; this
     machine may carry other JDKs), /usr/lib/jvm/default-java, then `java` on PATH.

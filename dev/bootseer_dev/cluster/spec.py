@@ -24,7 +24,7 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class DataNodePorts:
-    """The three ports of one DataNode. xfer serves block reads (libhdfs/RPC clients), http
+    """The three ports of one DataNode. xfer serves block reads (RPC clients), http
     serves WebHDFS reads (the NameNode redirects OPEN there), ipc is DataNode admin RPC."""
 
     xfer: int

@@ -162,7 +162,7 @@ class Lab:
             netns={m.role: m.netns for m in [nn, *dns]}))
 
     def client_env(self) -> dict[str, str]:
-        """What a store client needs in its environment (libhdfs: JVM, jars, conf)."""
+        """What a store client needs in its environment (hdfs:// stores: the site files)."""
         cluster = self.cluster
         return cluster.env() if cluster else {}
 
