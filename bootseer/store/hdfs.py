@@ -101,6 +101,9 @@ class HdfsStore(HadoopStyleStore):
 
         def put(chunk: bytes) -> None:
             nonlocal done
+            if done + len(chunk) > len(buffer):
+                raise OSError(errno.EIO, f"{self.url}: {key}: the DataNodes sent more than "
+                                         f"the {len(buffer)} bytes asked for at {offset}")
             buffer[done:done + len(chunk)] = chunk
             done += len(chunk)
 
