@@ -1,13 +1,15 @@
 """What the two HDFS backends share: paths, temporaries and the publish protocol.
 
-HDFS gives us atomic ``rename`` but not an atomic rename-over-an-existing-file (``rename2``
-with ``OVERWRITE`` is not reachable from WebHDFS 2.7, and both backends share this), so:
+HDFS renames atomically, so:
 
 * create-only publish (blobs, ``overwrite=False``) is one ``rename``; HDFS refuses it when
   the destination exists, which makes racing writers of the same blob safe;
-* overwriting publish (references) deletes the old object, then renames. A reader in that
-  instant finds no object (``FileNotFoundError``), never a partial one; when two writers
-  overwrite at once, the one whose rename lands last is the result.
+* overwriting publish (references) is one ``rename`` with ``OVERWRITE`` (``rename2``) where
+  the backend reaches it (:attr:`HadoopStyleStore.renames_over`: ``hdfs://``): a reader
+  finds the old object or the new one, never none. WebHDFS 2.7 does not offer it, so
+  there the old object is deleted, then the new one renamed in: a reader in that instant
+  finds no object (``FileNotFoundError``), never a partial one. Either way, when two
+  writers overwrite at once, the one whose rename lands last is the result.
 
 A backend implements the few file-system primitives below (``_fs_*``); the :class:`Store`
 methods are built from them here once.
@@ -67,6 +69,8 @@ class HadoopStyleStore(Store):
     """A :class:`Store` rooted at a directory of a Hadoop-compatible file system."""
 
     default_port: int = 0
+    #: Whether ``_fs_rename`` can replace an existing destination atomically.
+    renames_over: bool = False
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
@@ -97,8 +101,9 @@ class HadoopStyleStore(Store):
         """Create ``path`` for streaming writes (replication and block size applied)."""
 
     @abstractmethod
-    def _fs_rename(self, src: str, dst: str) -> bool:
-        """HDFS rename; False (not an exception) when the destination exists."""
+    def _fs_rename(self, src: str, dst: str, *, overwrite: bool = False) -> bool:
+        """HDFS rename; False (not an exception) when the destination exists. ``overwrite``
+        (only where :attr:`renames_over`): replace it, atomically."""
 
     @abstractmethod
     def _fs_delete(self, path: str) -> bool:
@@ -212,6 +217,11 @@ class HadoopStyleStore(Store):
     def _publish(self, tmp: str, key: str, overwrite: bool, size: int) -> ObjectInfo:
         dest = self._path(key)
         self._fs_mkdirs(posixpath.dirname(dest))
+        if overwrite and self.renames_over:
+            if not self._fs_rename(tmp, dest, overwrite=True):
+                self._fs_delete(tmp)
+                raise OSError(f"{self.url}: could not publish {key!r} (rename failed)")
+            return ObjectInfo(key, size, time.time())
         if overwrite:
             self._fs_delete(dest)
         if not self._fs_rename(tmp, dest):

@@ -30,14 +30,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+import hdfs_native  # missing: the registry's BackendUnavailableError says what to install
+
 from bootseer.errors import BackendUnavailableError, InvalidRangeError
 from bootseer.store.base import Perm
 from bootseer.store.hadoop import HadoopStyleStore, OutputFile, PathInfo
-
-try:
-    import hdfs_native
-except ImportError as exc:  # a broken install; the registry turns this into a hint
-    raise ImportError(f"hdfs-native is not installed ({exc})") from exc
 
 _T = TypeVar("_T")
 
@@ -52,6 +49,7 @@ class HdfsStore(HadoopStyleStore):
 
     protocols = ("hdfs",)
     default_port = 8020
+    renames_over = True
 
     def __init__(
         self,
@@ -133,9 +131,9 @@ class HdfsStore(HadoopStyleStore):
     def _fs_create(self, path: str) -> OutputFile:
         return _call(lambda: self._client.create(path, self._write), path)
 
-    def _fs_rename(self, src: str, dst: str) -> bool:
+    def _fs_rename(self, src: str, dst: str, *, overwrite: bool = False) -> bool:
         try:
-            _call(lambda: self._client.rename(src, dst, overwrite=False), src)
+            _call(lambda: self._client.rename(src, dst, overwrite=overwrite), src)
         except FileExistsError:
             return False
         return True

@@ -205,7 +205,8 @@ class WebHdfsStore(HadoopStyleStore):
             blocksize=self.new_file_block_size,
         ))
 
-    def _fs_rename(self, src: str, dst: str) -> bool:
+    def _fs_rename(self, src: str, dst: str, *, overwrite: bool = False) -> bool:
+        assert not overwrite, "WebHDFS 2.7 has no rename with OVERWRITE"
         try:
             self.client.rename(src, dst)
         except HdfsError as exc:

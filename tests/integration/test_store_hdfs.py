@@ -94,6 +94,27 @@ def test_the_store_acts_as_its_configured_user(hdfs_cluster) -> None:
     assert "acting as HDFS user 'alice'" in refusal and "'bob'" in refusal
 
 
+def test_an_overwrite_replaces_the_object_in_one_rename(hdfs_cluster) -> None:
+    """``hdfs://`` publishes an overwrite as one ``rename`` with ``OVERWRITE``: the
+    NameNode's audit log shows that rename onto the key and never a delete of it, so no
+    reader can find the reference missing in between."""
+    root = _root()
+    store = open_store(hdfs_cluster.namenode_rpc_url + root)
+    store.put("refs/latest", b"one")
+    store.put("refs/latest", b"two")
+    assert store.get("refs/latest") == b"two"
+    dest = f"{root}/refs/latest"
+    renames, deletes = [], []
+    for line in hdfs_cluster.log_path("namenode").read_text(errors="replace").splitlines():
+        fields = dict(f.split("=", 1) for f in line.split("\t") if "=" in f)
+        if fields.get("cmd", "").startswith("rename") and fields.get("dst") == dest:
+            renames.append(fields["cmd"])
+        if fields.get("cmd") == "delete" and fields.get("src") == dest:
+            deletes.append(line)
+    assert renames == ["rename (options=[OVERWRITE])"] * 2, renames  # a put overwrites
+    assert deletes == []
+
+
 class _OpenRedirects:
     """Every WebHDFS ``OPEN`` redirect the NameNode sends this process, seen below the store
     (at requests' HTTP adapter), however the store follows it; :meth:`kill_next` makes the
