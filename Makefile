@@ -36,7 +36,7 @@ test-fast: venv
 
 # On a machine with a CUDA GPU and its own torch (see benchmarks/bench_ckpt_gpu.py)
 test-gpu:
-	PYTHONPATH=$(CURDIR):$(PYTHONPATH) python3 -m pytest -p no:cacheprovider -m gpu tests/unit
+	PYTHONPATH=$(CURDIR):$(CURDIR)/dev:$(PYTHONPATH) python3 -m pytest -p no:cacheprovider -m gpu tests/unit
 
 lint: venv
 	$(BIN)/ruff check --no-cache .

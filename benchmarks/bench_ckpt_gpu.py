@@ -20,7 +20,7 @@ local disk, ``file://`` URLs:
 * peaks, each in a fresh process: host memory (peak RSS over the process's RSS after
   CUDA's start) and device memory over the tensors' size, per case;
 * ``torch.load`` of a ``.pt`` vs ``bootseer.checkpoint.load`` onto the device;
-* a sweep of Bootseer's warm load over fetch concurrency and local read size.
+* a sweep of Bootseer's warm load over local reads in flight and local read size.
 
 On a GPU machine with no network, Bootseer's two missing dependencies travel as wheels:
 here, ``python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
@@ -188,17 +188,17 @@ def torch_pt(work: Path, device: str, mib: int, runs: int) -> dict:
 
 
 def sweep(paths: list[Path], device: str, pool: int, runs: int) -> list[dict]:
-    """Bootseer's warm load over fetch concurrency x local read size."""
+    """Bootseer's warm load over local reads in flight x local read size."""
     points = []
     default = localfile.LOCAL_CHUNK
     try:
         for chunk in (4 * MIB, 16 * MIB, 64 * MIB):
             localfile.LOCAL_CHUNK = chunk
             for concurrency in (8, 16, 32, 64):
-                load = loadcases.bootseer(StripeConfig(max_memory=max(pool, 2 * chunk),
-                                                       max_concurrent_fetches=concurrency))
+                load = loadcases.bootseer(StripeConfig(
+                    max_memory=max(pool, 2 * chunk), max_concurrent_local_reads=concurrency))
                 result = timed({"bootseer": load}, paths, device, runs, False, None)
-                points.append({"local_chunk_mib": chunk // MIB, "concurrency": concurrency,
+                points.append({"local_chunk_mib": chunk // MIB, "local_reads": concurrency,
                                **result["bootseer"]})
     finally:
         localfile.LOCAL_CHUNK = default

@@ -163,6 +163,7 @@ class CheckpointConfig:
     #: (``max_memory`` is a reading process's; a mount's server uses ``mount_memory``.)
     stripe_size: ByteSize | None = None
     max_concurrent_fetches: int | None = None
+    max_concurrent_local_reads: int | None = None
     initial_read_window: ByteSize | None = None
     sequential_window_multiplier: int | None = None
     max_read_window: ByteSize | None = None

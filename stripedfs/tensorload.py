@@ -9,15 +9,16 @@ user's forty lines of ``preadv`` and ``cudaMemcpyAsync``):
   tensor will live: one allocation per *run* (tensors that lie back to back in a file and
   are all wanted), the tensors views of it. Tensors nobody asked for are never read.
 * **Chunks in parallel.** A run's bytes are read in the reader's chunks (a remote
-  object's stripes, large positional reads of a local file), ``max_concurrent_fetches`` at
-  once on the process's fetch pool; local and remote reads release the GIL.
+  object's stripes, large positional reads of a local file), ``max_concurrent_fetches``
+  at once on the process's fetch pool (a local file's: ``max_concurrent_local_reads``,
+  one per core); local and remote reads release the GIL.
 * **On the host, no buffer between**: a chunk is read straight into its destination.
 * **To a device, through a bounded pool of pinned buffers**: a chunk is read into a pinned
   host buffer and copied to its destination asynchronously on a CUDA stream as soon as it
   lands, while the other workers read the next chunks; the buffer goes back to the pool
   once its copy is done. Host memory is the pool (at most ``max_memory``, kept for the
-  process's next load; a worker holds one buffer at a time, so at most
-  ``max_concurrent_fetches`` are ever pinned), whatever the checkpoint's size; device
+  process's next load; a worker holds one buffer at a time, so at most one per worker
+  is ever pinned), whatever the checkpoint's size; device
   memory is the tensors.
 
 The caller describes the tensors (:class:`TensorSlot`: a format's header, already
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from bootseer.stripedfs.config import StripeConfig
+from bootseer.stripedfs.localfile import LocalFileReader
 from bootseer.stripedfs.memory import StripeMemory, shared_memory
 from bootseer.stripedfs.reader import shared_pool
 
@@ -160,8 +162,9 @@ def read_into(pieces: Sequence[tuple[ChunkReader, int, torch.Tensor]], config: S
             fills.append((mine, _Staged(device, config, largest).fill))
         else:
             fills.append((mine, _into_host))
+    local = all(isinstance(reader, LocalFileReader) for reader, _, _ in pieces)
     _run_all([(fill, chunk) for mine, fill in fills for chunk in mine],
-             config.max_concurrent_fetches)
+             config.local_reads if local else config.max_concurrent_fetches)
 
 
 _PAGE = 4096

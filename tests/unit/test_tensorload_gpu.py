@@ -57,7 +57,7 @@ def test_a_file_loads_onto_the_gpu_byte_exact(tmp_path: Path) -> None:
                                 config=config)
     assert_on_device_and_equal(got, load_file(tmp_path / "m.safetensors"))
     pool = tensorload.staging_memory(config, 16 * MIB, pinned=True)
-    assert 1 <= pool.peak <= config.max_concurrent_fetches
+    assert 1 <= pool.peak <= config.local_reads  # one buffer per worker at most
     assert pool.take(1)[0].is_pinned()
 
 
