@@ -521,6 +521,8 @@ def main() -> None:
     # that, the DataNodes refuse blocks 20 minutes in ("could only be replicated to 0 nodes").
     need = ((2 * args.size_gib + args.safetensors_gib) * args.replication
             + args.size_gib + args.safetensors_gib) << 30
+    if select_cases(args.cases, CASES) == ["page_cache"]:  # no HDFS: the shards, once
+        need = (args.page_cache_gib + args.page_cache_gib // 2) << 30
     free = shutil.disk_usage("/var/tmp").free
     if free < need:
         parser.error(f"needs about {need >> 30} GiB free under /var/tmp for the checkpoints "
