@@ -115,6 +115,41 @@ def test_staging_holds_at_most_its_pool_whatever_the_tensor(tmp_path: Path) -> N
     assert pool.limit < big["big"].numel() * 4
 
 
+def test_a_local_files_reads_run_one_per_core_or_as_configured(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local file's chunks are memory copies from the page cache: at most
+    ``max_concurrent_local_reads`` at once (default one per core), not the 64 in flight a
+    remote store's stripes get."""
+    import threading
+    import time
+
+    assert StripeConfig().local_reads == len(os.sched_getaffinity(0))
+    with pytest.raises(ValueError, match="max_concurrent_local_reads"):
+        StripeConfig(max_concurrent_local_reads=-1)
+    big = {"big": every_dtype()["big"]}
+    save_file(big, tmp_path / "m.safetensors")
+    monkeypatch.setattr("bootseer.stripedfs.localfile.LOCAL_CHUNK", 64 * KIB)  # 48 chunks
+    lock, now, most = threading.Lock(), [0], [0]
+    read = LocalFileReader.read_chunk_into
+
+    def counted(self, offset: int, view: memoryview) -> None:
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.005)
+        try:
+            read(self, offset, view)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    monkeypatch.setattr(LocalFileReader, "read_chunk_into", counted)
+    config = StripeConfig(max_concurrent_local_reads=3)  # max_concurrent_fetches stays 64
+    assert_bytes_equal(ckpt.load_safetensors(f"file://{tmp_path}/m.safetensors",
+                                             config=config), big)
+    assert most[0] == 3
+
+
 def test_the_checkpoint_api_loads_every_dtype(tmp_path: Path) -> None:
     save_file(every_dtype(), tmp_path / "m.safetensors")
     assert_bytes_equal(ckpt.load_safetensors(f"file://{tmp_path}/m.safetensors"),
