@@ -26,6 +26,9 @@ page cache, timed from spawning the first process to the last one's exit:
   have restored (the CLI says "the command was not run", and MARKER stays absent);
 * ``raw_extract_s``: ``tar -xf`` of an uncompressed tar of the restored venv, from local
   disk into a fresh directory;
+* V and raw_extract's directory are on a fresh journaled ext4 the benchmark makes
+  (``--scratch-gib``, a loop device): on the root file system of these machines (no
+  journal) creating files slows down with every tree deleted before;
 * ``limit_s``: the physical floor, max(raw_extract_s, snapshot_bytes / link rate):
   transfer and extraction overlapped.
 
@@ -78,6 +81,7 @@ from benchlib import (
     drop_page_cache,
     figure,
     median_of,
+    scratch_filesystem,
     select_cases,
 )
 
@@ -85,6 +89,9 @@ from bootseer.mounts import overlay_at, unmount
 from bootseer_dev.cluster import parse_link
 
 log = logging.getLogger("bench-env")
+#: The work directory's mount of a fresh ext4 (benchlib.scratch_filesystem) that holds the
+#: trees the cases write and time: the venv and raw_extract's copy.
+SCRATCH = "fs"
 #: What `env run` says when it restored (or mounted) instead of running the command.
 RESTORED = re.compile(r"(?P<how>restored|mounted the node's tree of) snapshot \S+: "
                       r"(?P<entries>\d+) entries, .* from (?P<shards>\d+) shards in "
@@ -257,7 +264,8 @@ class Bench:
         self.index_tc = work / "index-tc.json"
         self.index_proc: subprocess.Popen | None = None
         self.python = base_python()
-        self.venv = work / "env" / "venv"  # V: every case builds it here
+        # V: every case builds it here, on a fresh file system (main), as raw_extract does
+        self.venv = work / SCRATCH / "env" / "venv"
         self.marker = work / "command-ran"
         self.requirements = work / "requirements.txt"
         # The machine's pip configuration adds /opt/wheels and local mirrors to every pip
@@ -513,7 +521,7 @@ class Bench:
         return row
 
     def raw_extract_run(self, i: int) -> dict:
-        dest = self.work / "raw-extract"
+        dest = self.work / SCRATCH / "raw-extract"
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir()
         row = self.run_steps("raw_extract", i,
@@ -696,6 +704,10 @@ class Bench:
                              "imports_checked": self.preset["imports"]},
             "wheels": {k: v for k, v in self.wheel_info.items()},
             "versions": self.versions,
+            "filesystem": f"V and raw_extract's copy on a fresh journaled ext4 of "
+                          f"{self.args.scratch_gib} GiB (sparse) on a loop device with "
+                          f"direct I/O (benchlib.scratch_filesystem: the root file system "
+                          f"here has no journal, and its history slows file creation)",
             "index": {"server": "python -m http.server (ThreadingHTTPServer), --find-links page",
                       "url": self.index_url},
             "store": {"url": self.url, "datanodes": 1, "replication": 1,
@@ -961,12 +973,15 @@ def main() -> None:
                         help="HDFS ports from here; the index on base + 50")
     parser.add_argument("--block-size", type=int, default=64, help="HDFS block size, MiB")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--scratch-gib", type=int, default=16,
+                        help="the fresh file system for the venv and raw_extract (sparse)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     work = Path(tempfile.mkdtemp(prefix="bench-env-", dir="/var/tmp"))
     bench = Bench(args, work)
     try:
-        result = bench.run()
+        with scratch_filesystem(work / SCRATCH, args.scratch_gib << 30):
+            result = bench.run()
     finally:
         bench.stop_index()
         bench.hdfs.stop()  # and the index's cap
