@@ -26,7 +26,7 @@ page cache, timed from spawning the first process to the last one's exit:
   have restored (the CLI says "the command was not run", and MARKER stays absent);
 * ``raw_extract_s``: ``tar -xf`` of an uncompressed tar of the restored venv, from local
   disk into a fresh directory;
-* V and raw_extract's directory are on a fresh journaled ext4 the benchmark makes
+* V, raw_extract's directory and the node caches are on a fresh journaled ext4 the benchmark makes
   (``--scratch-gib``, a loop device): on the root file system of these machines (no
   journal) creating files slows down with every tree deleted before;
 * ``limit_s``: the physical floor, max(raw_extract_s, snapshot_bytes / link rate):
@@ -90,7 +90,8 @@ from bootseer_dev.cluster import parse_link
 
 log = logging.getLogger("bench-env")
 #: The work directory's mount of a fresh ext4 (benchlib.scratch_filesystem) that holds the
-#: trees the cases write and time: the venv and raw_extract's copy.
+#: trees the cases write and time: the venv, raw_extract's copy and the node caches (a
+#: restore as root unpacks the snapshot there and mounts it).
 SCRATCH = "fs"
 #: What `env run` says when it restored (or mounted) instead of running the command.
 RESTORED = re.compile(r"(?P<how>restored|mounted the node's tree of) snapshot \S+: "
@@ -471,7 +472,7 @@ class Bench:
 
     def restore_run(self, i: int) -> dict:
         self.reset_venv()
-        cache = self.work / "bootseer-cache"
+        cache = self.work / SCRATCH / "bootseer-cache"
         shutil.rmtree(cache, ignore_errors=True)
         cache.mkdir()
         env = self.env | {"BOOTSEER_CACHE_DIR": str(cache)}
@@ -497,7 +498,7 @@ class Bench:
         run``: a mount, or (``mount`` off) an extraction from the staged shards."""
         name = "prestaged" if mount else "prestaged_extract"
         self.reset_venv()
-        cache = self.work / "bootseer-cache"
+        cache = self.work / SCRATCH / "bootseer-cache"
         shutil.rmtree(cache, ignore_errors=True)
         cache.mkdir()
         env = self.env | {"BOOTSEER_CACHE_DIR": str(cache),
@@ -595,7 +596,7 @@ class Bench:
             self.reset_venv()
             row = self.run_steps(name, i, [("restore", [
                 sys.executable, "-m", "bootseer", "--store", local.as_uri(), "env", "restore",
-                self.key])], self.env | {"BOOTSEER_CACHE_DIR": str(self.work / "lc"),
+                self.key])], self.env | {"BOOTSEER_CACHE_DIR": str(self.work / SCRATCH / "lc"),
                                          "BOOTSEER_SNAPSHOT_CONCURRENCY": str(concurrency),
                                          "BOOTSEER_SNAPSHOT_MOUNT": "false"})
             said = re.search(r"in ([\d.]+) s", row.pop("_outputs")[0].stderr)
@@ -704,7 +705,7 @@ class Bench:
                              "imports_checked": self.preset["imports"]},
             "wheels": {k: v for k, v in self.wheel_info.items()},
             "versions": self.versions,
-            "filesystem": f"V and raw_extract's copy on a fresh journaled ext4 of "
+            "filesystem": f"V, raw_extract's copy and the node caches on a fresh journaled ext4 of "
                           f"{self.args.scratch_gib} GiB (sparse) on a loop device with "
                           f"direct I/O (benchlib.scratch_filesystem: the root file system "
                           f"here has no journal, and its history slows file creation)",
