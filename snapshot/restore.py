@@ -42,6 +42,7 @@ import os
 import shutil
 import signal
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -329,28 +330,64 @@ def _set_meta(path: str, entry: SnapEntry) -> None:
     os.utime(path, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
 
 
-def _open_shard(blobs: BlobStore, cache: NodeCache | None, digest: str,
-                first: FirstShards | None) -> BinaryIO:
-    """The shard, streamed (never whole in memory): opened already by ``first``, or from
-    the node's snapshot cache (``bootseer warm --env``), else from the store; either way
-    checked against its digest at its end, which :func:`_extract_shard` reads to."""
-    opened = first.take(digest) if first is not None else None
-    if opened is not None:
-        return opened
-    cached = cache.open(digest.removeprefix("sha256:")) if cache is not None else None
-    return cached if cached is not None else blobs.open(digest)
+class _ShardStreams:
+    """The shards' streams, each opened ``depth`` shards before an extraction thread takes
+    it, in read order: its first read is under way while the threads extract the shards
+    before it, so the link carries the next shards' bytes instead of waiting for a thread
+    to finish. (One stream per thread leaves the link idle whenever every thread is
+    writing files: bench-env, full preset at 100 MB/s, 2 threads: 5.15 s, 4: 4.81 s.)
+    A stream is opened by ``first`` already, or from the node's snapshot cache (``bootseer
+    warm --env``), else from the store; it is checked against its digest at its end,
+    which :func:`_extract_shard` reads to. At most ``depth`` streams wait untaken, each
+    with one :data:`~bootseer.store.blobs.STREAM_READ` read under way."""
+
+    def __init__(self, blobs: BlobStore, cache: NodeCache | None, first: FirstShards | None,
+                 order: list[str], depth: int) -> None:
+        self._blobs, self._cache, self._first = blobs, cache, first
+        self._order, self._depth = order, depth
+        self._opened: dict[str, BinaryIO] = {}
+        self._next = 0  # the position in order of the next shard to open ahead
+        self._lock = threading.Lock()
+
+    def _open(self, digest: str) -> BinaryIO:
+        opened = self._first.take(digest) if self._first is not None else None
+        if opened is not None:
+            return opened
+        cached = (self._cache.open(digest.removeprefix("sha256:"))
+                  if self._cache is not None else None)
+        return cached if cached is not None else self._blobs.open(digest, start=True)
+
+    def take(self, digest: str) -> BinaryIO:
+        """``digest``'s stream (the caller closes it), the shards ``depth`` after it opened."""
+        with self._lock:
+            stream = self._opened.pop(digest, None)
+            if stream is None:  # needed now: before those ahead
+                stream = self._open(digest)
+            position = self._order.index(digest)
+            self._next = max(self._next, position + 1)
+            while self._next < min(len(self._order), position + 1 + self._depth):
+                ahead = self._order[self._next]
+                self._next += 1
+                with contextlib.suppress(OSError):  # its own take() opens it and reports
+                    self._opened.setdefault(ahead, self._open(ahead))
+        return stream
+
+    def close(self) -> None:
+        """Close the streams nobody took (a failed restore)."""
+        with self._lock:
+            for stream in self._opened.values():
+                stream.close()
+            self._opened.clear()
 
 
-def _extract_shard(blobs: BlobStore, manifest: Manifest, number: int,
+def _extract_shard(streams: _ShardStreams, manifest: Manifest, number: int,
                    expected: dict[str, SnapEntry], stages: list[_Stage],
                    on_progress: Callable[[int], None] | None,
-                   relocation: Relocation | None = None,
-                   cache: NodeCache | None = None,
-                   first: FirstShards | None = None) -> None:
+                   relocation: Relocation | None = None) -> None:
     shard = manifest.shards[number]
     seen: set[str] = set()
     try:
-        with _open_shard(blobs, cache, shard.digest, first) as raw, \
+        with streams.take(shard.digest) as raw, \
                 zstandard.ZstdDecompressor().stream_reader(raw) as stream:
             tar = TarStream(stream)
             for member in tar:
@@ -541,12 +578,18 @@ def _stage_all(blobs: BlobStore, manifest: Manifest, stages: list[_Stage], concu
     for entry in manifest.entries:
         if entry.shard is not None and entry.kind != "dir" and entry.kind != "hardlink":
             per_shard[entry.shard][entry.member] = entry
-    with ThreadPoolExecutor(max(1, concurrency)) as pool:
-        futures = [pool.submit(_extract_shard, blobs, manifest, n, per_shard[n], stages,
-                               on_progress, relocation, cache, first)
-                   for n in manifest.read_order()]
-        for future in futures:
-            future.result()
+    order = manifest.read_order()
+    streams = _ShardStreams(blobs, cache, first, [manifest.shards[n].digest for n in order],
+                            max(1, concurrency))
+    try:
+        with ThreadPoolExecutor(max(1, concurrency)) as pool:
+            futures = [pool.submit(_extract_shard, streams, manifest, n, per_shard[n], stages,
+                                   on_progress, relocation)
+                       for n in order]
+            for future in futures:
+                future.result()
+    finally:
+        streams.close()
     for entry in manifest.entries:
         if entry.kind == "hardlink":
             stage = stages[entry.target]

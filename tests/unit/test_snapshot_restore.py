@@ -26,6 +26,7 @@ from bootseer.snapshot.manifest import (
     UnsafeSnapshotError,
 )
 from bootseer.snapshot.restore import CRASH_ENV, FirstShards, load_manifest, restore
+from bootseer.snapshot import restore as restore_module
 from bootseer.store import BlobStore, open_store
 from bootseer.store.blobs import STREAM_READ, ChunkTable
 
@@ -109,8 +110,31 @@ def test_the_shards_a_reference_names_are_opened_before_the_manifest_is_decoded(
         assert opened == [(d, True) for d in in_order[:2]] and opened_at_decode == [2]
         restore(blobs, loaded, options=SnapshotOptions(concurrency=2), first=first)
     assert {t: tree_state(t) for t in targets} == expected
-    assert sorted(opened) == sorted([(d, True) for d in in_order[:2]]
-                                    + [(d, False) for d in in_order[2:]])
+    assert sorted(opened) == sorted((d, True) for d in in_order)  # each once, started
+
+
+def test_each_shard_is_opened_before_a_thread_takes_it(env, monkeypatch) -> None:
+    """The shards' streams are opened in read order, ``concurrency`` ahead of the thread
+    that extracts them, so the link fetches the next shard while files are written."""
+    blobs, targets = env
+    manifest = capture(blobs, targets)
+    expected = {t: tree_state(t) for t in targets}
+    in_order = [manifest.shards[n].digest for n in manifest.read_order()]
+    reset(targets)
+    opened = _spy_opens(monkeypatch)
+    at_take: list[list[str]] = []
+    take = restore_module._ShardStreams.take
+
+    def spy_take(self, digest: str):
+        stream = take(self, digest)
+        at_take.append([d for d, _ in opened])
+        return stream
+
+    monkeypatch.setattr(restore_module._ShardStreams, "take", spy_take)
+    restore(blobs, manifest, options=SnapshotOptions(concurrency=1))
+    assert {t: tree_state(t) for t in targets} == expected
+    assert at_take == [in_order[: i + 2] for i in range(len(in_order) - 1)] + [in_order]
+    assert opened == [(d, True) for d in in_order]
 
 
 @pytest.mark.parametrize("hint", ["stranger", "not a list", "garbage"])
