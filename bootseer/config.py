@@ -111,7 +111,7 @@ class ImageConfig:
 
 def default_snapshot_concurrency() -> int:
     """Shards packed or restored at once unless configured (see ``snapshot.concurrency``)."""
-    return min(8, (os.cpu_count() or 2) + 2)
+    return min(8, os.cpu_count() or 2)
 
 
 @dataclass
@@ -125,10 +125,11 @@ class SnapshotConfig:
     #: (1.54 GB -> 337 MB, not 387) and the CUDA one 5% (5.76 -> 2.69 GB, not 2.84), for
     #: 4-5x the packing CPU (78 s instead of 14 for the CUDA one).
     compression_level: int = 9
-    #: Shards packed or restored at once. A restore thread fetches, decompresses and
-    #: extracts its shard as one stream, so it both waits on the network and burns CPU:
-    #: two more than the cores keeps the link busy without much contention (bench-env on
-    #: 2 cores, HDFS at 100 MB/s: 2 threads 4.85 s, 4 threads 4.45 s, 6 threads 4.6 s).
+    #: Shards packed or restored at once: one per core (at most 8). A restore thread
+    #: decompresses and writes its shard's files, work that holds the GIL between system
+    #: calls; the link is kept busy by streams opened ahead of the threads instead
+    #: (``OPEN_AHEAD`` in bootseer.snapshot.restore). bench-env on 2 cores, full preset,
+    #: HDFS at 100 MB/s: 2 threads 4.45 s and 5.1 s of CPU, 4 threads 4.50 s and 6.3 s.
     concurrency: int = field(default_factory=default_snapshot_concurrency)
     bytecode: bool = True  # compile captured .py files before snapshotting
     cache_size: ByteSize = ByteSize(20 << 30)  # shards staged by `warm --env` (LRU beyond)

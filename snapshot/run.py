@@ -21,7 +21,7 @@ from bootseer.snapshot.key import KeyInputs, key_material, snapshot_key
 from bootseer.snapshot.manifest import Manifest
 from bootseer.snapshot.mount import mount_prestaged, restore_here
 from bootseer.snapshot.pack import Capture, build_manifest, creation_info, publish, target_paths
-from bootseer.snapshot.restore import FirstShards, RestoreResult, load_manifest
+from bootseer.snapshot.restore import OPEN_AHEAD, FirstShards, RestoreResult, load_manifest
 from bootseer.snapshot.scan import diff, scan
 from bootseer.store import BlobStore
 
@@ -92,7 +92,7 @@ def env_run(blobs: BlobStore, inputs: KeyInputs, *, environ: Mapping[str, str],
     mounted = mount_prestaged(cache, key, options)
     if mounted is not None:
         return RunOutcome(key, restored=mounted)
-    with FirstShards(options.concurrency) as first:
+    with FirstShards(options.concurrency + OPEN_AHEAD) as first:
         try:
             manifest = load_manifest(blobs, key, cache, first)
         except FileNotFoundError:

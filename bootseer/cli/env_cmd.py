@@ -169,7 +169,7 @@ def snapshot_cmd(app: AppContext, key: str, paths, bytecode, command) -> None:
 def restore_cmd(app: AppContext, key: str, paths, relocate: bool) -> None:
     """Restore snapshot KEY where it was captured, or with --relocate under --path."""
     from bootseer.snapshot.mount import mount_prestaged, restore_here
-    from bootseer.snapshot.restore import FirstShards, load_manifest
+    from bootseer.snapshot.restore import OPEN_AHEAD, FirstShards, load_manifest
 
     if relocate and not paths:
         raise click.UsageError("--relocate needs the new location: one --path per target "
@@ -179,7 +179,7 @@ def restore_cmd(app: AppContext, key: str, paths, relocate: bool) -> None:
     cache = _shard_cache(app)
     r, moved = mount_prestaged(cache, key, options, targets), ""
     if r is None:
-        with FirstShards(options.concurrency) as first:
+        with FirstShards(options.concurrency + OPEN_AHEAD) as first:
             manifest = load_manifest(app.blobs, key, cache, first)
             with byte_progress(f"restoring {key[:12]}", manifest.content_bytes) as advance:
                 r = restore_here(app.blobs, manifest, targets=targets, relocate=relocate,

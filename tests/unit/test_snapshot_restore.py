@@ -114,12 +114,15 @@ def test_the_shards_a_reference_names_are_opened_before_the_manifest_is_decoded(
 
 
 def test_each_shard_is_opened_before_a_thread_takes_it(env, monkeypatch) -> None:
-    """The shards' streams are opened in read order, ``concurrency`` ahead of the thread
-    that extracts them, so the link fetches the next shard while files are written."""
+    """The shards' streams are opened in read order, ``concurrency + OPEN_AHEAD`` ahead of
+    the thread that extracts them, so the link fetches the next shards while files are
+    written."""
     blobs, targets = env
     manifest = capture(blobs, targets)
     expected = {t: tree_state(t) for t in targets}
     in_order = [manifest.shards[n].digest for n in manifest.read_order()]
+    depth = 2  # one thread, one more ahead: a window this snapshot's shards can show
+    assert len(in_order) > depth + 1, "too few shards to see the window move"
     reset(targets)
     opened = _spy_opens(monkeypatch)
     at_take: list[list[str]] = []
@@ -131,9 +134,10 @@ def test_each_shard_is_opened_before_a_thread_takes_it(env, monkeypatch) -> None
         return stream
 
     monkeypatch.setattr(restore_module._ShardStreams, "take", spy_take)
+    monkeypatch.setattr(restore_module, "OPEN_AHEAD", depth - 1)
     restore(blobs, manifest, options=SnapshotOptions(concurrency=1))
     assert {t: tree_state(t) for t in targets} == expected
-    assert at_take == [in_order[: i + 2] for i in range(len(in_order) - 1)] + [in_order]
+    assert at_take == [in_order[: i + 1 + depth] for i in range(len(in_order))]
     assert opened == [(d, True) for d in in_order]
 
 
