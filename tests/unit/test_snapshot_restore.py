@@ -16,6 +16,7 @@ import zstandard
 from support.snapshots import T0, based_targets, capture, reset, tree_state
 
 from bootseer.errors import IntegrityError
+from bootseer.snapshot import restore as restore_module
 from bootseer.snapshot.config import SnapshotOptions
 from bootseer.snapshot.manifest import (
     FIRST_SHARDS,
@@ -26,7 +27,6 @@ from bootseer.snapshot.manifest import (
     UnsafeSnapshotError,
 )
 from bootseer.snapshot.restore import CRASH_ENV, FirstShards, load_manifest, restore
-from bootseer.snapshot import restore as restore_module
 from bootseer.store import BlobStore, open_store
 from bootseer.store.blobs import STREAM_READ, ChunkTable
 
