@@ -129,7 +129,8 @@ class SnapshotConfig:
     #: decompresses and writes its shard's files, work that holds the GIL between system
     #: calls; the link is kept busy by streams opened ahead of the threads instead
     #: (``OPEN_AHEAD`` in bootseer.snapshot.restore). bench-env on 2 cores, full preset,
-    #: HDFS at 100 MB/s: 2 threads 4.45 s and 5.1 s of CPU, 4 threads 4.50 s and 6.3 s.
+    #: HDFS at 100 MB/s, 6 restores each, alternated: 2 threads 4.73 s and 5.5-6.3 s of
+    #: CPU, 4 threads 4.76 s and 6.8 s.
     concurrency: int = field(default_factory=default_snapshot_concurrency)
     bytecode: bool = True  # compile captured .py files before snapshotting
     cache_size: ByteSize = ByteSize(20 << 30)  # shards staged by `warm --env` (LRU beyond)

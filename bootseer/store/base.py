@@ -386,7 +386,8 @@ class DigestCheckedStream(io.RawIOBase):
         super().close()
 
 
-#: Streams whose next buffer is fetched at once, per process (a restore reads 4 shards).
+#: Streams whose next buffer is fetched at once, per process. A restore's (one per thread
+#: and OPEN_AHEAD more) beyond these wait in the order they were opened: its read order.
 READ_AHEAD_THREADS = 8
 
 
