@@ -37,11 +37,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
+import functools
+import io
 import logging
 import os
+import pickle
 import shutil
 import signal
 import stat
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -60,7 +65,7 @@ from bootseer.snapshot.config import SnapshotOptions
 from bootseer.snapshot.manifest import Manifest, SnapEntry, UnsafeSnapshotError
 from bootseer.snapshot.relocate import Relocation, Watch
 from bootseer.snapshot.shardcache import cached_manifest, store_manifest
-from bootseer.snapshot.tarstream import MalformedStream, TarStream
+from bootseer.snapshot.tarstream import MalformedStream, TarStream, TruncatedStream
 from bootseer.store import BlobStore, Ref
 from bootseer.store.blobs import is_digest
 
@@ -388,15 +393,15 @@ class _ShardStreams:
             self._opened.clear()
 
 
-def _extract_shard(streams: _ShardStreams, manifest: Manifest, number: int,
+def _extract_shard(opened: Callable[[], BinaryIO], manifest: Manifest, number: int,
                    expected: dict[str, SnapEntry], stages: list[_Stage],
                    on_progress: Callable[[int], None] | None,
                    relocation: Relocation | None = None) -> None:
+    """Unpack shard ``number`` from the stream ``opened()`` returns (closed here)."""
     shard = manifest.shards[number]
     seen: set[str] = set()
     try:
-        with streams.take(shard.digest) as raw, \
-                zstandard.ZstdDecompressor().stream_reader(raw) as stream:
+        with opened() as raw, zstandard.ZstdDecompressor().stream_reader(raw) as stream:
             tar = TarStream(stream)
             for member in tar:
                 entry = expected.get(member.name)
@@ -434,6 +439,184 @@ def _extract_shard(streams: _ShardStreams, manifest: Manifest, number: int,
     if missing:
         raise IntegrityError(f"snapshot {manifest.key}: shard {number} lacks "
                              f"{len(missing)} entries, e.g. {sorted(missing)[0]!r}")
+
+
+#: Extract in forked worker processes (one per thread the restore would use) rather than
+#: in threads, whose Python work between system calls takes turns on the GIL. A restore
+#: from local disk on 2 cores (a fresh ext4): the jupyter preset's 18k files in 0.80 s
+#: and 1.33 s of CPU with 2 processes, against 1.24 s and 1.83 s with 2 threads (``tar -x``
+#: of the tree: 0.80 s); the full preset's in 2.3 s and 3.8 s, against 2.6-2.9 s and
+#: 4.3-4.6 s. A relocated restore keeps to threads (its rewrites are counted here).
+PROCESSES = True
+_FRAME = struct.Struct("<i")  # a shard's number, then frames of its bytes: length, bytes
+_PIPE_BYTES = 1 << 20
+
+
+class _PipedShard(io.RawIOBase):
+    """A shard's bytes as the parent writes them to a worker's pipe, in frames that end
+    with an empty one: the parent sends that only after the shard passed its digest
+    check, so a worker never reports a shard done that the store did not vouch for."""
+
+    def __init__(self, pipe: BinaryIO) -> None:
+        self._pipe, self._left, self._ended = pipe, 0, False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        if self._ended:
+            return 0
+        if not self._left:
+            self._left = _read_int(self._pipe)
+            if not self._left:
+                self._ended = True
+                return 0
+        view = memoryview(buffer).cast("B")[: self._left]
+        got = self._pipe.readinto(view)
+        if not got:
+            raise TruncatedStream("the restore's parent stopped sending a shard")
+        self._left -= got
+        return got
+
+
+def _read_int(pipe: BinaryIO) -> int:
+    data = pipe.read(_FRAME.size)
+    if len(data) != _FRAME.size:
+        raise TruncatedStream("the restore's parent stopped sending shards")
+    return _FRAME.unpack(data)[0]
+
+
+def _send(fd: int, message: object) -> None:
+    data = pickle.dumps(message)
+    os.write(fd, _FRAME.pack(len(data)))
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _worker(data_fd: int, result_fd: int, manifest: Manifest,
+            per_shard: list[dict[str, SnapEntry]], stages: list[_Stage]) -> int:
+    """(In a forked worker) unpack the shards the parent sends until it sends -1; report
+    each one's bytes, then the parents a layer made, or the first error."""
+    pipe = open(data_fd, "rb", buffering=_PIPE_BYTES)  # noqa: SIM115
+    try:
+        def shard() -> BinaryIO:
+            return io.BufferedReader(_PipedShard(pipe), _PIPE_BYTES)  # type: ignore[return-value]
+
+        while (number := _read_int(pipe)) >= 0:
+            _extract_shard(shard, manifest, number, per_shard[number], stages, None)
+            _send(result_fd, ("shard", number))
+        _send(result_fd, ("parents", [stage.made_parents for stage in stages]))
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        with contextlib.suppress(Exception):
+            _send(result_fd, ("error", exc))
+        return 1
+
+
+@dataclass
+class _Worker:
+    pid: int
+    data: int  # the parent's end of the shard pipe
+    results: BinaryIO  # the parent's end of the result pipe
+
+
+def _extract_in_processes(streams: _ShardStreams, manifest: Manifest, order: list[int],
+                          per_shard: list[dict[str, SnapEntry]], stages: list[_Stage],
+                          on_progress: Callable[[int], None] | None, count: int) -> None:
+    """Unpack the shards in ``count`` forked workers. The parent keeps the store (its
+    client's threads do not survive a fork) and the link: a feeder thread per worker takes
+    the next shard in read order, streams its bytes (checked against the digest at the
+    end) down the worker's pipe, and takes another as soon as the pipe has room; so a
+    worker that finishes early is given more. The first error, the parent's or a worker's,
+    stops every worker and is raised."""
+    workers: list[_Worker] = []
+    for _ in range(count):
+        data_r, data_w = os.pipe()
+        result_r, result_w = os.pipe()
+        with contextlib.suppress(OSError):  # Linux: a deeper pipe, fewer wake-ups
+            fcntl.fcntl(data_w, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        pid = os.fork()
+        if pid == 0:  # the worker: only its own ends, then never back into the caller
+            code = 1
+            try:
+                os.close(data_w)
+                os.close(result_r)
+                for other in workers:
+                    os.close(other.data)
+                    other.results.close()
+                code = _worker(data_r, result_w, manifest, per_shard, stages)
+            finally:
+                os._exit(code)
+        os.close(data_r)
+        os.close(result_w)
+        workers.append(_Worker(pid, data_w, open(result_r, "rb")))  # noqa: SIM115
+    pending = iter(order)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def stop_all() -> None:
+        for worker in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGKILL)
+
+    def feed(worker: _Worker) -> None:
+        try:
+            while True:
+                with lock:
+                    number = next(pending, -1)
+                os.write(worker.data, _FRAME.pack(number))
+                if number < 0:
+                    return
+                shard = manifest.shards[number]
+                try:
+                    with streams.take(shard.digest) as raw:
+                        while chunk := raw.read(_PIPE_BYTES):
+                            os.write(worker.data, _FRAME.pack(len(chunk)))
+                            view = memoryview(chunk)
+                            while view:
+                                view = view[os.write(worker.data, view):]
+                except (EOFError, InvalidRangeError) as exc:
+                    raise IntegrityError(f"snapshot {manifest.key}: shard {number} "
+                                         f"({shard.digest}) is truncated or corrupt: "
+                                         f"{exc}") from exc
+                os.write(worker.data, _FRAME.pack(0))
+        except BrokenPipeError:
+            return  # the worker died: its result pipe says why
+        except BaseException as exc:
+            errors.append(exc)
+            stop_all()
+        finally:
+            os.close(worker.data)
+
+    def collect(worker: _Worker) -> None:
+        try:
+            while size := worker.results.read(_FRAME.size):
+                kind, value = pickle.loads(worker.results.read(_FRAME.unpack(size)[0]))
+                if kind == "shard" and on_progress:
+                    on_progress(sum(e.size for e in per_shard[value].values()
+                                    if e.kind == "file"))
+                elif kind == "parents":
+                    for stage, made in zip(stages, value):
+                        stage.made_parents.extend(made)
+                elif kind == "error":
+                    errors.append(value)
+                    stop_all()
+        finally:
+            worker.results.close()
+
+    threads = [threading.Thread(target=job, args=(worker,), name=f"restore-{job.__name__}")
+               for worker in workers for job in (feed, collect)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failed = [w.pid for w in workers if os.waitpid(w.pid, 0)[1] != 0]
+    if errors:
+        raise errors[0]
+    if failed:
+        raise BootseerError(f"snapshot {manifest.key}: a restore worker ({failed[0]}) "
+                            f"died; nothing was switched in")
 
 
 def _write_file(content: Iterator[memoryview], path: str, entry: SnapEntry, key: str,
@@ -590,12 +773,19 @@ def _stage_all(blobs: BlobStore, manifest: Manifest, stages: list[_Stage], concu
     streams = _ShardStreams(blobs, cache, first, [manifest.shards[n].digest for n in order],
                             max(1, concurrency) + OPEN_AHEAD)
     try:
-        with ThreadPoolExecutor(max(1, concurrency)) as pool:
-            futures = [pool.submit(_extract_shard, streams, manifest, n, per_shard[n], stages,
-                                   on_progress, relocation)
-                       for n in order]
-            for future in futures:
-                future.result()
+        if concurrency > 1 and relocation is None and PROCESSES:
+            _extract_in_processes(streams, manifest, order, per_shard, stages, on_progress,
+                                  concurrency)
+        else:
+            with ThreadPoolExecutor(max(1, concurrency)) as pool:
+                futures = [pool.submit(_extract_shard,
+                                       functools.partial(streams.take,
+                                                         manifest.shards[n].digest),
+                                       manifest, n, per_shard[n], stages, on_progress,
+                                       relocation)
+                           for n in order]
+                for future in futures:
+                    future.result()
     finally:
         streams.close()
     for entry in manifest.entries:

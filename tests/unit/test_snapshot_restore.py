@@ -15,7 +15,7 @@ import pytest
 import zstandard
 from support.snapshots import T0, based_targets, capture, reset, tree_state
 
-from bootseer.errors import IntegrityError
+from bootseer.errors import BootseerError, IntegrityError
 from bootseer.snapshot import restore as restore_module
 from bootseer.snapshot.config import SnapshotOptions
 from bootseer.snapshot.manifest import (
@@ -201,8 +201,12 @@ def _shard_file(store: Path, digest: str) -> Path:
     return store / "blobs" / "sha256" / hexd[:2] / hexd
 
 
+@pytest.mark.parametrize("processes", [True, False], ids=["workers", "threads"])
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
-def test_a_corrupt_shard_is_detected_and_nothing_is_switched_in(env, tmp_path, damage) -> None:
+def test_a_corrupt_shard_is_detected_and_nothing_is_switched_in(env, tmp_path, damage,
+                                                                 processes,
+                                                                 monkeypatch) -> None:
+    monkeypatch.setattr(restore_module, "PROCESSES", processes)
     blobs, targets = env
     m = capture(blobs, targets)
     reset(targets)
@@ -216,6 +220,40 @@ def test_a_corrupt_shard_is_detected_and_nothing_is_switched_in(env, tmp_path, d
     path.write_bytes(bytes(data))
     with pytest.raises(IntegrityError, match="corrupt"):
         restore(blobs, load_manifest(blobs, "k1"))
+    assert {t: tree_state(t) for t in targets} == before
+    assert not [p for p in targets[0].parent.iterdir() if "bootseer-new" in p.name]
+
+
+def test_a_restore_unpacks_in_forked_workers(env, monkeypatch) -> None:
+    """One worker process per thread the restore would use; the tree is the same."""
+    blobs, targets = env
+    manifest = capture(blobs, targets)
+    expected = {t: tree_state(t) for t in targets}
+    reset(targets)
+    forks: list[int] = []
+    fork = os.fork
+
+    def counted() -> int:
+        pid = fork()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(restore_module.os, "fork", counted)
+    restore(blobs, manifest, options=SnapshotOptions(concurrency=3))
+    assert len(forks) == 3
+    assert {t: tree_state(t) for t in targets} == expected
+
+
+def test_a_worker_that_dies_fails_the_restore_and_nothing_is_switched_in(
+        env, monkeypatch) -> None:
+    blobs, targets = env
+    manifest = capture(blobs, targets)
+    reset(targets)
+    before = {t: tree_state(t) for t in targets}
+    monkeypatch.setattr(restore_module, "_extract_shard", lambda *args: os._exit(3))
+    with pytest.raises(BootseerError, match="restore worker .* died"):
+        restore(blobs, manifest, options=SnapshotOptions(concurrency=2))
     assert {t: tree_state(t) for t in targets} == before
     assert not [p for p in targets[0].parent.iterdir() if "bootseer-new" in p.name]
 
