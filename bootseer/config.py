@@ -125,12 +125,13 @@ class SnapshotConfig:
     #: (1.54 GB -> 337 MB, not 387) and the CUDA one 5% (5.76 -> 2.69 GB, not 2.84), for
     #: 4-5x the packing CPU (78 s instead of 14 for the CUDA one).
     compression_level: int = 9
-    #: Shards packed or restored at once: one per core (at most 8). A restore thread
-    #: decompresses and writes its shard's files, work that holds the GIL between system
-    #: calls; the link is kept busy by streams opened ahead of the threads instead
-    #: (``OPEN_AHEAD`` in bootseer.snapshot.restore). bench-env on 2 cores, full preset,
-    #: HDFS at 100 MB/s, 6 restores each, alternated: 2 threads 4.73 s and 5.5-6.3 s of
-    #: CPU, 4 threads 4.76 s and 6.8 s.
+    #: Shards packed (threads) or restored (forked workers, ``PROCESSES`` in
+    #: bootseer.snapshot.restore) at once: one per core, at most 8. A restore's worker
+    #: decompresses and writes files, which is CPU work; the link is kept busy by shard
+    #: streams opened ahead of the workers (``OPEN_AHEAD``), not by more of them.
+    #: bench-env on 2 cores, full preset from local disk: 1, 2, 4 and 8 workers 4.2, 2.9,
+    #: 3.1 and 3.2 s; over HDFS at 100 MB/s, threads alternated: 2 took 4.73 s and
+    #: 5.5-6.3 s of CPU, 4 took 4.76 s and 6.8 s.
     concurrency: int = field(default_factory=default_snapshot_concurrency)
     bytecode: bool = True  # compile captured .py files before snapshotting
     cache_size: ByteSize = ByteSize(20 << 30)  # shards staged by `warm --env` (LRU beyond)
