@@ -497,8 +497,9 @@ def _send(fd: int, message: object) -> None:
 def _worker(data_fd: int, result_fd: int, manifest: Manifest,
             per_shard: list[dict[str, SnapEntry]], stages: list[_Stage]) -> int:
     """(In a forked worker) unpack the shards the parent sends until it sends -1; report
-    each one's bytes, then the parents a layer made, or the first error."""
+    each one done, then the parents a layer's stages made here, or the first error."""
     pipe = open(data_fd, "rb", buffering=_PIPE_BYTES)  # noqa: SIM115
+    inherited = [len(stage.made_parents) for stage in stages]  # the parent has those
     try:
         def shard() -> BinaryIO:
             return io.BufferedReader(_PipedShard(pipe), _PIPE_BYTES)  # type: ignore[return-value]
@@ -506,7 +507,8 @@ def _worker(data_fd: int, result_fd: int, manifest: Manifest,
         while (number := _read_int(pipe)) >= 0:
             _extract_shard(shard, manifest, number, per_shard[number], stages, None)
             _send(result_fd, ("shard", number))
-        _send(result_fd, ("parents", [stage.made_parents for stage in stages]))
+        _send(result_fd, ("parents", [stage.made_parents[n:]
+                                      for stage, n in zip(stages, inherited)]))
         return 0
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
         with contextlib.suppress(Exception):

@@ -245,6 +245,23 @@ def test_a_restore_unpacks_in_forked_workers(env, monkeypatch) -> None:
     assert {t: tree_state(t) for t in targets} == expected
 
 
+def test_a_layer_unpacked_by_workers_lists_the_parents_it_made_once(
+        env, tmp_path, monkeypatch) -> None:
+    """The parents a layer's stages make (for files changed in place in directories the
+    snapshot did not change) come back from the workers, each once, as from threads."""
+    from bootseer.snapshot.restore import stage_layer
+
+    blobs, targets = env
+    manifest = capture(blobs, targets)
+    made = {}
+    for processes in (False, True):
+        monkeypatch.setattr(restore_module, "PROCESSES", processes)
+        made[processes] = stage_layer(blobs, manifest, str(tmp_path / f"layer-{processes}"),
+                                      options=SnapshotOptions(concurrency=2))
+    assert made[True] == made[False] and any(made[True])
+    assert all(len(parents) == len(set(parents)) for parents in made[True])
+
+
 def test_a_worker_that_dies_fails_the_restore_and_nothing_is_switched_in(
         env, monkeypatch) -> None:
     blobs, targets = env
