@@ -398,7 +398,6 @@ def _extract_shard(opened: Callable[[], BinaryIO], manifest: Manifest, number: i
                    on_progress: Callable[[int], None] | None,
                    relocation: Relocation | None = None) -> None:
     """Unpack shard ``number`` from the stream ``opened()`` returns (closed here)."""
-    shard = manifest.shards[number]
     seen: set[str] = set()
     try:
         with opened() as raw, zstandard.ZstdDecompressor().stream_reader(raw) as stream:
@@ -433,8 +432,7 @@ def _extract_shard(opened: Callable[[], BinaryIO], manifest: Manifest, number: i
             while raw.read(1 << 20):  # to the end: the shard is checked there
                 pass
     except (zstandard.ZstdError, MalformedStream, EOFError, InvalidRangeError) as exc:
-        raise IntegrityError(f"snapshot {manifest.key}: shard {number} ({shard.digest}) is "
-                             f"truncated or corrupt: {exc}") from exc
+        raise _corrupt(manifest, number, exc) from exc
     missing = expected.keys() - seen
     if missing:
         raise IntegrityError(f"snapshot {manifest.key}: shard {number} lacks "
@@ -486,12 +484,16 @@ def _read_int(pipe: BinaryIO) -> int:
     return _FRAME.unpack(data)[0]
 
 
-def _send(fd: int, message: object) -> None:
-    data = pickle.dumps(message)
-    os.write(fd, _FRAME.pack(len(data)))
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def _send(fd: int, message: object) -> None:
+    data = pickle.dumps(message)
+    os.write(fd, _FRAME.pack(len(data)))
+    _write_all(fd, data)
 
 
 def _worker(data_fd: int, result_fd: int, manifest: Manifest,
@@ -575,13 +577,9 @@ def _extract_in_processes(streams: _ShardStreams, manifest: Manifest, order: lis
                     with streams.take(shard.digest) as raw:
                         while chunk := raw.read(_PIPE_BYTES):
                             os.write(worker.data, _FRAME.pack(len(chunk)))
-                            view = memoryview(chunk)
-                            while view:
-                                view = view[os.write(worker.data, view):]
+                            _write_all(worker.data, chunk)
                 except (EOFError, InvalidRangeError) as exc:
-                    raise IntegrityError(f"snapshot {manifest.key}: shard {number} "
-                                         f"({shard.digest}) is truncated or corrupt: "
-                                         f"{exc}") from exc
+                    raise _corrupt(manifest, number, exc) from exc
                 os.write(worker.data, _FRAME.pack(0))
         except BrokenPipeError:
             return  # the worker died: its result pipe says why
@@ -621,6 +619,11 @@ def _extract_in_processes(streams: _ShardStreams, manifest: Manifest, order: lis
                             f"died; nothing was switched in")
 
 
+def _corrupt(manifest: Manifest, number: int, exc: Exception) -> IntegrityError:
+    return IntegrityError(f"snapshot {manifest.key}: shard {number} "
+                          f"({manifest.shards[number].digest}) is truncated or corrupt: {exc}")
+
+
 def _write_file(content: Iterator[memoryview], path: str, entry: SnapEntry, key: str,
                 watch: Watch | None = None) -> None:
     """Write the file, checking its size against the manifest, and give it the manifest's
@@ -637,8 +640,7 @@ def _write_file(content: Iterator[memoryview], path: str, entry: SnapEntry, key:
             size += len(view)
             if watch:
                 watch.see(view)
-            while view:
-                view = view[os.write(fd, view):]
+            _write_all(fd, view)
         if os.geteuid() == 0 and (entry.uid, entry.gid) != (0, os.getegid()):
             os.fchown(fd, entry.uid, entry.gid)
         os.fchmod(fd, entry.mode)
