@@ -19,7 +19,12 @@ $(STAMP): pyproject.toml dev/pyproject.toml
 	$(BIN)/pip install --quiet --no-deps -e dev  # bootseer_dev: the HDFS dev cluster, test images
 	touch $@
 
+# Byte-compiled as a wheel install is (pip compiles on install; an editable install does
+# not, and where PYTHONDONTWRITEBYTECODE is set nothing ever writes the cache): every shim,
+# hook, server and CLI start would otherwise compile Bootseer's modules again (a mount
+# server's imports: 0.44 s against 0.29 s, measured). Up-to-date files are skipped.
 venv: $(STAMP)
+	$(BIN)/python -m compileall -q -j0 bootseer agents prefetch snapshot stripedfs dev/bootseer_dev
 
 system-deps:
 	@bash scripts/install-system-deps.sh

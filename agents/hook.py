@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,8 @@ STAGES = ("precreate", "poststop")
 
 def precreate(spec: dict[str, Any]) -> dict[str, Any]:
     """The config the engine should use for ``spec``."""
+    import uuid
+
     from bootseer.agents.runtime import agent_socket, request_mount
 
     labels = oci.requested(spec)

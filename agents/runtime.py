@@ -1,7 +1,9 @@
-"""``bootseer-runtime``: an OCI runtime shim in front of runc, for Docker and containerd.
+"""``bootseer-runtime-shim``: an OCI runtime shim in front of runc, for Docker and containerd.
 
-Configured as a runtime (Docker ``daemon.json`` ``"runtimes"``, containerd
-``io.containerd.runc.v2`` with ``BinaryName``), it is called with runc's command line. It
+Engines are configured with ``bootseer-runtime`` (Docker ``daemon.json`` ``"runtimes"``,
+containerd ``io.containerd.runc.v2`` with ``BinaryName``), a POSIX sh front
+(``agents/bootseer-runtime``) that sends every call but those that may be ``create`` or
+``run`` straight to runc, and those here, with runc's command line as it came. This shim
 acts on ``create`` and ``run`` of a container that asked for Bootseer (see
 :mod:`bootseer.agents.oci`): it asks the node agent for the container's lazy root, rewrites the
 bundle's ``config.json`` to use it (and to release it in a poststop hook), then execs runc
