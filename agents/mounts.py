@@ -451,7 +451,7 @@ class MountManager:
             else:
                 envs = self._environments(request.envs, parts["lower"], parts["upper"])
                 mount_overlay([*envs, parts["lower"]], parts["upper"], parts["work"],
-                              parts["rootfs"])
+                              parts["rootfs"], volatile=True)
             checkpoints: dict[str, Served] = {}
             if request.checkpoints:
                 (directory / "checkpoints").mkdir()
@@ -491,8 +491,7 @@ class MountManager:
         meta.mount(directory / "meta")
         layers = self._environments(envs, directory / "meta", parts["upper"])
         mount_overlay([*layers, directory / "meta"], parts["upper"], parts["work"],
-                      parts["rootfs"],
-                      data=[meta.data_dir, parts["lower"]])
+                      parts["rootfs"], data=[meta.data_dir, parts["lower"]], volatile=True)
 
     def _environments(self, keys: tuple[str, ...], image: Path, upper: Path) -> list[Path]:
         """The trees of the snapshots a container names, to lay over its image
