@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test test-fast test-gpu lint system-deps venv clean bench-ckpt bench-ckpt-gpu bench-fuse bench-hdfs bench-blocksize \
 	bench-image bench-image-cuda bench-env bench-env-cuda bench-restart bench-p2p-read
 
-$(STAMP): pyproject.toml dev/pyproject.toml
+$(STAMP): pyproject.toml dev/pyproject.toml agents/bootseer-runtime  # the sh front is copied in
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
 	# torch pinned first: 2.13.0 is the CPU build on disk; an open range would pull CUDA

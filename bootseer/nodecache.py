@@ -44,6 +44,8 @@ started). Where each lives and how large it may grow is decided in one place,
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import hashlib
 import io
 import logging
@@ -240,6 +242,8 @@ class NodeCache:
                     if sha is not None:
                         sha.update(chunk)
                     f.write(chunk)
+                f.flush()
+                start_writeback(f.fileno())
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -493,3 +497,26 @@ class NodeCaches:
         """Checkpoint copies: entries get their source's readers when staged, so the
         directories must let those readers through."""
         return NodeCache(self.checkpoints / "copies", self.checkpoint_bytes, mode=0o644)
+
+
+#: sync_file_range(2): start writing the range's dirty pages back, do not wait.
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+@functools.cache
+def _sync_file_range() -> Callable[..., int]:
+    function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    function.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    return function
+
+
+def start_writeback(fd: int) -> None:
+    """Start writing ``fd``'s dirty pages to disk, without waiting for them.
+
+    A start adds its blocks to the cache as it runs. Left dirty, they are written when
+    something syncs their file system, and what syncs it waits for all of them: unmounting
+    an overlay whose upper is there does, Docker's unmount of the container it removes at
+    the end of a lazy start among them (0.5 s of `docker run`'s exit in bench-image, with a
+    prefetch's 78 MB dirty). Written back as they come, they are on disk by then. Best
+    effort: where it fails, the kernel's own writeback is left to do it."""
+    _sync_file_range()(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)

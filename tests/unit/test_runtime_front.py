@@ -82,3 +82,13 @@ def test_a_front_reached_through_a_link_finds_the_shim(fake_runc, tmp_path) -> N
     result, got = call(link, args, fake_runc, tmp_path)
     assert result.returncode == 0, result.stderr
     assert got == args
+
+
+def test_a_copied_front_says_to_link_it(fake_runc, tmp_path) -> None:
+    copy = tmp_path / "bin" / "bootseer-runtime"
+    copy.parent.mkdir()
+    copy.write_bytes(FRONT.read_bytes())
+    copy.chmod(0o755)
+    result, got = call(copy, ["create", "--bundle", str(tmp_path), "abc"], fake_runc, tmp_path)
+    assert result.returncode == 127 and got is None
+    assert "bootseer-runtime-shim is missing" in result.stderr and "link" in result.stderr
