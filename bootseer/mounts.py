@@ -153,8 +153,8 @@ def mount_overlay(lowers: Sequence[Path], upper: Path, work: Path, target: Path,
     ``volatile``, for an upper thrown away with the mount (a container's root): the overlay
     never syncs the upper's file system, neither on fsync nor at unmount, where it would
     wait for every dirty page of that whole file system, the node cache's writes of the
-    same start included (0.5 s of a lazy start's release in bench-image). An upper that
-    must survive a crash keeps the default.
+    same start included (0.5-0.7 s of the agent's release of a lazy start in bench-image,
+    0.013 s volatile). An upper that must survive a crash keeps the default.
     """
     for path in (*lowers, upper, work, target, *data):
         if any(c in str(path) for c in ",:\n"):
