@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import venv
@@ -23,7 +24,9 @@ def test_the_wheel_holds_one_import_name_and_no_dev_tooling(tmp_path: Path) -> N
     (wheel,) = tmp_path.glob("bootseer-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     dist_info = wheel.name.split("-py")[0] + ".dist-info"
-    assert {n.split("/")[0] for n in names} == {"bootseer", dist_info}
+    data = wheel.name.split("-py")[0] + ".data"  # the scripts that are not Python's
+    assert {n.split("/")[0] for n in names} == {"bootseer", dist_info, data}
+    assert [n for n in names if n.startswith(data)] == [f"{data}/scripts/bootseer-runtime"]
     for module in ("agents/agent.py", "prefetch/lazyimage.py", "snapshot/restore.py",
                    "stripedfs/reader.py", "nodecache.py", "store/local.py", "cli/__init__.py"):
         assert f"bootseer/{module}" in names
@@ -45,3 +48,6 @@ def test_the_wheel_holds_one_import_name_and_no_dev_tooling(tmp_path: Path) -> N
              "print(u.find_spec('agents'), u.find_spec('bootseer.agents') is not None)")
     out = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
     assert out.stdout.split() == ["None", "True"], out.stderr
+    # What engines call, beside the shim it hands create and run to.
+    for script in ("bootseer-runtime", "bootseer-runtime-shim", "bootseer-hook"):
+        assert os.access(env / "bin" / script, os.X_OK), script
