@@ -592,7 +592,14 @@ def _extract_in_processes(streams: _ShardStreams, manifest: Manifest, order: lis
     def collect(worker: _Worker) -> None:
         try:
             while size := worker.results.read(_FRAME.size):
-                kind, value = pickle.loads(worker.results.read(_FRAME.unpack(size)[0]))
+                try:
+                    kind, value = pickle.loads(worker.results.read(_FRAME.unpack(size)[0]))
+                except Exception as exc:  # noqa: BLE001 - killed midway through a report
+                    errors.append(BootseerError(
+                        f"snapshot {manifest.key}: a restore worker ({worker.pid}) "
+                        f"stopped midway through a report ({exc}); nothing was switched in"))
+                    stop_all()
+                    return
                 if kind == "shard" and on_progress:
                     on_progress(sum(e.size for e in per_shard[value].values()
                                     if e.kind == "file"))

@@ -6,9 +6,12 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
+import struct
 import subprocess
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -273,6 +276,32 @@ def test_a_worker_that_dies_fails_the_restore_and_nothing_is_switched_in(
         restore(blobs, manifest, options=SnapshotOptions(concurrency=2))
     assert {t: tree_state(t) for t in targets} == before
     assert not [p for p in targets[0].parent.iterdir() if "bootseer-new" in p.name]
+
+
+@pytest.mark.parametrize("cut", ["frame", "report"])
+def test_a_worker_killed_midway_through_a_report_fails_the_restore_cleanly(
+        env, monkeypatch, cut) -> None:
+    """A worker killed while it writes a report (the parent kills every worker on the
+    first error) leaves half a frame in its pipe: the restore fails with one clear error
+    and no thread of the parent's dies with a traceback of its own."""
+    blobs, targets = env
+    manifest = capture(blobs, targets)
+    reset(targets)
+    before = {t: tree_state(t) for t in targets}
+
+    def half_a_report(fd: int, message: object) -> None:
+        data = pickle.dumps(message)
+        os.write(fd, struct.pack("<i", len(data))[:2] if cut == "frame"
+                 else struct.pack("<i", len(data)) + data[: len(data) // 2])
+        os._exit(9)
+
+    monkeypatch.setattr(restore_module, "_send", half_a_report)
+    died: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    with pytest.raises(BootseerError, match="restore worker"):
+        restore(blobs, manifest, options=SnapshotOptions(concurrency=2))
+    assert not died, died[0].exc_value
+    assert {t: tree_state(t) for t in targets} == before
 
 
 def _tar_shard(blobs: BlobStore, members: list[tuple[tarfile.TarInfo, bytes]],
