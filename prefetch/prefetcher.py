@@ -42,6 +42,7 @@ class PrefetchStats(FetchCounts):
     hot_blocks: int = 0  # blocks of the hot list that the image has
     hot_bytes: int = 0  # their compressed size: what a prefetch from nothing reads
     already_local: int = 0  # hot blocks cached, or being fetched by a read, when their turn came
+    in_whole_files: int = 0  # hot blocks not fetched: the kernel reads their file whole
     hot_pack: bool = False  # requests came from the hot pack (else from the image's packs)
     done: bool = False
     seconds: float = 0.0  # from start to the last request
@@ -79,7 +80,14 @@ class Prefetcher:
     def __init__(self, image: LazyImage, hot: HotList, *,
                  config: PrefetchConfig | None = None,
                  on_progress: Callable[[int], None] | None = None,
-                 before_fetch: Callable[[], None] | None = None) -> None:
+                 before_fetch: Callable[[], None] | None = None,
+                 read_whole: Callable[[str], bool] | None = None) -> None:
+        """``read_whole(path)``: whether the kernel reads that file from its whole copy on
+        the node (a root named by its metadata image), so that no read of its blocks ever
+        reaches the server: a hot block first read for such a file is skipped, unchecked.
+        On a node where ``warm`` kept the hot files whole, that is every hot block, and
+        checking each against the disk cache (a cold inode each, under the image's lock)
+        was most of a warmed start's server CPU."""
         config = config or PrefetchConfig()
         self.image, self.hot, self.concurrency = image, hot, config.concurrency
         self.requests = plan(image, hot, config.request_size)
@@ -90,6 +98,11 @@ class Prefetcher:
             hot_bytes=sum(r.size for r in self.requests),
             hot_pack=hot.layout is not None and any(r.pack == hot.layout.pack
                                                     for r in self.requests))
+        self.read_whole = read_whole
+        self._paths = {index: block.path for block in hot.blocks
+                       if (index := image.manifest.block_index.get(block.digest)) is not None
+                       } if read_whole is not None else {}
+        self._whole: dict[str, bool] = {}  # read_whole's answers, by path
         self._next = 0
         self._active = 0  # requests in flight
         self._live = 0  # worker threads still running
@@ -167,8 +180,19 @@ class Prefetcher:
     def _fetch(self, request: Run) -> None:
         if self.before_fetch:  # before claiming: a read must never wait on a held-back block
             self.before_fetch()
-        claimed = [p for p in request.pieces if self.image.claim(p.index)]
+        wanted = [p for p in request.pieces if not self._in_whole_file(p.index)]
+        claimed = [p for p in wanted if self.image.claim(p.index)]
         with self._lock:
-            self.stats.already_local += len(request.pieces) - len(claimed)
+            self.stats.in_whole_files += len(request.pieces) - len(wanted)
+            self.stats.already_local += len(wanted) - len(claimed)
         for run in adjacent_runs(claimed):
             self.image.fetch_pieces(request.pack, run, self.stats)
+
+    def _in_whole_file(self, index: int) -> bool:
+        path = self._paths.get(index)
+        if path is None or self.read_whole is None:
+            return False
+        whole = self._whole.get(path)
+        if whole is None:  # two threads may both ask: the answer is the same
+            whole = self._whole[path] = self.read_whole(path)
+        return whole

@@ -36,6 +36,7 @@ from bootseer.prefetch.pagewarm import ReadAheadCounts
 from bootseer.prefetch.prefetcher import Prefetcher, PrefetchStats
 from bootseer.prefetch.recording import Recording
 from bootseer.prefetch.serverspec import ImageServerSpec
+from bootseer.prefetch.wholefiles import WholeFiles
 from bootseer.store import BlobStore, open_configured_store
 
 log = logging.getLogger(__name__)
@@ -54,13 +55,16 @@ MAX_STATS_BYTES = 1 << 20
 RECORD_UNTIL = 3
 
 
-def start_prefetch(image: LazyImage, hot: HotList | None,
-                   config: PrefetchConfig) -> Prefetcher | None:
-    """Prefetch the image's hot list in the background, if it has one."""
+def start_prefetch(image: LazyImage, hot: HotList | None, config: PrefetchConfig, *,
+                   by_key: bool = False) -> Prefetcher | None:
+    """Prefetch the image's hot list in the background, if it has one; ``by_key``: the
+    root names the files through the image's metadata image, and the kernel reads those
+    kept whole on the node itself (their blocks are not fetched)."""
     if hot is None or not hot.blocks:
         log.info("image %s has no hot list: nothing to prefetch", image.image_id)
         return None
-    return Prefetcher(image, hot, config=config).start()
+    return Prefetcher(image, hot, config=config,
+                      read_whole=WholeFiles(image).has if by_key else None).start()
 
 
 @dataclass(frozen=True)
@@ -236,9 +240,6 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
         loaded = stored_hot.result() if stored_hot is not None else None
     hot = loaded.within(image.manifest) if loaded is not None else None
     image.source.peer_read = peer_read
-    prefetcher = None
-    if spec.prefetch:
-        prefetcher = start_prefetch(image, hot, spec.prefetch_config)
     recording = None
     record = spec.record is not None and (
         not spec.record_auto or hot is None or hot.recordings < RECORD_UNTIL)
@@ -246,6 +247,9 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
         recording = Recording(image, spec.workload, spec.record).start()
     if spec.record is not None:
         by_key = _announce(spec, image, record)
+    prefetcher = None
+    if spec.prefetch:
+        prefetcher = start_prefetch(image, hot, spec.prefetch_config, by_key=by_key)
     stop_stats = threading.Event()
     requests, pushes, passthrough = RequestCounts(), PushCounts(), PassthroughCounts()
     read_ahead = ReadAheadCounts()

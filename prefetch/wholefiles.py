@@ -83,6 +83,13 @@ class WholeFiles:
             sha.update(bytes.fromhex(block.digest))
         return sha.hexdigest()
 
+    def has(self, path: str) -> bool:
+        """Whether the image's file at ``path`` is whole on the node (unverified: its size
+        is checked when it is opened)."""
+        entry = self.image.manifest.by_path.get(path)
+        key = self.key(entry) if entry is not None else None
+        return key is not None and key in self.cache
+
     def open(self, entry: FileEntry) -> Backing | None:
         """The whole file as a backing file, if it is on the node and of the right size."""
         key = self.key(entry)

@@ -86,6 +86,11 @@ def test_a_warmed_start_names_nothing_through_the_server(node, dirs) -> None:
     assert (requests.get("lookup", 0), requests.get("lookup_negative", 0),
             requests.get("read", 0), requests.get("open", 0)) == (0, 0, 0, 0), requests
     assert not directory.exists() and not is_mounted(directory / "meta")
+    # Nor is anything prefetched: every hot block is in a file the kernel reads whole.
+    prefetch = start.detail["image"]["prefetch"]
+    assert prefetch["done"] and prefetch["hot_blocks"] > 0
+    assert (prefetch["in_whole_files"], prefetch["already_local"]) == \
+        (prefetch["hot_blocks"], 0), prefetch
 
 
 def test_a_containers_writes_stay_in_its_own_layer(node, dirs) -> None:
@@ -197,6 +202,10 @@ def test_with_every_whole_file_evicted_the_server_serves_them_all(node, dirs) ->
         start = client.release("c4")
     assert start.detail["metadata_image"] is True
     assert start.detail["image"]["fuse_requests"]["read"] > 0
+    # The server reads them all: their hot blocks are prefetched (from the node cache).
+    prefetch = start.detail["image"]["prefetch"]
+    assert (prefetch["in_whole_files"], prefetch["already_local"]) == \
+        (0, prefetch["hot_blocks"]), prefetch
 
 
 def test_a_restarted_agent_adopts_a_root_over_its_metadata_image(node, dirs) -> None:

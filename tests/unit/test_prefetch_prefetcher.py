@@ -331,3 +331,41 @@ def test_a_stale_hot_list_prefetches_what_still_exists(setup, caplog) -> None:
     prefetcher = Prefetcher(image, loaded).start()
     assert prefetcher.wait(10) and prefetcher.stats.hot_blocks == 1
     assert real in image.cache and "not in the image" in caplog.text
+
+
+def test_blocks_of_files_the_kernel_reads_whole_are_not_fetched(setup) -> None:
+    """Under a root named by the image's metadata image, the kernel reads a file kept
+    whole on the node itself: its hot blocks are skipped (each path asked about once),
+    the other files' are fetched as before."""
+    from bootseer.prefetch.wholefiles import WholeFiles
+
+    store, blobs, fresh_image = setup
+    recorder = fresh_image(readahead_blocks=0)
+    recorder.recorder = hotlist.Recorder(recorder.image_id, "w")
+    for n in (4, 1):
+        recorder.read(recorder.lookup("/data/big.bin"), n * MIB, 10)
+    recorder.read(recorder.lookup("/data/small.txt"), 0, 6)
+    hot = hotlist.save(blobs, recorder.recorder.stop(), recorder.manifest)
+    image = fresh_image()
+    asked: list[str] = []
+
+    def read_whole(path: str) -> bool:
+        asked.append(path)
+        return path == "/data/big.bin"
+
+    prefetcher = Prefetcher(image, hot, config=PrefetchConfig(concurrency=1, request_size=1),
+                            read_whole=read_whole).start()
+    assert prefetcher.wait(10)
+    stats = prefetcher.stats
+    assert (stats.hot_blocks, stats.in_whole_files, stats.blocks_fetched) == (3, 2, 1)
+    assert sorted(asked) == ["/data/big.bin", "/data/small.txt"]
+    small = image.manifest.blocks[image.lookup("/data/small.txt").blocks[0]].digest
+    assert small in image.cache and not any(d in image.cache
+                                            for d in block_digests(image, [4, 1]))
+    # What the server asks of the node: a file made whole is, one that is not is not.
+    whole = WholeFiles(image)
+    assert not whole.has("/data/big.bin")
+    assert whole.make_whole([image.lookup("/data/big.bin")]) == 1
+    assert whole.has("/data/big.bin") and not whole.has("/data/small.txt")
+    assert not whole.has("/data") and not whole.has("/no/such/file")
+
