@@ -127,11 +127,12 @@ class Prefetcher:
         return self
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the prefetch to finish; True if it did."""
+        """Wait for the prefetch to finish, its blocks in the disk cache; True if it did."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for thread in self._threads:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return self.stats.done
+        return self.image.flush(300.0 if deadline is None else
+                                max(0.0, deadline - time.monotonic())) and self.stats.done
 
     def stop(self) -> None:
         """Issue no more requests (those in flight complete)."""

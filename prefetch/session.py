@@ -286,6 +286,7 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
             prefetcher.stop()
         if recording is not None:
             recording.finish("exit")
+        image.flush()  # the report's CPU includes the disk cache's writes
         if spec.report is not None:
             MountStats.of(image, prefetcher, recording, final=True, requests=requests,
                           pushes=pushes, cpu_since=began,

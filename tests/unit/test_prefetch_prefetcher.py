@@ -4,6 +4,7 @@ prefetch (correct bytes, nothing fetched twice, reads first), fallbacks, recordi
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -369,3 +370,60 @@ def test_blocks_of_files_the_kernel_reads_whole_are_not_fetched(setup) -> None:
     assert whole.has("/data/big.bin") and not whole.has("/data/small.txt")
     assert not whole.has("/data") and not whole.has("/no/such/file")
 
+
+class HeldCache(NodeCache):
+    """A disk cache whose adds wait until ``go`` is set (a slow disk); notes the thread."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.go = threading.Event()
+        self.go.set()  # the image's manifest goes in first
+        self.writers: list[threading.Thread] = []
+
+    def put_many(self, entries) -> None:
+        self.writers.append(threading.current_thread())
+        assert self.go.wait(10)
+        super().put_many(entries)
+
+
+def test_fetched_blocks_are_read_while_the_disk_cache_writes_them(setup, tmp_path) -> None:
+    """A read does not wait for the disk cache to add the blocks it fetched: another
+    thread does, at a lower priority, and until then a block is read from memory (even
+    once out of the memory tier), never fetched again. ``flush`` waits for the writes."""
+    from bootseer.prefetch import lazyimage
+
+    store, blobs, _ = setup
+    cache = HeldCache(tmp_path / "held", 1 << 30)
+    image = LazyImage(blobs, "big", cache, readahead_blocks=0, recent_blocks=1)
+    entry = image.lookup("/data/big.bin")
+    cache.go.clear()
+    cache.writers.clear()
+    store.log.clear()
+    first = image.read(entry, 0, 10)
+    image.read(entry, MIB, 10)  # pushes block 0 out of the memory tier
+    assert image.read(entry, 0, 10) == first == BIG[:10]
+    assert len(store.log) == 2  # each block fetched once
+    digests = block_digests(image, [0, 1])
+    assert all(image.is_local(d) and d not in cache for d in digests)
+    assert not image.flush(0.2)
+    (writer,) = set(cache.writers)
+    assert writer is not threading.current_thread()
+    assert os.getpriority(os.PRIO_PROCESS, writer.native_id) >= lazyimage.WRITER_NICE
+    cache.go.set()
+    assert image.flush(10) and all(d in cache for d in digests)
+    assert image.read(entry, 0, 10) == first and len(store.log) == 2
+
+
+def test_past_its_bound_a_fetch_writes_its_own_blocks(setup, tmp_path, monkeypatch) -> None:
+    """Memory waiting for the writer is bounded: beyond it, the fetching thread adds the
+    blocks to the disk cache itself before it goes on."""
+    from bootseer.prefetch import lazyimage
+
+    store, blobs, _ = setup
+    monkeypatch.setattr(lazyimage, "WRITE_BEHIND_BYTES", MIB // 2)
+    cache = HeldCache(tmp_path / "held", 1 << 30)
+    image = LazyImage(blobs, "big", cache, readahead_blocks=0)
+    cache.writers.clear()
+    image.read(image.lookup("/data/big.bin"), 0, 10)
+    assert cache.writers == [threading.current_thread()]
+    assert block_digests(image, [0])[0] in cache
