@@ -7,7 +7,8 @@ two results can be compared without knowing which benchmark wrote them::
     when        UTC time the result was written
     commit      the git commit of the code measured (None outside a checkout)
     dirty       whether that code had changes on top of the commit (``code`` says which)
-    machine     one shape: cpus, cpus_usable, memory_bytes, kernel, platform, python
+    machine     one shape: cpus, cpus_usable, memory_bytes, kernel, platform, python,
+                file_create_us (what creating a file costs where the benchmarks work)
     caps        the link caps the benchmark applied, each stated (or {} for none)
     runs        how many runs each figure's median is taken over
     cpu_busy    the machine's CPU busy fraction over the whole benchmark (a shared
@@ -25,6 +26,7 @@ import os
 import platform
 import statistics
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -129,7 +131,23 @@ def machine() -> dict[str, Any]:
             break
     return {"cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
             "memory_bytes": memory, "kernel": platform.release(),
-            "platform": platform.platform(), "python": platform.python_version()}
+            "platform": platform.platform(), "python": platform.python_version(),
+            "file_create_us": file_create_us()}
+
+
+def file_create_us(directory: str = "/var/tmp", count: int = 200) -> float:
+    """Microseconds of CPU to create (and close) an empty file where the benchmarks work,
+    the median of ``count``. Every cache entry a start writes pays it, and it is not the
+    same on every machine: 30-40 on a journaled ext4, up to 1,100-1,400 on a root ext4
+    without a journal after many deletions (ext4 then checks the recently deleted inodes
+    one by one before it reuses one: ``recently_deleted`` in its inode allocator)."""
+    with tempfile.TemporaryDirectory(dir=directory, prefix="bench-probe-") as scratch:
+        times = []
+        for n in range(count):
+            began = time.process_time()
+            os.close(os.open(f"{scratch}/{n}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            times.append(time.process_time() - began)
+    return round(statistics.median(times) * 1e6, 1)
 
 
 def code_state(root: Path = REPO) -> dict[str, Any]:
