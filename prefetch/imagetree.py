@@ -36,16 +36,18 @@ class ImageTree(Tree):
     stateless_open = True
 
     def __init__(self, image: LazyImage, hot: Iterable[str] = (), *,
-                 passthrough: bool = True, read_ahead: ReadAheadCounts | None = None) -> None:
+                 passthrough: bool = True, read_ahead: ReadAheadCounts | None = None,
+                 whole: WholeFiles | None = None) -> None:
         """``hot``: digests of the blocks this start is expected to read (its hot list);
         ``passthrough``: offer whole files as backing files (``image.passthrough``), if
         the image has any on the node; ``read_ahead`` counts what of them the kernel
-        was asked to read ahead."""
+        was asked to read ahead; ``whole``: the image's whole files, if the caller
+        already asks them (the prefetch does: one key per file, computed once)."""
         self.image = image
         self.hot = frozenset(hot)
         self.read_ahead = read_ahead
         self.warmer: PageWarmer | None = None
-        self.whole = WholeFiles(image)
+        self.whole = whole if whole is not None else WholeFiles(image)
         self.offers_backing = passthrough and self.whole.any()
         self.passing = False  # the connection passes through
         self.by_path = image.manifest.by_path

@@ -190,8 +190,8 @@ class Prefetcher:
             self.image.fetch_pieces(request.pack, run, self.stats)
 
     def _in_whole_file(self, index: int) -> bool:
-        path = self._paths.get(index)
-        if path is None or self.read_whole is None:
+        path = self._paths.get(index)  # (none without read_whole)
+        if path is None:
             return False
         whole = self._whole.get(path)
         if whole is None:  # two threads may both ask: the answer is the same

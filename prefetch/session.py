@@ -56,15 +56,15 @@ RECORD_UNTIL = 3
 
 
 def start_prefetch(image: LazyImage, hot: HotList | None, config: PrefetchConfig, *,
-                   by_key: bool = False) -> Prefetcher | None:
-    """Prefetch the image's hot list in the background, if it has one; ``by_key``: the
-    root names the files through the image's metadata image, and the kernel reads those
-    kept whole on the node itself (their blocks are not fetched)."""
+                   read_whole: WholeFiles | None = None) -> Prefetcher | None:
+    """Prefetch the image's hot list in the background, if it has one; ``read_whole``:
+    the root names the files through the image's metadata image, and the kernel reads
+    those of them kept whole on the node itself (their blocks are not fetched)."""
     if hot is None or not hot.blocks:
         log.info("image %s has no hot list: nothing to prefetch", image.image_id)
         return None
     return Prefetcher(image, hot, config=config,
-                      read_whole=WholeFiles(image).has if by_key else None).start()
+                      read_whole=read_whole.has if read_whole is not None else None).start()
 
 
 @dataclass(frozen=True)
@@ -247,9 +247,11 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
         recording = Recording(image, spec.workload, spec.record).start()
     if spec.record is not None:
         by_key = _announce(spec, image, record)
+    whole = WholeFiles(image)
     prefetcher = None
     if spec.prefetch:
-        prefetcher = start_prefetch(image, hot, spec.prefetch_config, by_key=by_key)
+        prefetcher = start_prefetch(image, hot, spec.prefetch_config,
+                                    read_whole=whole if by_key else None)
     stop_stats = threading.Event()
     requests, pushes, passthrough = RequestCounts(), PushCounts(), PassthroughCounts()
     read_ahead = ReadAheadCounts()
@@ -268,7 +270,8 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
                       read_ahead=read_ahead).save(stats_file)
         threading.Thread(target=refresh, name="stats", daemon=True).start()
     digests = prefetcher.digests if prefetcher is not None else ()
-    options = {"passthrough": spec.config.image.passthrough, "read_ahead": read_ahead}
+    options = {"passthrough": spec.config.image.passthrough, "read_ahead": read_ahead,
+               "whole": whole}
     tree = KeyTree(image, digests, hot_files=hot.paths() if hot is not None else (),
                    **options) if by_key else ImageTree(image, digests, **options)
     try:
