@@ -39,9 +39,11 @@ test: system-deps venv lint
 test-fast: venv
 	$(BIN)/python -m pytest tests/unit
 
-# On a machine with a CUDA GPU and its own torch (see benchmarks/bench_ckpt_gpu.py)
+# On a machine with a CUDA GPU and its own torch (see benchmarks/bench_ckpt_gpu.py): only
+# the GPU test files are collected, since the other modules import what such a machine lacks.
 test-gpu:
-	PYTHONPATH=$(CURDIR):$(CURDIR)/dev:$(PYTHONPATH) python3 -m pytest -p no:cacheprovider -m gpu tests/unit
+	PYTHONPATH=$(CURDIR):$(CURDIR)/dev:$(PYTHONPATH) python3 -m pytest -p no:cacheprovider -m gpu \
+		$(wildcard tests/unit/*_gpu.py)
 
 lint: venv
 	$(BIN)/ruff check --no-cache .
