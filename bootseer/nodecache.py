@@ -173,9 +173,8 @@ class NodeCache:
         large to hash before their first byte is needed. They were checked on the way in,
         like every entry; what a disk damaged since is the caller's to find (the
         checkpoint cache re-hashes its copies at every ``warm``)."""
-        path = self.path(digest)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        _touch(path)
+        fd = os.open(self.path(digest), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        _touch(fd)  # through the descriptor: no second walk of the path
         return fd
 
     def tree(self, key: str) -> Path | None:
@@ -444,11 +443,11 @@ def _size(path: Path) -> int:
         return 0  # damaged: it still goes, least recently used first
 
 
-def _touch(path: Path) -> None:
-    """Mark an entry used now (its mtime orders eviction); best effort: a reader may not
-    own it, and it may have just been evicted."""
+def _touch(entry: Path | int) -> None:
+    """Mark an entry (its path, or an open descriptor) used now (its mtime orders
+    eviction); best effort: a reader may not own it, and it may have just been evicted."""
     with contextlib.suppress(OSError):
-        os.utime(path)
+        os.utime(entry)
 
 
 def whole_files_beside(blocks: NodeCache) -> NodeCache:

@@ -283,10 +283,8 @@ class KeyTree(ImageTree):
         by_path = self.image.manifest.by_path
         for path in self.hot_files:
             entry = by_path.get(path)
-            if entry is not None and entry.kind is Kind.FILE:
-                key = self.whole.key(entry)
-                if key is not None and key in self.whole.cache:
-                    self.warmer.looked_up(entry)
+            if entry is not None and entry.kind is Kind.FILE and self.whole.has(path):
+                self.warmer.looked_up(entry)
 
     def _read_ahead(self, entry: FileEntry, ranges: list[tuple[int, int]]) -> bool:
         return not self.image.recording and self.whole.read_ahead(entry, ranges)

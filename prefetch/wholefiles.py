@@ -56,6 +56,9 @@ class WholeFiles:
         self._marker = self.cache.directory / "images" / self.cache.check_digest(
             image.image_id.removeprefix("sha256:"))
         self._keys: dict[str, str | None] = {}  # by path: a mount asks at every lookup
+        #: Keys found whole: a start's prefetch and its read-ahead both ask of every hot
+        #: file, one ``stat`` of a cold inode each. One evicted since is found when opened.
+        self._present: set[str] = set()
 
     def key(self, entry: FileEntry) -> str | None:
         """The cache entry naming ``entry``'s content; None for a file that is not a
@@ -88,7 +91,14 @@ class WholeFiles:
         is checked when it is opened)."""
         entry = self.image.manifest.by_path.get(path)
         key = self.key(entry) if entry is not None else None
-        return key is not None and key in self.cache
+        if key is None:
+            return False
+        if key in self._present:
+            return True
+        if key not in self.cache:
+            return False
+        self._present.add(key)  # a set's add is atomic under the GIL
+        return True
 
     def open(self, entry: FileEntry) -> Backing | None:
         """The whole file as a backing file, if it is on the node and of the right size."""

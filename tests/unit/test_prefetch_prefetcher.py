@@ -369,6 +369,12 @@ def test_blocks_of_files_the_kernel_reads_whole_are_not_fetched(setup) -> None:
     assert whole.make_whole([image.lookup("/data/big.bin")]) == 1
     assert whole.has("/data/big.bin") and not whole.has("/data/small.txt")
     assert not whole.has("/data") and not whole.has("/no/such/file")
+    # A file found whole is taken as whole for the mount's life (the prefetch and the
+    # read-ahead both ask): one evicted since is found missing when it is opened.
+    big = image.lookup("/data/big.bin")
+    whole.cache.drop(whole.key(big))
+    assert whole.has("/data/big.bin") and not WholeFiles(image).has("/data/big.bin")
+    assert whole.open(big) is None and whole.read_ahead(big, [(0, MIB)]) is False
 
 
 class HeldCache(NodeCache):
