@@ -420,6 +420,27 @@ def test_fetched_blocks_are_read_while_the_disk_cache_writes_them(setup, tmp_pat
     assert image.read(entry, 0, 10) == first and len(store.log) == 2
 
 
+def test_a_warm_returns_once_what_it_fetched_is_on_disk(setup, tmp_path) -> None:
+    """Keeping files whole fetches the blocks they lack, which the disk cache's writer adds
+    behind the fetch: the warm waits for those writes, so that the start it prepared does
+    not run beside them."""
+    from bootseer.prefetch.warm import warm_image
+
+    store, blobs, fresh_image = setup
+    recorder = fresh_image(readahead_blocks=0)
+    recorder.recorder = hotlist.Recorder(recorder.image_id, "w")
+    recorder.read(recorder.lookup("/data/big.bin"), MIB, 10)
+    hotlist.save(blobs, recorder.recorder.stop(), recorder.manifest)
+    cache = HeldCache(tmp_path / "held", 1 << 30)
+    image = LazyImage(blobs, "big", cache, readahead_blocks=0)
+    cache.go.clear()
+    threading.Timer(0.5, cache.go.set).start()  # a slow disk
+    result = warm_image(blobs, cache, "big", "w", lazy=image, whole_files=True)
+    assert result.detail["whole_files"] == 1
+    digests = block_digests(image, list(range(len(image.lookup("/data/big.bin").blocks))))
+    assert cache.go.is_set() and all(d in cache for d in digests)
+
+
 def test_past_its_bound_a_fetch_writes_its_own_blocks(setup, tmp_path, monkeypatch) -> None:
     """Memory waiting for the writer is bounded: beyond it, the fetching thread adds the
     blocks to the disk cache itself before it goes on."""
