@@ -149,7 +149,18 @@ class MetaImage:
         return True
 
     def mount(self, target: Path) -> None:
-        """Mount it at ``target`` (read-only)."""
+        """Mount it at ``target`` (read-only), its blocks asked of the disk at once first.
+
+        The image is every name and attribute of the tree the start looks up (some
+        10 MB). Left to the lookups, a start's first thousands of them each wait for one
+        small read of it (the page cache is cold after a reboot or an eviction); asked
+        for whole, it is one read the kernel makes in large requests, ahead of them
+        (``POSIX_FADV_WILLNEED``: asynchronous)."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
         mount_erofs(self.path, target)
 
 

@@ -4,15 +4,13 @@ sees every read while a start that does not leaves its reads to the kernel."""
 
 from __future__ import annotations
 
-import ctypes
 import json
-import mmap
-import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from support.images import BIG, MIB, MIB_BLOCKS, big_image, bootseer, recorded_big_image
+from support.pagecache import drop_cached, resident_mib
 
 from bootseer.mounts import unmount
 from bootseer.nodecache import NodeCache
@@ -143,29 +141,6 @@ def test_a_recording_start_sees_every_read_and_a_later_start_passes_through(dirs
                                      "refused": 0}
 
 
-def _resident_mib(path: Path) -> list[bool]:
-    """Whether each MiB of ``path`` is in the page cache (mincore; mapping reads nothing)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    size = path.stat().st_size
-    pages = -(-size // mmap.PAGESIZE)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
-        vec = (ctypes.c_ubyte * pages)()
-        try:
-            assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0
-        finally:
-            libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
-    finally:
-        os.close(fd)
-    per_mib = MIB // mmap.PAGESIZE
-    return [all(vec[i:i + per_mib]) for i in range(0, pages, per_mib)]
-
-
 def test_a_passed_through_files_hot_blocks_are_read_ahead_by_the_kernel(dirs) -> None:
     """The server pushes no pages of a file the kernel reads from its whole file: once
     the file is looked up, the kernel is asked to read that file's hot blocks (1, 3 and 4
@@ -179,19 +154,15 @@ def test_a_passed_through_files_hot_blocks_are_read_ahead_by_the_kernel(dirs) ->
     key = whole.key(image.lookup("/data/big.bin"))
     assert key is not None
     path = whole.cache.path(key)
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)  # just written: dirty pages stay cached
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-    assert not any(_resident_mib(path))
+    drop_cached(path)
     report = dirs["run"] / "report.json"
     bootseer("image", "mount", "big", str(dirs["mnt"]), "--workload", "train", "--report",
              str(report), store=dirs["store"], cache=dirs["cache"])
     try:
         assert (dirs["mnt"] / "data/big.bin").stat().st_size == len(BIG)
         deadline = time.monotonic() + 30
-        while _resident_mib(path) != [False, True, False, True, True, False]:
-            assert time.monotonic() < deadline, _resident_mib(path)
+        while resident_mib(path) != [False, True, False, True, True, False]:
+            assert time.monotonic() < deadline, resident_mib(path)
             time.sleep(0.05)
     finally:
         unmount(dirs["mnt"])

@@ -21,6 +21,7 @@ import pytest
 from support.ci import require
 from support.containers import run_in, stop_agents
 from support.images import bootseer
+from support.pagecache import drop_cached, resident_pages
 
 from bootseer.agents.client import AgentClient
 from bootseer.agents.mountapi import MountRequest
@@ -72,12 +73,19 @@ def _image(dirs) -> LazyImage:
 
 def test_a_warmed_start_names_nothing_through_the_server(node, dirs) -> None:
     """The start's lookups, misses and opens are the kernel's: the server answers none
-    of them (python3 looks for hundreds of names the image lacks), and reads nothing."""
+    of them (python3 looks for hundreds of names the image lacks), and reads nothing.
+    The metadata image is read whole as it is mounted, not a lookup at a time."""
     sock, _, _ = node
+    meta = MetaImage.of(_image(dirs)).path
+    drop_cached(meta)
     with AgentClient(sock) as client:
         mount = client.mount(MountRequest("c1", "py", workload="py", record="never"))
         directory = Path(mount.rootfs).parent
         assert is_mounted(directory / "meta") and not mount.recording
+        deadline = time.monotonic() + 10
+        while not all(resident_pages(meta)):
+            assert time.monotonic() < deadline, resident_pages(meta).count(False)
+            time.sleep(0.05)
         result = run_in(mount, PY)
         assert (result.returncode, result.stdout) == (0, "42\n"), result.stderr
         start = client.release("c1")
