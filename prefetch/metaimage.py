@@ -59,6 +59,7 @@ from bootseer.prefetch.imagetree import ImageTree
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.rootfs import Kind
 from bootseer.prefetch.wholefiles import WholeFiles
+from bootseer.readahead import will_need
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +156,10 @@ class MetaImage:
         10 MB). Left to the lookups, a start's first thousands of them each wait for one
         small read of it (the page cache is cold after a reboot or an eviction); asked
         for whole, it is one read the kernel makes in large requests, ahead of them
-        (``POSIX_FADV_WILLNEED``: asynchronous)."""
+        (:func:`bootseer.readahead.will_need`: asynchronous)."""
         fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            will_need(fd, [(0, os.fstat(fd).st_size)])
         finally:
             os.close(fd)
         mount_erofs(self.path, target)

@@ -39,6 +39,7 @@ from bootseer.nodecache import NotCached, whole_files_beside
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.lazyimage import LazyImage
 from bootseer.prefetch.rootfs import Kind
+from bootseer.readahead import will_need
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +128,7 @@ class WholeFiles:
         if backing is None:
             return False
         try:
-            for offset, length in ranges:
-                os.posix_fadvise(backing.fd, offset, length, os.POSIX_FADV_WILLNEED)
+            will_need(backing.fd, ranges)
         finally:
             os.close(backing.fd)
         return True
