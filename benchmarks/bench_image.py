@@ -605,7 +605,10 @@ class Bench:
             "read_ahead_note": "per start, medians: files passed through whose hot blocks "
                                "the kernel was asked to read ahead from the whole file "
                                "once the file was looked up (POSIX_FADV_WILLNEED: what "
-                               "pages_pushed is for a served file), and those blocks' bytes",
+                               "pages_pushed is for a served file), those blocks' bytes, "
+                               "and the server's CPU in asking (cpu_s, part of "
+                               "server_cpu_s: mostly the kernel allocating the pages, "
+                               "which a local start does in its own page faults)",
             "bytes_fetched_lazy": median_of(image_stat("lazy", "bytes_fetched")),
             "bytes_fetched_lazy_prefetch": median_of(total),
             "bytes_fetched_lazy_prefetch_note": "demand fetches + the prefetcher's fetches",
