@@ -131,10 +131,9 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
             began = time.monotonic()
             detail["metadata_image"] = _metadata_image(lazy)
             detail["metadata_image_s"] = round(time.monotonic() - began, 3)
-    # Completing the files fetched blocks that the disk cache's writer may still hold: a
-    # warm is done when they are on disk, not while the start it prepared runs beside
-    # their writes (bench-image-cuda: up to 256 MiB of new cache files, 0.7 s added to
-    # the next start's engine-to-shim phase).
+    # Completing the files fetched blocks that the disk cache's writer may still hold (up
+    # to 256 MiB of new cache files): a warm is done when they are on disk, not while the
+    # start it prepared runs beside their writes.
     if not lazy.flush():
         log.warning("image %s: the disk cache is still writing what the warm fetched",
                     lazy.image_id)
