@@ -19,7 +19,9 @@ order in each):
   metadata round trip costs, which passthrough does not remove).
 
 Reports MB/s and reads per second for each, ``seq_vs_host`` and ``rand_vs_host`` (the
-mount's rate over the host's; goal >= 0.9), the same for ``served``, and each mount
+mount's rate over the host's, like for like: among runs in the same place of their round,
+the two places' ratios averaged geometrically; goal >= 0.9), the same for ``served``
+(medians), and each mount
 server's CPU and requests by kind from its report. No link, no cap: local disk and page
 cache. Writes ``bench-results/fuse.json``.
 """
@@ -224,10 +226,26 @@ def main() -> None:
                 out[str(position)] = round(statistics.median(host) / statistics.median(mount), 3)
         return out
 
+    def fair(kind: str) -> float:
+        """The mount's rate over the host's, like for like: the geometric mean of the two
+        places' ratios (a median over all runs compares whichever of the two happened to
+        read first more often: 0.33 or 1.22 here, by the draw, for the same code)."""
+        ratios = list(by_position(kind).values())
+        if len(ratios) < 2:
+            return round(med[f"{kind}_host"] / med[f"{kind}_mount"], 3)
+        return round(statistics.geometric_mean(ratios), 3)
+
+    seq_vs_host, rand_vs_host = fair("seq"), fair("rand")
     result = {
         **recording.header(runs=args.runs, caps={"link": "none: local disk and page cache"}),
         "file_bytes": size, "random_reads": args.random_reads,
         **rates("mount"), **rates("served"), **rates("host"),
+        "seq_vs_host": seq_vs_host, "rand_vs_host": rand_vs_host,
+        "vs_host_note": "seq_vs_host and rand_vs_host: the geometric mean of the ratios "
+                        "by place in the round (below); the ratio of the medians over all "
+                        "runs is in seq_vs_host_of_medians and rand_vs_host_of_medians",
+        "seq_vs_host_of_medians": round(med["seq_host"] / med["seq_mount"], 3),
+        "rand_vs_host_of_medians": round(med["rand_host"] / med["rand_mount"], 3),
         "seq_vs_host_by_position": by_position("seq"),
         "rand_vs_host_by_position": by_position("rand"),
         "by_position_note": "the same ratio among runs in the same place of their round: "
@@ -237,8 +255,8 @@ def main() -> None:
         "mount_note": "mount: as users get it, the whole file read by the kernel (FUSE "
                       "passthrough); served: image.passthrough off, every read answered "
                       "by the mount's server from the node's blocks (before passthrough)",
-        "goals": {"seq_vs_host_ge_0.9": med["seq_host"] / med["seq_mount"] >= 0.9,
-                  "rand_vs_host_ge_0.9": med["rand_host"] / med["rand_mount"] >= 0.9},
+        "goals": {"seq_vs_host_ge_0.9": seq_vs_host >= 0.9,
+                  "rand_vs_host_ge_0.9": rand_vs_host >= 0.9},
         **{key: {name: server.get(field) for name, server in servers.items()}
            for key, field in (("server_cpu_s", "server_cpu_s"),
                               ("server_requests", "fuse_requests"),
