@@ -206,13 +206,15 @@ def main() -> None:
     size = args.mib * MIB
 
     def rates(name: str) -> dict:
+        """A case's rates, and its ratios to the host's of medians (the mount's seq and
+        rand ratios are like for like instead: ``fair``)."""
         prefix = "" if name == "mount" else f"{name}_"
+        kinds = {"host": (), "mount": ("meta",)}.get(name, ("seq", "rand", "meta"))
         return {f"seq_{name}_MBps": round(size / med[f"seq_{name}"] / 1e6, 1),
                 f"rand_{name}_reads_per_s": round(args.random_reads / med[f"rand_{name}"]),
                 f"meta_{name}_stats_per_s": round(len(smalls) / med[f"meta_{name}"]),
-                **({} if name == "host" else {
-                    f"{kind}_{prefix}vs_host": round(med[f"{kind}_host"] / med[f"{kind}_{name}"],
-                                                     3) for kind in ("seq", "rand", "meta")})}
+                **{f"{kind}_{prefix}vs_host": round(med[f"{kind}_host"] / med[f"{kind}_{name}"],
+                                                    3) for kind in kinds}}
 
     def by_position(kind: str) -> dict[str, float]:
         """The mount's rate over the host's among runs that read before the other (0) and
