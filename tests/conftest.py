@@ -156,6 +156,19 @@ def hdfs_cluster(tmp_path_factory: pytest.TempPathFactory):
     cluster.stop()
 
 
+def _remove_links_of_dead_runs() -> None:
+    """A run that crashed (no teardown) left its ``bsp2p<pid>`` link and the LOCAL_PEERS
+    on it: gone, they would make the lab's "nothing outside is reachable" check reach
+    them. Only links whose run's pid is gone are removed (each link's peer is its name
+    and "1": removing the link removes both)."""
+    names = {path.name for path in Path("/sys/class/net").iterdir()}
+    for name in names:
+        pid = name.removeprefix("bsp2p")
+        if pid != name and pid.isdigit() and name + "1" in names \
+                and not Path(f"/proc/{pid}").exists():
+            subprocess.run(["ip", "link", "del", name], check=False)
+
+
 @pytest.fixture(scope="session")
 def local_peer_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A link (``bsp2p<pid>``, one end of a veth pair: this kernel has no dummy links)
@@ -164,6 +177,7 @@ def local_peer_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
     link = f"bsp2p{os.getpid()}"[:13]  # its own: concurrent runs keep their addresses
     require(os.geteuid() != 0 and "adding a link for their addresses needs root",
             "in-process swarms")
+    _remove_links_of_dead_runs()
     subprocess.run(["ip", "link", "add", link, "type", "veth", "peer", "name", link + "1"],
                    check=True)
     try:

@@ -6,14 +6,15 @@ namely which pieces come from the store, and keeps the session closed to everyon
 the job:
 
 * **No discovery but ours.** No DHT, no local peer discovery, no UPnP/NAT-PMP, no
-  trackers, no peer exchange, no metadata exchange (the session has no ``ut_metadata``
-  or ``ut_pex`` plugin): it dials only the peers a caller names (the job's rendezvous
-  records or the scheduler's list, :mod:`bootseer.p2p.rendezvous`) that are on
-  ``p2p.networks``, and answers only those that know a torrent it holds as the
-  cluster's key makes it (:mod:`bootseer.p2p.trust`: keyed info-hashes, encryption
-  forced). It listens on one address:port: TCP for peers, and the UDP socket libtorrent
-  always binds beside it (for uTP and UDP trackers, both off here: nothing is served
-  on it). An IP filter refuses every address outside ``p2p.networks`` both ways.
+  trackers, no peer exchange, no metadata exchange (every torrent is private, so
+  libtorrent attaches no ``ut_pex`` or ``ut_metadata`` to it): it dials only the peers a
+  caller names (the job's rendezvous records or the scheduler's list,
+  :mod:`bootseer.p2p.rendezvous`) that are on ``p2p.networks``, and answers only those
+  that know a torrent it holds as the cluster's key makes it (:mod:`bootseer.p2p.trust`:
+  keyed info-hashes, encryption forced). It listens on one address:port: TCP for peers,
+  and the UDP socket libtorrent always binds beside it (for uTP and UDP trackers, both
+  off here: nothing is served on it). An IP filter refuses every address outside
+  ``p2p.networks`` both ways.
 * **Nothing unverified is kept.** Every piece, from a peer or from the store, is checked
   by libtorrent against the torrent's SHA-256 merkle tree, which came from the store
   (:mod:`bootseer.p2p.torrents`); a peer whose data fails is banned at once (v2 hashes
@@ -56,7 +57,9 @@ seeds; nothing else pops alerts. :meth:`Swarm.fetch` blocks its caller (the agen
 it with ``asyncio.to_thread``) and may run in several threads at once for different
 blobs; its ``read_range`` is called from the swarm's store-reader threads, which are
 all done before the torrent leaves the session (libtorrent 2.1 can crash on an
-``add_piece`` to a torrent being removed). :meth:`Swarm.seed`, :meth:`Swarm.stop_seeding`,
+``add_piece`` to a torrent being removed; its default disk back end crashes too, so
+the session keeps files through ``mmap_disk_io``: see ``engine._session_params``).
+:meth:`Swarm.seed`, :meth:`Swarm.stop_seeding`,
 :meth:`Swarm.stats` and :attr:`Swarm.address` may be called from any thread;
 :meth:`Swarm.close` once, by the owner, after every fetch returned.
 """

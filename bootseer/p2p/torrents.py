@@ -107,10 +107,13 @@ class Torrent:
     def keyed(self, trust: Trust) -> lt.torrent_info:
         """This torrent as the cluster's swarms hold it: its info dictionary with the
         key's tag of its info-hash (:meth:`Trust.swarm_tag`), so that only key holders
-        can name it in a handshake. The pieces, hence every check, are this torrent's."""
+        can name it in a handshake, and private (BEP 27), so that libtorrent attaches
+        neither peer exchange nor metadata exchange to it: peers are the job's members,
+        dialed. The pieces, hence every check, are this torrent's."""
         decoded = lt.bdecode(self.data)
         public = self.info.info_hashes().v2.to_bytes()
         decoded[b"info"][b"bootseer auth"] = trust.swarm_tag(public)
+        decoded[b"info"][b"private"] = 1
         return lt.torrent_info(lt.bencode(decoded))
 
 
