@@ -47,7 +47,8 @@ lab's own load at rest).
 Per case and N: the job's time-to-ready (slowest node), p50/p99/max over nodes, the
 slowest node's phases, the bytes every origin sent (tc's counters on its capped link:
 each DataNode, the registry, the index) and their max/mean, the fan-out factor (origin
-bytes / the same case's N = 1 origin bytes), and the machine's CPU busy fraction. The
+bytes / the same case's N = 1 origin bytes), the CPU-seconds each node used (its
+cgroup's: :mod:`bootseer_dev.fleet.cgroups`) and the machine's CPU busy fraction. The
 fleet simulator (``bootseer_dev.fleetsim``) is calibrated from the N = 1 runs, validated
 against every N and extrapolated to production scale (its section of the JSON, and a PNG).
 """
@@ -104,6 +105,9 @@ WHEELS = ("numpy==2.2.6", "nvidia-cuda-runtime==13.0.96")
 GROUPS, SHARDS, SHARD_BYTES = 2, 2, 16 * MIB
 PYTHON = "/usr/bin/python3"         # Debian's, as in the image: the venv runs in both
 LATENCY = "none added: kernel has no sch_netem"
+NODE_CPU_NOTE = ("CPU-seconds per node during a case's starts (t0 to the last node ready), "
+                 "from each node's cgroup: its agent and servers, its Docker engine and "
+                 "containers, the commands run on it; medians over the case's nodes")
 #: Seconds over which the machine's CPU busy fraction is read just before t0; a run
 #: starts once it is at most QUIET_BUSY, or after QUIET_WAIT_S.
 IDLE_PROBE_S = 2.0
@@ -322,11 +326,12 @@ class Bench:
             idle = busy_fraction(idle0, cpu_times())
             if idle <= QUIET_BUSY or time.monotonic() > deadline:
                 break
-        before, cpu0 = self.origin_bytes(), cpu_times()
+        before, cpu0, node_cpu0 = self.origin_bytes(), cpu_times(), self.lab.node_cpu_s()
         t0 = time.time()
         runs = parallel(list(range(n)), lambda i: self.node_start(i, case, n, key, t0))
         wall = time.time() - t0
-        after, cpu1 = self.origin_bytes(), cpu_times()
+        after, cpu1, node_cpu1 = self.origin_bytes(), cpu_times(), self.lab.node_cpu_s()
+        node_cpu = [node_cpu1[i] - node_cpu0[i] for i in range(n)]
         failed = [r for r in runs if r.ready is None]
         if failed:
             raise RunFailed(f"{case} at N={n}: {len(failed)} node(s) failed; first: "
@@ -340,7 +345,10 @@ class Bench:
                         "p99": round(quantile(ready, 0.99), 3), "max": round(max(ready), 3)},
             "slowest_node": slowest.node,
             "slowest_phases_s": phases(slowest.marks),
-            "nodes": [{"node": r.node, "marks": r.marks} for r in runs],
+            "nodes": [{"node": r.node, "marks": r.marks, "cpu_s": round(node_cpu[r.node], 3)}
+                      for r in runs],
+            "node_cpu_s": {"p50": round(statistics.median(node_cpu), 3),
+                           "max": round(max(node_cpu), 3)},
             "origin_bytes": served,
             "origin_bytes_total": sum(served.values()),
             "datanode_max_over_mean": round(max(dns) / statistics.mean(dns), 3)
@@ -350,9 +358,10 @@ class Bench:
             "wall_s": round(wall, 3),
         }
         log.info("%-18s N=%-2d ready p50 %.2f max %.2f s (node %d: %s); origins %.1f MB; "
-                 "cpu %.2f", case, n, result["ready_s"]["p50"], result["ready_s"]["max"],
-                 slowest.node, result["slowest_phases_s"], sum(served.values()) / MB,
-                 result["cpu_busy"])
+                 "cpu %.2f, per node %.2f s", case, n, result["ready_s"]["p50"],
+                 result["ready_s"]["max"], slowest.node, result["slowest_phases_s"],
+                 sum(served.values()) / MB, result["cpu_busy"],
+                 result["node_cpu_s"]["p50"])
         return result
 
     # -- setup -----------------------------------------------------------------------------------
@@ -540,6 +549,9 @@ class Bench:
                                            ready("bootseer_p2p", top, "p50")),
             "datanode_max_over_mean_n16":
                 cases.get("bootseer", {}).get(top, {}).get("datanode_max_over_mean"),
+            "prestaged_node_cpu_s": {str(n): r["node_cpu_s"]["p50"] for n, r in
+                                     sorted(cases.get("bootseer_prestaged", {}).items())},
+            "node_cpu_note": NODE_CPU_NOTE,
             "largest_n": top,
             "setup": setup,
             "table": table_rows(cases),
@@ -618,18 +630,20 @@ def table_rows(cases: dict[str, dict[int, Any]]) -> list[dict[str, Any]]:
                          "origin_MB": round(r["origin_bytes_total"] / MB, 1),
                          "fanout_factor": r.get("fanout_factor"),
                          "datanode_max_over_mean": r["datanode_max_over_mean"],
+                         "node_cpu_s": r["node_cpu_s"]["p50"],
                          "cpu_busy": r["cpu_busy"]})
     return rows
 
 
 def format_table(result: dict[str, Any]) -> str:
     lines = [f"{'case':20s} {'N':>3s} {'p50':>7s} {'p99':>7s} {'max':>7s} {'p99/p50':>7s} "
-             f"{'originMB':>9s} {'fanout':>6s} {'DNmax/mean':>10s} {'cpu':>5s}"]
+             f"{'originMB':>9s} {'fanout':>6s} {'DNmax/mean':>10s} {'nodeCPU':>7s} "
+             f"{'cpu':>5s}"]
     for r in result["table"]:
         lines.append(f"{r['case']:20s} {r['n']:3d} {r['p50_s']:7.2f} {r['p99_s']:7.2f} "
                      f"{r['max_s']:7.2f} {r['p99_over_p50']:7.2f} {r['origin_MB']:9.1f} "
                      f"{r['fanout_factor'] or 0:6.2f} {r['datanode_max_over_mean'] or 0:10.2f} "
-                     f"{r['cpu_busy']:5.2f}")
+                     f"{r['node_cpu_s']:7.2f} {r['cpu_busy']:5.2f}")
     return "\n".join(lines)
 
 

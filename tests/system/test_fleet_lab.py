@@ -24,6 +24,7 @@ from support.lab import need_lab_tools
 
 from bootseer_dev import netns
 from bootseer_dev.fleet import Lab, LabSpec, index_dir, shaping
+from bootseer_dev.fleet.cgroups import Hierarchies
 from bootseer_dev.fleet.spec import METRICS_PORT
 
 #: The file a node reads from HDFS (several blocks of the lab's 1 MiB block size).
@@ -41,12 +42,13 @@ def _lines(*argv: str) -> set[str]:
 @dataclass(frozen=True)
 class HostSnapshot:
     """What of the host a lab could leave behind: namespaces, the host's links and
-    qdiscs, mounts."""
+    qdiscs, mounts, cgroups (a lab's are bsl-NAME in every hierarchy)."""
 
     netns: set[str]
     links: set[str]
     qdiscs: set[str]
     mounts: set[str]
+    cgroups: set[str]
 
     @classmethod
     def take(cls) -> HostSnapshot:
@@ -58,7 +60,9 @@ class HostSnapshot:
                            # iproute2's own: the first `ip netns add` on a machine bind-
                            # mounts /run/netns onto itself, for every later user, and no
                            # `ip netns` command ever removes it
-                           if line.split()[1] != str(netns.NETNS_DIR)})
+                           if line.split()[1] != str(netns.NETNS_DIR)},
+                   cgroups={str(group) for root in Hierarchies.find().every_root
+                            for group in root.glob("bsl-*")})
 
 
 def _processes_of(state_dir: Path, inodes: set[int]) -> list[str]:
@@ -83,6 +87,7 @@ def _assert_nothing_left(before: HostSnapshot, state_dir: Path, inodes: set[int]
     assert after.links == before.links
     assert after.qdiscs == before.qdiscs
     assert after.mounts == before.mounts
+    assert after.cgroups == before.cgroups
     assert _processes_of(state_dir, inodes) == []
 
 
@@ -292,6 +297,53 @@ def test_an_engine_pulls_from_the_lab_registry_through_the_caps(lab) -> None:
     assert (run.returncode, run.stdout.strip()) == (0, "42"), run.stderr
 
 
+def _cgroups_of(pid: int) -> set[str]:
+    """The cgroup paths of ``pid``: one per v1 hierarchy, or the one v2 path."""
+    return {line.split(":", 2)[2]
+            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()}
+
+
+def test_every_process_of_a_node_is_in_its_cgroup_and_counted(lab) -> None:
+    """The agent, commands run on the node, and the node's containers (through its
+    engine's cgroup-parent) are in the node's cgroup; its CPU is the node's alone."""
+    lab, _, _ = lab
+    group = "/" + lab.spec.node_cgroup(0)
+    assert group in _cgroups_of(lab.agent_record(0).pid)
+    out = _in_node(lab, 1, "print(open('/proc/self/cgroup').read())")
+    assert "/" + lab.spec.node_cgroup(1) in {line.split(":", 2)[2]
+                                             for line in out.splitlines()}
+    image = f"{lab.spec.registry_address}/lab/py:1"  # pulled by the test above
+    run = lab.docker(0, "run", "-d", "--network", "none", image, "sleep", "60")
+    assert run.returncode == 0, run.stderr
+    try:
+        pid = int(lab.docker(0, "inspect", "-f", "{{.State.Pid}}", run.stdout.strip()).stdout)
+        assert any(path.startswith(group + "/") for path in _cgroups_of(pid))
+    finally:
+        lab.docker(0, "rm", "-f", run.stdout.strip())
+    before = lab.node_cpu_s()
+    _in_node(lab, 1, "import time\nt = time.process_time()\n"
+                     "while time.process_time() - t < 1: pass")
+    after = lab.node_cpu_s()
+    assert after[1] - before[1] >= 1.0
+    assert after[0] - before[0] < 0.5  # node 0 idles meanwhile
+
+
+def test_a_node_gets_its_cpu_quota_and_no_more(lab) -> None:
+    lab, _, _ = lab
+    group = lab.spec.node_cgroup(1)
+    lab.cgroups.set_quota(group, 0.25)
+    try:
+        before, t0 = lab.node_cpu_s()[1], time.monotonic()
+        _in_node(lab, 1, "import time\nt = time.monotonic()\n"
+                         "while time.monotonic() - t < 2: pass")
+        wall, used = time.monotonic() - t0, lab.node_cpu_s()[1] - before
+    finally:
+        lab.cgroups.set_quota(group, lab.spec.node_cpu)
+    # Its share (0.25 of a core for 2 s, unless the machine is saturated) and no more
+    # (one 100 ms period of slack).
+    assert 0.25 * 2 * 0.5 <= used <= 0.25 * wall + 0.025, (used, wall)
+
+
 def test_an_engine_starts_a_container_on_the_node_agent_with_bootseer_runtime(lab) -> None:
     """`docker run --runtime bootseer` of the stub on node 1: its engine's runtime asks
     node 1's agent (BOOTSEER_CONFIG), which serves the root and a checkpoint mount of the
@@ -341,6 +393,8 @@ def test_status_reports_caps_agents_and_scale_down(lab) -> None:
     text = st.format()
     assert "1/125 of a 25 Gb/s production NIC" in text and "sch_netem" in text
     assert [m.agent_up for m in st.members if m.role.startswith("node-")] == [True, True]
+    assert all(m.cpu_s for m in st.members if m.role.startswith("node-"))  # counted
+    assert "node CPU  : no quota" in text
 
 
 def test_down_leaves_nothing_even_after_a_node_process_was_killed(lab) -> None:
@@ -349,12 +403,16 @@ def test_down_leaves_nothing_even_after_a_node_process_was_killed(lab) -> None:
     # A process the lab did not record (as a container would be) in node 1's namespace.
     stray = subprocess.Popen([*netns.enter_argv(lab.spec.node(1).netns), "sleep", "600"],
                              start_new_session=True)
+    # One in node 0's cgroup only (as a container with a network namespace of its own).
+    contained = subprocess.Popen([*lab.cgroups.enter_argv(lab.spec.node_cgroup(0)),
+                                  "sleep", "600"], start_new_session=True)
     # A mount in a node's cache dir (as a container's lazy root would be).
     mount_point = lab.node_files(0).cache_dir / "containers" / "c1"
     mount_point.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "fleet-test", mount_point], check=True)
     assert lab.down()
     stray.wait(timeout=10)
+    contained.wait(timeout=10)
     _assert_nothing_left(before, lab.spec.state_dir, inodes)
     assert not lab.down()  # a second down finds nothing to do
 

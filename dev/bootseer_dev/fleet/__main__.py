@@ -17,14 +17,15 @@ from bootseer_dev import log_to_stderr
 from bootseer_dev.cluster import ClusterError, LinkCapError, parse_link, parse_size
 from bootseer_dev.netns import NetnsError
 
+from .cgroups import CgroupError
 from .lab import Lab, LabError
 from .nodes import AgentStartError
 from .origins import OriginStartError
 from .spec import LabSpec, default_state_dir
 from .topology import TopologyError
 
-_ERRORS = (LabError, AgentStartError, ClusterError, LinkCapError, NetnsError,
-           OriginStartError, TopologyError, ValueError)
+_ERRORS = (LabError, AgentStartError, CgroupError, ClusterError, LinkCapError,
+           NetnsError, OriginStartError, TopologyError, ValueError)
 
 state_dir_option = click.option(
     "--state-dir", type=click.Path(path_type=Path), default=None,
@@ -68,10 +69,13 @@ def main(verbose: bool) -> None:
 @click.option("--p2p/--no-p2p", default=False, show_default=True,
               help="Agents with peer-to-peer on ([p2p] enabled, listening on the node's "
                    "address, port 6881): a job's nodes warm from each other.")
+@click.option("--node-cpu", type=float, default=None,
+              help="Each node's CPU quota in cores (its cgroup's), the same at every lab "
+                   "size. Default: no quota (each node's CPU is still counted).")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
               help="Seconds HDFS and the agents may take to come up.")
 def up(state_dir, nodes, datanodes, node_link, datanode_link, origins, origin_link, store,
-       name, hdfs_base_port, block_size, engines, p2p, timeout) -> None:
+       name, hdfs_base_port, block_size, engines, p2p, node_cpu, timeout) -> None:
     """Build the lab and start its HDFS and agents (a failure takes down what was made)."""
     try:
         spec = LabSpec(nodes=nodes, datanodes=datanodes, node_link=parse_link(node_link),
@@ -79,7 +83,7 @@ def up(state_dir, nodes, datanodes, node_link, datanode_link, origins, origin_li
                        origin_link=parse_link(origin_link), name=name,
                        state_dir=state_dir or default_state_dir(),
                        hdfs_base_port=hdfs_base_port, block_size=parse_size(block_size),
-                       store=store, engines=engines, p2p=p2p)
+                       store=store, engines=engines, p2p=p2p, node_cpu=node_cpu)
         lab = Lab(spec)
         lab.up(timeout_s=timeout)
     except _ERRORS as exc:
@@ -108,7 +112,7 @@ def status(state_dir, as_json) -> None:
 @main.command()
 @state_dir_option
 def down(state_dir) -> None:
-    """Remove every process, mount, tc qdisc, link and namespace the lab made."""
+    """Remove every process, mount, tc qdisc, link, namespace and cgroup the lab made."""
     try:
         lab = Lab.attach(state_dir or default_state_dir())
         click.echo("down" if lab.down() else "was not up")

@@ -1,13 +1,14 @@
 """A lab of N emulated GPU nodes and an HDFS dev cluster on one machine: up, status, down.
 
 `up` builds the network (`topology`), caps every node's, DataNode's and origin's link
-both ways (`shaping`), starts the dev cluster's NameNode and DataNodes each in its
+both ways (`shaping`), makes each node's cgroup (`cgroups`: its CPU counted apart, capped
+with ``node_cpu``), starts the dev cluster's NameNode and DataNodes each in its
 namespace on its lab address (`bootseer_dev.cluster` placed by ClusterSpec.netns), the
 registry and the wheel index (`origins`), then one node agent per node (`nodes`).
 Everything is recorded in the state dir as it is made (`state`); a failure half-way takes
 down what was made. `down` removes exactly what the record names, plus whatever process
-still runs in one of the lab's namespaces (a FUSE server an agent started, a container):
-nothing else can be in namespaces the lab created.
+still runs in one of the lab's namespaces or cgroups (a FUSE server an agent started, a
+container): nothing else can be in namespaces or groups the lab created.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from bootseer_dev.cluster.process import ProcessRecord, is_alive_and_ours, termi
 from bootseer_dev.cluster.units import format_rate
 
 from . import shaping, topology
-from .nodes import NodeFiles, agent_env, agent_health, start_agents, start_engines
+from .cgroups import Hierarchies
+from .nodes import NodeFiles, agent_env, agent_health, on_node, start_agents, start_engines
 from .origins import start_origins
 from .spec import LabSpec, Member
 from .state import Iface, LabState
@@ -60,6 +62,7 @@ class MemberStatus:
     received: int | None = None   # bytes through its ingress cap (the switch end)
     agent_pid: int | None = None
     agent_up: bool | None = None  # answers /v1/health with its pid
+    cpu_s: float | None = None    # CPU-seconds of every process of the node so far
 
 
 @dataclass
@@ -71,6 +74,7 @@ class LabStatus:
     store: str
     origins: str                  # "registry ADDR, index URL" or "none"
     scale_down: str
+    node_cpu: str = "no quota"    # each node's cgroup quota
     members: list[MemberStatus] = field(default_factory=list)
     hdfs: ClusterStatus | None = None
 
@@ -85,14 +89,16 @@ class LabStatus:
                  f"store     : {self.store}",
                  f"origins   : {self.origins}",
                  f"scale-down: {self.scale_down}",
+                 f"node CPU  : {self.node_cpu}",
                  "no latency: this kernel lacks sch_netem; links are rate caps only"]
         for m in self.members:
             traffic = ("" if m.sent is None else
                        f" sent {m.sent / 1e6:.1f}MB recv {(m.received or 0) / 1e6:.1f}MB")
             agent = ("" if m.agent_pid is None else
                      f" agent pid {m.agent_pid} {'up' if m.agent_up else 'DOWN'}")
+            cpu = "" if m.cpu_s is None else f" cpu {m.cpu_s:.1f}s"
             lines.append(f"  {m.role:12s} {m.address:15s} {m.netns:16s} cap {m.cap}"
-                         f"{traffic}{agent}{'' if m.present else ' (namespace missing)'}")
+                         f"{traffic}{agent}{cpu}{'' if m.present else ' (namespace missing)'}")
         if self.hdfs:
             lines += ["HDFS:", *("  " + line for line in self.hdfs.format().splitlines())]
         return "\n".join(lines)
@@ -176,6 +182,17 @@ class Lab:
     def node_files(self, i: int) -> NodeFiles:
         return NodeFiles.of(self.spec, i)
 
+    @property
+    def cgroups(self) -> Hierarchies:
+        """This machine's cgroup hierarchies, where the nodes' groups are."""
+        return Hierarchies.find()
+
+    def node_cpu_s(self) -> list[float]:
+        """CPU-seconds each node's processes (agent, servers, engine, containers, commands
+        run on it) have used since `up`, node by node."""
+        cgroups = self.cgroups
+        return [cgroups.usage_s(self.spec.node_cgroup(i)) for i in range(self.spec.nodes)]
+
     def member(self, role: str) -> Member:
         for m in self.spec.members():
             if m.role == role:
@@ -198,7 +215,7 @@ class Lab:
         environment and the node's config (BOOTSEER_CONFIG: its store, cache, agent)."""
         full_env = agent_env(self.client_env()) | {
             "BOOTSEER_CONFIG": str(self.node_files(i).config)} | (env or {})
-        return subprocess.run([*netns.enter_argv(self.spec.node(i).netns), *argv],
+        return subprocess.run([*on_node(self.spec, i), *argv],
                               capture_output=True, text=True, timeout=timeout, env=full_env,
                               stdin=subprocess.DEVNULL)
 
@@ -207,7 +224,8 @@ class Lab:
         the node's network namespace, on the node's agent."""
         if not self.spec.engines:
             raise LabError("this lab has no engines (`up --engines`)")
-        return subprocess.run(["docker", "-H", self.node_files(i).docker_host, *args],
+        return subprocess.run([*self.cgroups.enter_argv(self.spec.node_cgroup(i)), "docker",
+                               "-H", self.node_files(i).docker_host, *args],
                               capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
 
@@ -242,6 +260,10 @@ class Lab:
         t0 = time.monotonic()
         try:
             topology.build(self.spec, self.state)
+            cgroups = self.cgroups
+            self.state.add(self.state.cgroups, self.spec.cgroup)
+            for i in range(self.spec.nodes):
+                cgroups.create(self.spec.node_cgroup(i), self.spec.node_cpu)
             for member in self.spec.members():
                 if member.cap:
                     for iface in self.ifaces(member):
@@ -289,6 +311,13 @@ class Lab:
             if left:
                 raise LabError(f"processes {left} in the lab's namespaces survived SIGKILL; "
                                "the record is kept, run `down` again")
+        if state.cgroups:
+            cgroups = self.cgroups
+            for group in state.cgroups:
+                left = cgroups.remove(group, STRAGGLER_GRACE_S)
+                if left:
+                    raise LabError(f"processes {left} in the lab's cgroup {group} survived "
+                                   "SIGKILL; the record is kept, run `down` again")
         for iface in state.qdiscs:
             shaping.uncap_iface(iface)
         topology.teardown(state)
@@ -302,7 +331,9 @@ class Lab:
         st = LabStatus(name=self.spec.name, state_dir=str(self.spec.state_dir),
                        store=self.spec.store_url(), scale_down=self.spec.scale_down(),
                        origins=(f"registry {self.spec.registry_address}, index "
-                                f"{self.spec.index_url}" if self.spec.origins else "none"))
+                                f"{self.spec.index_url}" if self.spec.origins else "none"),
+                       node_cpu=("no quota" if self.spec.node_cpu is None else
+                                 f"{self.spec.node_cpu:g} cores each (cgroup quota)"))
         agents = {rec.role: rec for rec in self.state.processes}
         for member in self.spec.members():
             ms = MemberStatus(role=member.role, netns=member.netns, address=member.address,
@@ -317,6 +348,8 @@ class Lab:
                 health = agent_health(self.node_files(i)) if rec and is_alive_and_ours(rec) \
                     else None
                 ms.agent_up = bool(health and health.get("pid") == rec.pid)
+                if self.spec.cgroup in self.state.cgroups:
+                    ms.cpu_s = round(self.cgroups.usage_s(self.spec.node_cgroup(i)), 2)
             st.members.append(ms)
         cluster = self.cluster
         if cluster and (cluster.state_dir / "spec.json").is_file() and \

@@ -6,7 +6,9 @@ address, with `--p2p` its peer-to-peer session there too), the socket, the cache
 log. The agent is started in the node's network namespace only (`netns.enter_argv`): its
 store traffic leaves through the node's capped link, while its FUSE mounts stay in the
 host's mount namespace, where `bootseer-runtime` and runc, started with the node's
-config, find them as on a production node.
+config, find them as on a production node. Everything of a node (agent, engine and its
+containers, commands run on it) is in the node's cgroup (:mod:`.cgroups`): its CPU is
+counted apart, and capped with ``node_cpu``.
 """
 
 from __future__ import annotations
@@ -22,14 +24,21 @@ from pathlib import Path
 from bootseer_dev import netns
 from bootseer_dev.cluster.process import ProcessRecord, launch, log_tail, why_not_running
 
+from .cgroups import Hierarchies
 from .spec import LAB_NET, METRICS_PORT, P2P_PORT, LabSpec
 from .state import LabState
 
-__all__ = ["AgentStartError", "NodeFiles", "agent_env", "agent_health", "start_agents",
-           "start_engines"]
+__all__ = ["AgentStartError", "NodeFiles", "agent_env", "agent_health", "on_node",
+           "start_agents", "start_engines"]
 
 #: A Unix socket path is at most 107 bytes.
 MAX_SOCKET_PATH = 107
+
+
+def on_node(spec: LabSpec, i: int) -> list[str]:
+    """A prefix that runs a command on node i: in its cgroup and its network namespace."""
+    return [*Hierarchies.find().enter_argv(spec.node_cgroup(i)),
+            *netns.enter_argv(spec.node(i).netns)]
 
 
 class AgentStartError(RuntimeError):
@@ -141,7 +150,7 @@ def start_agents(spec: LabSpec, state: LabState, env: dict[str, str],
                                   f"{MAX_SOCKET_PATH} bytes: use a shorter --state-dir")
         _write_config(spec, i, files)
         files.socket.unlink(missing_ok=True)
-        argv = [*netns.enter_argv(spec.node(i).netns), sys.executable, "-m", "bootseer",
+        argv = [*on_node(spec, i), sys.executable, "-m", "bootseer",
                 "--config", str(files.config), "agent", "--socket", str(files.socket)]
         # The socket path names this lab's node: it is the marker that proves a pid ours.
         rec = launch(f"agent-n{i}", argv, files.log, str(files.socket), env=env)
@@ -177,11 +186,14 @@ def start_engines(spec: LabSpec, state: LabState, timeout_s: float = 60.0) -> No
 
     runtime = Path(sys.executable).parent / "bootseer-runtime"
     config = deployed_daemon_config(runtime) | {
-        "insecure-registries": [spec.registry_address] if spec.origins else []}
+        "insecure-registries": [spec.registry_address] if spec.origins else [],
+        # The node's containers in the node's cgroup (cgroupfs: a path, not a slice).
+        "exec-opts": ["native.cgroupdriver=cgroupfs"]}
     started = []
     for i in range(spec.nodes):
         files = NodeFiles.of(spec, i)
-        argv = [*netns.enter_argv(spec.node(i).netns), *dockerd_argv(files.docker_root, config)]
+        node_config = config | {"cgroup-parent": "/" + spec.node_cgroup(i)}
+        argv = [*on_node(spec, i), *dockerd_argv(files.docker_root, node_config)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSEER_")}
         env["BOOTSEER_CONFIG"] = str(files.config)
         rec = launch(f"dockerd-n{i}", argv, files.docker_root / "dockerd.log",

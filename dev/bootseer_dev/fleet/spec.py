@@ -79,6 +79,9 @@ class LabSpec:
     engines: bool = False    # a Docker engine per node, with Bootseer's runtime
     p2p: bool = False        # agents with peer-to-peer on, listening on P2P_PORT
     seed_after_start: float = 30.0  # their p2p.seed_after_start
+    #: Each node's CPU quota in cores (its cgroup's), the same at every lab size; None:
+    #: no quota (a node's CPU is still counted apart: :mod:`.cgroups`).
+    node_cpu: float | None = None
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).absolute()
@@ -92,6 +95,8 @@ class LabSpec:
         if not self.name.isalnum() or len(self.name) > 8:
             raise LabSpecError(f"lab name {self.name!r}: 1-8 letters or digits (it prefixes "
                                "namespace names)")
+        if self.node_cpu is not None and not 0.01 <= self.node_cpu <= 1024:
+            raise LabSpecError("--node-cpu must be in 0.01..1024 cores")
         for cap in (self.node_link, self.datanode_link, self.origin_link):
             if cap.delay_s:
                 raise LabSpecError("a link delay needs sch_netem, which this kernel lacks: "
@@ -109,6 +114,15 @@ class LabSpec:
     def datanode(self, j: int) -> Member:
         return Member(f"datanode-{j}", f"bsl-{self.name}-dn{j}", str(_DATANODES + j + 1),
                       f"dn{j}", self.datanode_link)
+
+    @property
+    def cgroup(self) -> str:
+        """The lab's cgroup (below each hierarchy's root), holding one group per node."""
+        return f"bsl-{self.name}"
+
+    def node_cgroup(self, i: int) -> str:
+        """Node i's cgroup: every process of the node (:mod:`.cgroups`)."""
+        return f"{self.cgroup}/n{i}"
 
     def node(self, i: int) -> Member:
         return Member(f"node-{i}", f"bsl-{self.name}-n{i}", str(_NODES + i + 1), f"n{i}",

@@ -1,8 +1,8 @@
 """What a lab made, written down before or as it is made, so `down` removes exactly that.
 
-Each item is recorded *before* it is created (a namespace, a link, a qdisc) or as soon as
-it exists (a process: its pid is known only then), and the record is rewritten atomically
-after every step. A `down` after `up` crashed half-way therefore finds everything that
+Each item is recorded *before* it is created (a namespace, a link, a qdisc, a cgroup) or as
+soon as it exists (a process: its pid is known only then), and the record is rewritten
+atomically after every step. A `down` after `up` crashed half-way therefore finds everything that
 might exist; removing what does not exist is skipped.
 """
 
@@ -37,6 +37,7 @@ class LabState:
     processes: list[ProcessRecord] = field(default_factory=list)  # agents, origins
     hdfs_state: str | None = None                        # the dev cluster's state dir
     mount_roots: list[str] = field(default_factory=list)  # dirs the agents mount under
+    cgroups: list[str] = field(default_factory=list)     # groups made, below each root
 
     def save(self) -> None:
         data = asdict(self)
@@ -55,7 +56,8 @@ class LabState:
                    links=[Iface(**i) for i in data["links"]],
                    qdiscs=[Iface(**i) for i in data["qdiscs"]],
                    processes=[ProcessRecord(**r) for r in data["processes"]],
-                   hdfs_state=data["hdfs_state"], mount_roots=list(data["mount_roots"]))
+                   hdfs_state=data["hdfs_state"], mount_roots=list(data["mount_roots"]),
+                   cgroups=list(data.get("cgroups", [])))
 
     def add(self, items: list, item) -> None:
         """Record item (in one of this record's lists) and save, before it is created."""
