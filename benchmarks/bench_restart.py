@@ -84,6 +84,7 @@ from benchlib import (
     select_cases,
 )
 
+from bootseer.agents.client import AgentClient
 from bootseer_dev import netns
 from bootseer_dev.cluster import parse_link
 from bootseer_dev.fleet import Lab, LabSpec, index_dir
@@ -332,6 +333,8 @@ class Bench:
         wall = time.time() - t0
         after, cpu1, node_cpu1 = self.origin_bytes(), cpu_times(), self.lab.node_cpu_s()
         node_cpu = [node_cpu1[i] - node_cpu0[i] for i in range(n)]
+        image_cpu = [c for c in (self.image_server_cpu_s(i, t0) for i in range(n))
+                     if c is not None]
         failed = [r for r in runs if r.ready is None]
         if failed:
             raise RunFailed(f"{case} at N={n}: {len(failed)} node(s) failed; first: "
@@ -349,6 +352,9 @@ class Bench:
                       for r in runs],
             "node_cpu_s": {"p50": round(statistics.median(node_cpu), 3),
                            "max": round(max(node_cpu), 3)},
+            # Of it, the image's FUSE server (the mount's own report; lazy cases only).
+            "image_server_cpu_s": {"p50": round(statistics.median(image_cpu), 3),
+                                   "max": round(max(image_cpu), 3)} if image_cpu else None,
             "origin_bytes": served,
             "origin_bytes_total": sum(served.values()),
             "datanode_max_over_mean": round(max(dns) / statistics.mean(dns), 3)
@@ -363,6 +369,14 @@ class Bench:
                  sum(served.values()) / MB, result["cpu_busy"],
                  result["node_cpu_s"]["p50"])
         return result
+
+    def image_server_cpu_s(self, i: int, since: float) -> float | None:
+        """The CPU of the image servers of node i's starts since ``since`` (their mounts'
+        reports), None if no start there had one (the baseline runs no lazy image)."""
+        with AgentClient(self.lab.node_files(i).socket) as client:
+            cpu = [s.detail.get("image", {}).get("server_cpu_s") for s in client.starts(since)]
+        cpu = [c for c in cpu if c is not None]
+        return sum(cpu) if cpu else None
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -551,6 +565,9 @@ class Bench:
                 cases.get("bootseer", {}).get(top, {}).get("datanode_max_over_mean"),
             "prestaged_node_cpu_s": {str(n): r["node_cpu_s"]["p50"] for n, r in
                                      sorted(cases.get("bootseer_prestaged", {}).items())},
+            "prestaged_image_server_cpu_s": {
+                str(n): (r["image_server_cpu_s"] or {}).get("p50")
+                for n, r in sorted(cases.get("bootseer_prestaged", {}).items())},
             "node_cpu_note": NODE_CPU_NOTE,
             "largest_n": top,
             "setup": setup,
