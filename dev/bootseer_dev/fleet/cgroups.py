@@ -17,10 +17,7 @@ also what Docker's ``cgroup-parent`` takes (``/bootseer-lab-x/node-3``).
 
 from __future__ import annotations
 
-import os
 import shlex
-import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,22 +113,9 @@ class Hierarchies:
                 found.update(int(p) for p in _read(procs).split())
         return sorted(found)
 
-    def remove(self, group: str, grace_s: float = 5.0) -> list[int]:
-        """End every process in ``group`` (TERM, then KILL after ``grace_s``) and remove it
-        and its children (a container's group under a node's) in every hierarchy;
-        returns the pids that survived (then nothing is removed)."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in self.pids(group):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + grace_s
-            while self.pids(group) and time.monotonic() < deadline:
-                time.sleep(0.05)
-        left = self.pids(group)
-        if left:
-            return left
+    def remove(self, group: str) -> None:
+        """Remove ``group`` and the groups below it (a container's under a node's) in
+        every hierarchy, deepest first; it must hold no process any more."""
         for root in self.every_root:
             top = root / group
             if top.is_dir():
@@ -139,7 +123,6 @@ class Hierarchies:
                                    key=lambda p: len(p.parts), reverse=True):
                     path.rmdir()
                 top.rmdir()
-        return []
 
 
 def _cgroup_mounts() -> dict[Path, set[str]]:

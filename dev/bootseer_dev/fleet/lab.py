@@ -311,13 +311,15 @@ class Lab:
             if left:
                 raise LabError(f"processes {left} in the lab's namespaces survived SIGKILL; "
                                "the record is kept, run `down` again")
-        if state.cgroups:
+        if state.cgroups:  # containers run in namespaces of their own: found by group
             cgroups = self.cgroups
             for group in state.cgroups:
-                left = cgroups.remove(group, STRAGGLER_GRACE_S)
+                left = _end(_end(cgroups.pids(group), signal.SIGTERM, STRAGGLER_GRACE_S),
+                            signal.SIGKILL, STRAGGLER_GRACE_S)
                 if left:
                     raise LabError(f"processes {left} in the lab's cgroup {group} survived "
                                    "SIGKILL; the record is kept, run `down` again")
+                cgroups.remove(group)
         for iface in state.qdiscs:
             shaping.uncap_iface(iface)
         topology.teardown(state)
