@@ -370,11 +370,20 @@ class Bench:
                  result["node_cpu_s"]["p50"])
         return result
 
-    def image_server_cpu_s(self, i: int, since: float) -> float | None:
+    def image_server_cpu_s(self, i: int, since: float, timeout: float = 60) -> float | None:
         """The CPU of the image servers of node i's starts since ``since`` (their mounts'
-        reports), None if no start there had one (the baseline runs no lazy image)."""
+        reports, complete once the engine's poststop hook released the start: waited for),
+        None if no start there had one (the baseline runs no lazy image)."""
+        deadline = time.monotonic() + timeout
         with AgentClient(self.lab.node_files(i).socket) as client:
-            cpu = [s.detail.get("image", {}).get("server_cpu_s") for s in client.starts(since)]
+            while True:
+                starts = client.starts(since)
+                if all("exited" in s.phases for s in starts):
+                    break
+                if time.monotonic() > deadline:
+                    raise RunFailed(f"node {i}: the agent's starts did not complete: {starts}")
+                time.sleep(0.1)
+        cpu = [s.detail.get("image", {}).get("server_cpu_s") for s in starts]
         cpu = [c for c in cpu if c is not None]
         return sum(cpu) if cpu else None
 

@@ -427,7 +427,10 @@ def test_down_after_up_was_killed_half_way(tmp_path) -> None:
                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     inodes: set[int] = set()
     deadline = time.monotonic() + 30
-    while not (state_dir / "nodes" / "n1" / "config.toml").exists():  # agents starting
+    # Agents starting: node 1's being configured, node 0's in its namespace (it enters
+    # its cgroup, then the namespace, then runs: a moment after it is launched).
+    while not ((state_dir / "nodes" / "n1" / "config.toml").exists()
+               and netns.exists("bsl-fcrash-n0") and netns.pids("bsl-fcrash-n0")):
         assert up.poll() is None and time.monotonic() < deadline, "up ended too early"
         for name in ("sw", "n0", "n1"):
             if netns.exists(f"bsl-fcrash-{name}"):
