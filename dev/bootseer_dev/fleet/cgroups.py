@@ -6,13 +6,13 @@ so what a node costs is only known if its processes are counted apart. A node's 
 holds its agent (and the servers the agent starts), its Docker engine (and, through the
 engine's ``cgroup-parent``, its containers) and the commands run "on" the node
 (:meth:`bootseer_dev.fleet.Lab.run`). Processes enter at exec time, through
-:func:`enter_argv`, so that everything they start is inside too.
+:meth:`Hierarchies.enter_argv`, so that everything they start is inside too.
 
 Both cgroup layouts are handled: v2 (one hierarchy with the ``cpu`` controller:
 ``cpu.max``, ``cpu.stat``'s ``usage_usec``) and v1 (the ``cpu`` hierarchy for the quota,
 ``cpuacct`` for the usage; this project's CI machines mount v1 for both). A group is
-named by its path below the hierarchy roots, e.g. ``bootseer-lab-x/node-3``, which is
-also what Docker's ``cgroup-parent`` takes (``/bootseer-lab-x/node-3``).
+named by its path below the hierarchy roots, e.g. ``bsl-lab/n3`` (node 3 of the lab
+``lab``), which is also what Docker's ``cgroup-parent`` takes (``/bsl-lab/n3``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 class CgroupError(RuntimeError):
-    """No cgroup hierarchy with the cpu controller here, or a group cannot be made."""
+    """No cgroup hierarchy with the cpu controller here, or a group without its usage."""
 
 
 @dataclass(frozen=True)
