@@ -339,9 +339,11 @@ def test_a_node_gets_its_cpu_quota_and_no_more(lab) -> None:
         wall, used = time.monotonic() - t0, lab.node_cpu_s()[1] - before
     finally:
         lab.cgroups.set_quota(group, lab.spec.node_cpu)
-    # Its share (0.25 of a core for 2 s, unless the machine is saturated) and no more
-    # (one 100 ms period of slack).
-    assert 0.25 * 2 * 0.5 <= used <= 0.25 * wall + 0.025, (used, wall)
+    # Its share (0.25 of a core for 2 s, unless the machine is saturated) and no more. The
+    # slack, 0.1 s: the kernel hands quota out in per-CPU slices and charges by the tick
+    # (a loaded CI run used 0.5715 s in 2.176 s, 2.6 ms over one period's slack); without
+    # the quota the loop would use the whole 2 s.
+    assert 0.25 * 2 * 0.5 <= used <= 0.25 * wall + 0.1, (used, wall)
 
 
 def test_an_engine_starts_a_container_on_the_node_agent_with_bootseer_runtime(lab) -> None:
