@@ -220,6 +220,10 @@ class _LocalWriter(ObjectWriter):
             os.ftruncate(self._fd, self.size)
             if self._store.fsync:
                 os.fsync(self._fd)
+            # What was published, from the file itself: another writer may replace or
+            # remove the key as soon as it is renamed, and stat-ing it then would fail
+            # (or describe their object) though this commit succeeded.
+            published = os.fstat(self._fd)
             os.close(self._fd)
             self.closed = True
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -233,7 +237,7 @@ class _LocalWriter(ObjectWriter):
             raise
         if self._store.fsync:
             _fsync_dir(dest.parent)
-        return self._store.stat(key)
+        return ObjectInfo(key, published.st_size, published.st_mtime)
 
     def abort(self) -> None:
         if not self.closed:

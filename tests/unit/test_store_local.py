@@ -55,6 +55,25 @@ def test_failed_commit_removes_the_temporary(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / ".tmp") == []
 
 
+def test_a_commit_describes_what_it_published_though_another_writer_replaced_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process may replace (or remove) a key the moment a commit renames it into
+    place; the commit still succeeded and says what it wrote (a CI run once saw a member
+    die here: it stat-ed the key again after the rename)."""
+    store = LocalStore(str(tmp_path))
+    rename = os.replace
+
+    def then_another_writer(src: str, dst: str) -> None:
+        rename(src, dst)
+        Path(dst).write_bytes(b"another, longer object")
+
+    monkeypatch.setattr(os, "replace", then_another_writer)
+    info = store.put("k", b"mine")
+    assert (info.key, info.size) == ("k", 4)
+    monkeypatch.setattr(os, "replace", lambda src, dst: (rename(src, dst), os.unlink(dst)))
+    assert store.put("gone", b"mine too").size == 8
+
+
 def test_blob_layout_is_plain_files(tmp_path: Path) -> None:
     """Operators can check a blob with sha256sum: the content is stored unchanged."""
     blobs = BlobStore(LocalStore(str(tmp_path)))
