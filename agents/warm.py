@@ -156,7 +156,8 @@ def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
     """Stage what ``request`` names; ``on_plan`` gets each part's bytes as it is planned,
     ``before_fetch`` is called (and may block) before every fetch and before each part's
     metadata reads. With ``fanout`` (the agent's, for a job with peer-to-peer on) the hot
-    pack, the shards and the checkpoint files come through the job's swarm."""
+    pack, the shards and the checkpoint files come through the job's swarm. What only later
+    starts need (:attr:`~bootseer.warming.PartResult.later`) comes after every part."""
     hooks = Hooks(on_plan, on_progress, before_fetch)
     summary = WarmSummary(None, members=len(fanout.peers) if fanout is not None else 0)
     for warmer, names in warmers(blobs, config, request, caches=NodeCaches.for_config(config),
@@ -164,4 +165,8 @@ def warm(blobs: BlobStore, config: Config, request: WarmRequest, *,
         for name in names:
             hooks.turn()  # before the part's metadata reads
             summary.add(warmer.warm(name, hooks))
+    for part in summary.parts:
+        if part.later is not None:
+            hooks.turn()
+            part.finish(hooks)
     return summary

@@ -54,10 +54,21 @@ class PartResult:
     #: What only this kind of part knows (an image: its id, the workload, whether it has
     #: a hot list, from how many recordings, the ranged reads sent); flat on the wire.
     detail: dict[str, Any] = field(default_factory=dict)
+    #: Work the part's warm left for after every part of its request, since only later
+    #: starts need it (an image's whole files): a start running beside the warm then
+    #: finds its environment and checkpoints staged sooner. :meth:`finish` runs it.
+    later: Callable[[PartResult, Hooks], None] | None = field(default=None, repr=False,
+                                                              compare=False)
 
     @property
     def complete(self) -> bool:
         return self.missing == 0
+
+    def finish(self, hooks: Hooks) -> None:
+        """Run the work left for later (once), counting it in this result."""
+        later, self.later = self.later, None
+        if later is not None:
+            later(self, hooks)
 
     def to_json(self) -> dict[str, Any]:
         kind = self.kind

@@ -6,7 +6,10 @@ list there is nothing known to stage but the manifest (``all_blocks`` stages the
 image instead). With ``whole_files`` (``image.passthrough``), every file the hot list
 touches is then completed and kept whole (:mod:`bootseer.prefetch.wholefiles`), so that
 the start's reads of it are the kernel's: that stages more than the hot blocks (the rest
-of each file touched), ahead of the start rather than during it. A job's warm through its
+of each file touched), ahead of the start rather than during it. A start mounted before
+its files were whole reads them through its server all the same, so that work is left
+for after the request's other parts (the result's ``later``): a warm issued beside a
+start stages the environment and checkpoints it waits for first. A job's warm through its
 peers completes nothing (the rest of the files would come from the store on every node):
 it keeps whole the files whose blocks it staged, all of them. The result says whether
 everything needed is now local: a block can fail to arrive (the store is unreachable) or
@@ -28,6 +31,7 @@ fetched or kept (a full cache).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -89,10 +93,11 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
     ``hooks.before_fetch`` is called before each fetch and may block (the agent's
     priorities). The result's ``detail``: the ``image_id``, the ``workload``, whether the
     image has a ``hot_list`` for it, from how many ``recordings``, and the
-    ``fetch_requests`` sent, and with ``whole_files`` the ``whole_files`` kept whole;
-    with ``metadata_image`` too, whether the image now has its ``metadata_image`` on the
-    node (:mod:`bootseer.prefetch.metaimage`; built once, if the node can mount one) and
-    the seconds that took (``metadata_image_s``).
+    ``fetch_requests`` sent. With ``whole_files``, the result's ``later`` keeps the files
+    whole (run by :meth:`~bootseer.warming.PartResult.finish`), adding the ``whole_files``
+    kept whole; with ``metadata_image`` too, whether the image now has its
+    ``metadata_image`` on the node (:mod:`bootseer.prefetch.metaimage`; built once, if the
+    node can mount one) and the seconds that took (``metadata_image_s``).
     """
     started = time.monotonic()
     lazy = lazy or LazyImage(blobs, image, cache)  # also caches the manifest
@@ -122,32 +127,51 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
         prefetcher.start().wait()
     lazy.wait_for(prefetcher.digests)  # blocks a concurrent warm of the image was fetching
     stats = prefetcher.stats
-    detail: dict[str, object] = {}
-    before = lazy.stats.bytes_fetched  # what completing the files fetches, if asked
-    if whole_files:
-        detail["whole_files"] = WholeFiles(lazy).make_whole(_files_of(lazy, wanted, all_blocks),
-                                                            fetch=fanout is None)
-        if metadata_image:
-            began = time.monotonic()
-            detail["metadata_image"] = _metadata_image(lazy)
-            detail["metadata_image_s"] = round(time.monotonic() - began, 3)
-    # Completing the files fetched blocks that the disk cache's writer may still hold (up
-    # to 256 MiB of new cache files): a warm is done when they are on disk, not while the
-    # start it prepared runs beside their writes.
-    if not lazy.flush():
-        log.warning("image %s: the disk cache is still writing what the warm fetched",
-                    lazy.image_id)
-    return PartResult(
+    _flush(lazy)
+    result = PartResult(
         IMAGE, image, items=stats.hot_blocks, bytes=stats.hot_bytes,
         already_local=stats.already_local, fetched=stats.blocks_fetched,
-        store_bytes=stats.bytes_fetched + lazy.stats.bytes_fetched - before +
-        sum(p.store_bytes for p in packs),
+        store_bytes=stats.bytes_fetched + sum(p.store_bytes for p in packs),
         missing=sum(1 for d in prefetcher.digests if d not in cache),
         seconds=round(time.monotonic() - started, 3),
         peer_bytes=sum(p.peer_bytes for p in packs),
         detail={"image_id": lazy.image_id, "workload": workload,
                 "hot_list": hot is not None, "recordings": hot.recordings if hot else 0,
-                "fetch_requests": stats.fetch_requests, **detail})
+                "fetch_requests": stats.fetch_requests})
+    if whole_files:  # for later starts: after the request's other parts
+        result.later = functools.partial(_keep_whole, lazy, _files_of(lazy, wanted, all_blocks),
+                                         fetch=fanout is None, metadata_image=metadata_image)
+    return result
+
+
+def _keep_whole(lazy: LazyImage, files: list[FileEntry], result: PartResult, hooks: Hooks, *,
+                fetch: bool, metadata_image: bool) -> None:
+    """The image part's work for later starts (:attr:`PartResult.later`): the files the
+    hot list touches completed (``fetch``: their other blocks fetched, each fetch after
+    ``hooks``' turn) and kept whole, then, with ``metadata_image``, the image's metadata
+    image; counted in ``result``'s detail (``whole_files``, ``metadata_image``,
+    ``metadata_image_s``; ``whole_files_s``: all of it), store bytes and seconds."""
+    began, before = time.monotonic(), lazy.stats.bytes_fetched
+    result.detail["whole_files"] = WholeFiles(lazy).make_whole(
+        files, fetch=fetch, before_fetch=hooks.before_fetch)
+    if metadata_image:
+        built = time.monotonic()
+        result.detail["metadata_image"] = _metadata_image(lazy)
+        result.detail["metadata_image_s"] = round(time.monotonic() - built, 3)
+    _flush(lazy)
+    result.store_bytes += lazy.stats.bytes_fetched - before
+    seconds = time.monotonic() - began
+    result.detail["whole_files_s"] = round(seconds, 3)
+    result.seconds = round(result.seconds + seconds, 3)
+
+
+def _flush(lazy: LazyImage) -> None:
+    """Wait for the disk cache's writes of what the warm fetched (up to 256 MiB of new
+    cache files): a warm is done when they are on disk, not while the start it prepared
+    runs beside their writes."""
+    if not lazy.flush():
+        log.warning("image %s: the disk cache is still writing what the warm fetched",
+                    lazy.image_id)
 
 
 def _metadata_image(lazy: LazyImage) -> bool:

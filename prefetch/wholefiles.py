@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from bootseer.errors import BootseerError
 from bootseer.fuse.tree import Backing
@@ -138,11 +138,13 @@ class WholeFiles:
         evicted since)."""
         return self._marker.is_file()
 
-    def make_whole(self, entries: Iterable[FileEntry], *, fetch: bool = True) -> int:
+    def make_whole(self, entries: Iterable[FileEntry], *, fetch: bool = True,
+                   before_fetch: Callable[[], None] | None = None) -> int:
         """Fetch what the files lack (``fetch``; else only files whose blocks are all on
         the node are made whole) and keep each whole; returns the files now whole. A
         file that cannot be (a block that will not come, a full cache) is skipped and
-        logged: its reads are served by the server as before."""
+        logged: its reads are served by the server as before. ``before_fetch`` is
+        called before each fetch (it may wait: the agent's priorities)."""
         table = self.image.manifest.blocks
         whole = 0
         for entry in entries:
@@ -157,6 +159,8 @@ class WholeFiles:
                 continue
             try:
                 for start in range(0, len(missing), FETCH_BLOCKS):
+                    if before_fetch is not None:
+                        before_fetch()
                     self.image.blocks(missing[start:start + FETCH_BLOCKS])
                 self._assemble(entry, key)
             except (OSError, BootseerError) as exc:

@@ -108,7 +108,8 @@ def test_every_technique_is_a_warmer_of_its_own_kind(tmp_path: Path) -> None:
 
 def test_a_request_runs_each_named_part_through_its_warmer_in_order(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``warm`` asks each warmer for its names, turn by turn, and files what they say."""
+    """``warm`` asks each warmer for its names, turn by turn, and files what they say;
+    what a part left for later starts runs after every part, on a turn of its own."""
     calls: list[str] = []
 
     class Fake:
@@ -117,7 +118,10 @@ def test_a_request_runs_each_named_part_through_its_warmer_in_order(
 
         def warm(self, name: str, hooks: Hooks) -> PartResult:
             calls.append(name)
-            return PartResult(self.kind, name, 1, 1, 0, 1, 1, 0, 0.0)
+            result = PartResult(self.kind, name, 1, 1, 0, 1, 1, 0, 0.0)
+            if name == "py":  # its work for later starts: after every other part
+                result.later = lambda part, hooks: calls.append(f"later {part.name}")
+            return result
 
     fakes: list[tuple[Warmer, tuple[str, ...]]] = [
         (Fake(IMAGE), ("py",)), (Fake(SNAPSHOT), ("k1", "k2")), (Fake(CHECKPOINT), ("u",))]
@@ -126,7 +130,7 @@ def test_a_request_runs_each_named_part_through_its_warmer_in_order(
     config = Config(store=(tmp_path / "store").as_uri(), cache_dir=tmp_path / "cache")
     summary = warm(BlobStore(open_store(config.store)), config, WarmRequest(),
                    before_fetch=lambda: turns.append(None))
-    assert calls == ["py", "k1", "k2", "u"] and len(turns) == 4
+    assert calls == ["py", "k1", "k2", "u", "later py"] and len(turns) == 5
     assert summary.image is not None and summary.image.name == "py"
     assert [e.name for e in summary.envs] == ["k1", "k2"]
     assert [c.name for c in summary.checkpoints] == ["u"] and summary.complete
