@@ -29,6 +29,11 @@ Cases (each on cold nodes: fresh agent caches, fresh environments, a dropped pag
   (no hot list yet: it records one) and the checkpoint mount (striped reads);
 * ``bootseer_prestaged``: ``bootseer warm`` of the hot pack, the snapshot and the
   checkpoint finished before t0 (a scheduler that knows the next nodes), then the start;
+* ``bootseer_prestaged_served``: the same, the image served as before Bootseer had the
+  kernel serve it: the agents' ``image.passthrough`` and ``image.kernel_metadata`` off, so
+  that their mounts' servers answer every lookup and read in Python (checkpoint copies are
+  still read by the kernel): what kernel-side serving saves a node in CPU
+  (``prestaged_node_cpu_saved_s``);
 * ``bootseer``: a later restart: ``bootseer warm`` is issued on every node at t0, beside
   the start; a node is ready when both are done;
 * ``bootseer_p2p``: the warm issued at t0 as one job's (``--job --nodes N``), the start
@@ -92,8 +97,10 @@ from bootseer_dev.image import build_image, read_build_info
 
 log = logging.getLogger("bench-restart")
 MB, MIB = 1e6, 1 << 20
-CASES = ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer", "bootseer_p2p",
-         "bootseer_fanout")
+CASES = ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer_prestaged_served",
+         "bootseer", "bootseer_p2p", "bootseer_fanout")
+#: Cases whose warm is done before t0.
+PRESTAGED = ("bootseer_prestaged", "bootseer_prestaged_served")
 #: What bootseer_p2p's nodes fetch through their swarm (all of its warm), in the lab dict
 #: for the simulator.
 P2P_SHARED = ("image_hot", "env_snapshot", "checkpoint")
@@ -142,6 +149,8 @@ class NodeRun:
     node: int
     marks: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    #: A warm issued at t0: where its time went, part by part (it stages them in turn).
+    warm_parts: list[dict[str, Any]] | None = None
 
     @property
     def ready(self) -> float | None:
@@ -273,8 +282,10 @@ class Bench:
             elif case in WARM_AT_T0:
                 def warm_now() -> None:
                     try:
-                        step("warm", self.lab.run(i, self.warm_command(i, key), timeout=600))
-                    except RunFailed as exc:
+                        out = step("warm", self.lab.run(i, self.warm_command(i, key),
+                                                        timeout=600))
+                        run.warm_parts = warm_parts(json.loads(out))
+                    except (RunFailed, ValueError) as exc:
                         run.error = str(exc)
                 warm = threading.Thread(target=warm_now)
                 warm.start()
@@ -294,22 +305,23 @@ class Bench:
 
     def prepare(self, case: str, n: int, key: str) -> None:
         """Cold nodes: agents restarted on empty caches, no environment, no pulled image;
-        for ``bootseer_prestaged``, the warm done (untimed)."""
+        for the prestaged cases, the warm done (untimed)."""
         nodes = list(range(n))
-        self.lab.restart_agents(nodes)
+        self.lab.restart_agents(nodes, python_serving=case == "bootseer_prestaged_served")
         for i in nodes:
             root = self.node_env_root(i)
             if root.exists():
                 shutil.rmtree(root)
             root.mkdir(parents=True)
             self.lab.docker(i, "rmi", "--force", f"{self.spec.registry_address}/{REGISTRY_REF}")
-        if case == "bootseer_prestaged":
+        if case in PRESTAGED:
             results = parallel(nodes, lambda i: self.lab.run(i, self.warm_command(i, key),
                                                               timeout=600))
             for i, result in zip(nodes, results, strict=True):
                 if result.returncode != 0:
                     raise RunFailed(f"node {i}: warm before t0 failed: {result.stderr[-1500:]}")
-            self.info.setdefault("warm", {})[n] = json.loads(results[0].stdout)
+            if case == "bootseer_prestaged":
+                self.info.setdefault("warm", {})[n] = json.loads(results[0].stdout)
         drop_page_cache()
 
     def origin_bytes(self) -> dict[str, int]:
@@ -348,7 +360,8 @@ class Bench:
                         "p99": round(quantile(ready, 0.99), 3), "max": round(max(ready), 3)},
             "slowest_node": slowest.node,
             "slowest_phases_s": phases(slowest.marks),
-            "nodes": [{"node": r.node, "marks": r.marks, "cpu_s": round(node_cpu[r.node], 3)}
+            "nodes": [{"node": r.node, "marks": r.marks, "cpu_s": round(node_cpu[r.node], 3),
+                       **({"warm_parts": r.warm_parts} if r.warm_parts else {})}
                       for r in runs],
             "node_cpu_s": {"p50": round(statistics.median(node_cpu), 3),
                            "max": round(max(node_cpu), 3)},
@@ -547,6 +560,16 @@ class Bench:
             r = cases.get(case, {}).get(n)
             return r["ready_s"][q] if r else None
 
+        def node_cpu(case: str) -> dict[str, float]:
+            """The case's per-node CPU seconds (p50 over nodes), per N."""
+            return {str(n): r["node_cpu_s"]["p50"] for n, r in
+                    sorted(cases.get(case, {}).items())}
+
+        def server_cpu(case: str) -> dict[str, float | None]:
+            """Of it, the image servers' (p50 over nodes), per N."""
+            return {str(n): (r["image_server_cpu_s"] or {}).get("p50")
+                    for n, r in sorted(cases.get(case, {}).items())}
+
         def ratio(a: float | None, b: float | None) -> float | None:
             return round(a / b, 3) if a is not None and b else None
 
@@ -572,11 +595,17 @@ class Bench:
                                            ready("bootseer_p2p", top, "p50")),
             "datanode_max_over_mean_n16":
                 cases.get("bootseer", {}).get(top, {}).get("datanode_max_over_mean"),
-            "prestaged_node_cpu_s": {str(n): r["node_cpu_s"]["p50"] for n, r in
-                                     sorted(cases.get("bootseer_prestaged", {}).items())},
-            "prestaged_image_server_cpu_s": {
-                str(n): (r["image_server_cpu_s"] or {}).get("p50")
-                for n, r in sorted(cases.get("bootseer_prestaged", {}).items())},
+            "prestaged_node_cpu_s": node_cpu("bootseer_prestaged"),
+            "prestaged_image_server_cpu_s": server_cpu("bootseer_prestaged"),
+            "prestaged_served_node_cpu_s": node_cpu("bootseer_prestaged_served"),
+            "prestaged_served_image_server_cpu_s":
+                server_cpu("bootseer_prestaged_served"),
+            # What the kernel's serving of the image saves a node: the same prestaged start
+            # with the image served in Python, less it (per N).
+            "prestaged_node_cpu_saved_s": {
+                n: round(served - kernel, 3) for n, served in
+                node_cpu("bootseer_prestaged_served").items()
+                if (kernel := node_cpu("bootseer_prestaged").get(n)) is not None},
             "node_cpu_note": NODE_CPU_NOTE,
             "largest_n": top,
             "setup": setup,
@@ -645,6 +674,18 @@ def phases(marks: dict[str, float]) -> dict[str, float]:
         out[name] = round(at - last, 3)
         last = at
     return out
+
+
+def warm_parts(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """A warm's summary (``bootseer warm --json``) as its parts in the order they were
+    staged: each one's seconds and store bytes, and the image's work for later starts
+    (``whole_files_s``, part of its seconds, done after every other part)."""
+    parts = [("image", summary.get("image"))] + \
+        [("env", e) for e in summary.get("envs") or []] + \
+        [("checkpoint", c) for c in summary.get("checkpoints") or []]
+    return [{"part": kind, "seconds": part["seconds"], "fetched_bytes": part["fetched_bytes"],
+             **({"whole_files_s": part["whole_files_s"]} if "whole_files_s" in part else {})}
+            for kind, part in parts if part]
 
 
 def table_rows(cases: dict[str, dict[int, Any]]) -> list[dict[str, Any]]:

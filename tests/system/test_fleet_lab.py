@@ -388,6 +388,24 @@ def test_restarted_agents_start_cold(lab) -> None:
     assert lab.status().healthy
 
 
+def test_agents_restarted_to_serve_images_in_python_are_configured_so(lab) -> None:
+    """bench-restart's ``bootseer_prestaged_served``: the node's settings, as its own
+    ``bootseer config show`` reads them, turn kernel-side image serving off; a plain
+    restart turns it back on."""
+    lab, _, _ = lab
+
+    def image_settings() -> dict[str, str]:
+        shown = lab.run(1, [sys.executable, "-m", "bootseer", "config", "show"])
+        assert shown.returncode == 0, shown.stderr
+        return {line.split()[0]: line.split()[1] for line in shown.stdout.splitlines()
+                if line.split()[:1] in (["image.passthrough"], ["image.kernel_metadata"])}
+
+    lab.restart_agents([1], python_serving=True)
+    assert image_settings() == {"image.passthrough": "False", "image.kernel_metadata": "False"}
+    lab.restart_agents([1])
+    assert image_settings() == {"image.passthrough": "True", "image.kernel_metadata": "True"}
+
+
 def test_status_reports_caps_agents_and_scale_down(lab) -> None:
     lab, _, _ = lab
     st = lab.status()

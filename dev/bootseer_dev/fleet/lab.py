@@ -229,9 +229,11 @@ class Lab:
                               capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
 
-    def restart_agents(self, indices: list[int], timeout_s: float = 120.0) -> None:
+    def restart_agents(self, indices: list[int], timeout_s: float = 120.0, *,
+                       python_serving: bool = False) -> None:
         """Stop the agents of ``indices``, empty their caches, start them again: the nodes
-        are cold again (nothing staged, no mounts), as after a reboot."""
+        are cold again (nothing staged, no mounts), as after a reboot; ``python_serving``:
+        see :func:`~bootseer_dev.fleet.nodes.start_agents`."""
         for i in indices:
             rec = self.agent_record(i)
             terminate(rec)
@@ -243,7 +245,8 @@ class Lab:
             if cache.exists():
                 shutil.rmtree(cache)
         self.state.save()
-        start_agents(self.spec, self.state, agent_env(self.client_env()), timeout_s, indices)
+        start_agents(self.spec, self.state, agent_env(self.client_env()), timeout_s, indices,
+                     python_serving=python_serving)
 
     # ------------------------------------------------------------------ up / down
     def up(self, timeout_s: float = 120.0) -> None:

@@ -81,7 +81,7 @@ class NodeFiles:
         return f"unix://{self.docker_root / 'docker.sock'}"
 
 
-def _write_config(spec: LabSpec, i: int, files: NodeFiles) -> None:
+def _write_config(spec: LabSpec, i: int, files: NodeFiles, python_serving: bool) -> None:
     # json.dumps of a str is a valid TOML basic string.
     files.root.mkdir(parents=True, exist_ok=True)
     files.config.write_text(
@@ -93,7 +93,8 @@ def _write_config(spec: LabSpec, i: int, files: NodeFiles) -> None:
         f"node_name = {json.dumps(spec.node(i).role)}\n"  # in job reports
         "[image]\n"  # every start on a lab node may record its image's hot list
         "record_images = [\"*\"]\n"
-        "[checkpoint]\n"  # containers on the lab's nodes may mount the lab's HDFS
+        + ("passthrough = false\nkernel_metadata = false\n" if python_serving else "")
+        + "[checkpoint]\n"  # containers on the lab's nodes may mount the lab's HDFS
         f"allowed = {json.dumps([spec.checkpoint_prefix()] if spec.datanodes else [])}\n"
         + ("[p2p]\n"  # the nodes of a job fetch from each other, on the lab switch
            "enabled = true\n"
@@ -139,16 +140,20 @@ def agent_health(files: NodeFiles, timeout: float = 2.0) -> dict | None:
 
 
 def start_agents(spec: LabSpec, state: LabState, env: dict[str, str],
-                 timeout_s: float = 60.0, indices: list[int] | None = None) -> None:
+                 timeout_s: float = 60.0, indices: list[int] | None = None, *,
+                 python_serving: bool = False) -> None:
     """Start the agents of ``indices`` (default: every node), record them, and wait (at
-    most timeout_s) until each one answers its health check with its own pid."""
+    most timeout_s) until each one answers its health check with its own pid. With
+    ``python_serving``, their mounts' servers answer every read and lookup themselves (no
+    passthrough, no metadata image): how a node served images before the kernel did, for
+    benchmarks to compare with."""
     started: list[tuple[NodeFiles, ProcessRecord]] = []
     for i in range(spec.nodes) if indices is None else indices:
         files = NodeFiles.of(spec, i)
         if len(str(files.socket)) > MAX_SOCKET_PATH:
             raise AgentStartError(f"socket path {files.socket} is longer than "
                                   f"{MAX_SOCKET_PATH} bytes: use a shorter --state-dir")
-        _write_config(spec, i, files)
+        _write_config(spec, i, files, python_serving)
         files.socket.unlink(missing_ok=True)
         argv = [*on_node(spec, i), sys.executable, "-m", "bootseer",
                 "--config", str(files.config), "agent", "--socket", str(files.socket)]
