@@ -25,7 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from bootseer.errors import BootseerError
-from bootseer.p2p import Fanout
+from bootseer.p2p import Fanout, FetchResult
 from bootseer.p2p.sharedfile import SharedFile
 from bootseer.store import Store
 from bootseer.store.base import ObjectInfo
@@ -125,7 +125,9 @@ def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int,
     sharing = fanout is not None and records is not None
 
     def stage(info: ObjectInfo) -> tuple[int, int] | None:
-        """One file: (bytes, of which from peers), or None if it could not be staged."""
+        """One file: (bytes from the store, bytes from peers), or None if it could not be
+        staged. Peers' bytes include failed and redundant ones: they may exceed the
+        file's size, so the store's are counted, not inferred from them."""
         file_url = object_url(store, info.key)
         try:
             cache.discard(file_url)  # stale or damaged: never read again
@@ -137,7 +139,7 @@ def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int,
                 shared = _share(cache, file, info, keep, fanout, on_progress=on_progress,
                                 before_fetch=before_fetch) if file.readable_by_all else None
                 if shared is not None:
-                    return info.size, shared
+                    return shared.store_bytes, shared.peer_bytes
             record = _copy(cache, store, info, set(keep), concurrency=concurrency,
                            request_size=source.stripes.stripe_size, on_progress=on_progress,
                            before_fetch=before_fetch)
@@ -156,17 +158,17 @@ def stage_checkpoint(source: CheckpointSource, url: str, *, concurrency: int,
     peer_bytes = sum(from_peers for _, from_peers in staged)
     return PartResult(CHECKPOINT, url, items=len(files), bytes=total,
                       already_local=len(files) - len(wanted), fetched=len(staged),
-                      store_bytes=sum(size for size, _ in staged) - peer_bytes,
+                      store_bytes=sum(from_store for from_store, _ in staged),
                       missing=len(wanted) - len(staged),
                       seconds=round(time.monotonic() - started, 3), peer_bytes=peer_bytes)
 
 
 def _share(cache: CheckpointCache, shared: SharedFile, info: ObjectInfo, keep: set[str],
            fanout: Fanout, *, on_progress: Callable[[int], None] | None,
-           before_fetch: Callable[[], None] | None) -> int | None:
+           before_fetch: Callable[[], None] | None) -> FetchResult | None:
     """Fetch one object through the job's swarm into a temporary, hash it, commit it (its
-    digest into ``keep``) and seed the copy: the bytes peers sent; None (nothing kept) if
-    the swarm cannot have it."""
+    digest into ``keep``) and seed the copy: where its bytes came from; None (nothing
+    kept) if the swarm cannot have it."""
     store, url = shared.store, shared.url
     if before_fetch:
         before_fetch()
@@ -192,7 +194,7 @@ def _share(cache: CheckpointCache, shared: SharedFile, info: ObjectInfo, keep: s
             on_progress(info.size)
         keep.add(record.sha256)
         fanout.seed_file(shared, cache.copies.path(record.sha256))
-        return result.peer_bytes
+        return result
     finally:
         tmp.unlink(missing_ok=True)
         spool.unlink(missing_ok=True)

@@ -158,3 +158,27 @@ def test_snapshot_options_come_from_the_snapshot_section_with_one_default() -> N
                              bytecode=False)
     assert SnapshotOptions.from_config(section) == SnapshotOptions(1 << 20, 3, 2, False)
     assert SnapshotOptions.from_config(SnapshotConfig()) == SnapshotOptions()
+
+
+def test_a_checkpoint_through_peers_counts_the_store_bytes_its_fetch_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Peers' bytes include failed and redundant ones, so they may exceed a file's size:
+    the part's store bytes are the fetch's own count, never the size less the peers'
+    (which went negative, and the agent's metrics refused it: a job's warm failed with an
+    internal error in bench-restart)."""
+    from bootseer.p2p import FetchResult
+    from bootseer.stripedfs import stage
+    from bootseer.stripedfs.files import CheckpointSource
+
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "shard").write_bytes(b"x" * 1000)
+    config = Config(store=(tmp_path / "store").as_uri(), cache_dir=tmp_path / "cache")
+    fetched = FetchResult("d", 1000, store_bytes=250, peer_bytes=1100, peers=3, banned=(),
+                          seconds=0.1)
+    monkeypatch.setattr(stage, "_share", lambda *a, **k: fetched)
+    # (pytest's directories are private: the file would never go to peers)
+    monkeypatch.setattr(stage.SharedFile, "readable_by_all", property(lambda self: True))
+    result = stage.stage_checkpoint(CheckpointSource(config), (tmp_path / "ck").as_uri(),
+                                    concurrency=1, fanout=object(),  # type: ignore[arg-type]
+                                    records=open_store(config.store))
+    assert (result.fetched, result.store_bytes, result.peer_bytes) == (1, 250, 1100)
