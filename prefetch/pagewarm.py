@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from bootseer.fuse.tree import PushPages
 from bootseer.prefetch.blockformat import FileEntry
 from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.readahead import behind_others
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class PageWarmer:
             self._push(target, data)
 
     def _run(self) -> None:
+        behind_others()  # its reads are ahead of need: what a start waits for goes first
         while True:
             entry = self._files.get()
             try:

@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 
 from support.images import BIG, MIB, bootseer, recorded_big_image
+from support.pagecache import io_class
 
 from bootseer.fuse import proto, server
 from bootseer.fuse.server import PagePusher, PushCounts
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch.imagetree import ImageTree
 from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.readahead import IOPRIO_CLASS_IDLE
 from bootseer.store import BlobStore, open_store
 
 
@@ -134,6 +136,9 @@ def test_a_looked_up_files_hot_blocks_are_pushed_when_local_and_once_fetched(dir
     assert image.read(small, 0, 100) == b"small\n"
     assert pushes.wait_for(4)[3] == (small.ino, 0, b"small\n")
     assert image.stats.blocks_fetched == 5
+    warmers = [t.native_id for t in threading.enumerate() if t.name == "page-warmer"]
+    assert warmers and {io_class(t) for t in warmers if t} == {IOPRIO_CLASS_IDLE}  # a
+    # start's reads of what it waits for go first
 
 
 def test_a_mounts_reads_of_hot_blocks_are_page_cache_hits(dirs) -> None:

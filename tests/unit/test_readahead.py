@@ -4,12 +4,19 @@ in the page cache in full once asked for, not only its first window."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
-from support.pagecache import drop_cached, resident_pages
+from support.pagecache import drop_cached, io_class, resident_pages
 
-from bootseer.readahead import DEFAULT_WINDOW, device_window, will_need
+from bootseer.readahead import (
+    DEFAULT_WINDOW,
+    IOPRIO_CLASS_IDLE,
+    behind_others,
+    device_window,
+    will_need,
+)
 
 
 def test_a_range_of_several_windows_is_read_ahead_in_full(tmp_path: Path) -> None:
@@ -33,3 +40,18 @@ def test_a_range_of_several_windows_is_read_ahead_in_full(tmp_path: Path) -> Non
 def test_a_window_is_at_least_the_kernels_default() -> None:
     assert device_window(os.stat("/").st_dev) >= DEFAULT_WINDOW
     assert device_window(os.makedev(4095, 4095)) == DEFAULT_WINDOW  # no such device
+
+
+def test_a_thread_reading_ahead_queues_behind_the_others_and_only_it() -> None:
+    seen: list[int] = []
+
+    def ahead() -> None:
+        behind_others()
+        seen.append(io_class(threading.get_native_id()))
+
+    before = io_class(threading.get_native_id())
+    thread = threading.Thread(target=ahead)
+    thread.start()
+    thread.join()
+    assert seen == [IOPRIO_CLASS_IDLE]
+    assert io_class(threading.get_native_id()) == before != IOPRIO_CLASS_IDLE
