@@ -114,9 +114,15 @@ class ImageTree(Tree):
         return [] if entry is None else list(entry.xattrs)
 
     def use_pusher(self, push: PushPages) -> None:
+        self._start_warmer(push)
+
+    def _start_warmer(self, push: PushPages, *, all_at_once: bool = False) -> None:
+        """Warm the hot blocks of each file as the kernel looks it up, or (``all_at_once``)
+        of every file given to the warmer when serving begins (``PageWarmer``'s
+        ``behind``)."""
         if self.hot and PageWarmer.applies(self.image):
             self.warmer = PageWarmer(self.image, self.hot, push, read_ahead=self._read_ahead,
-                                     counts=self.read_ahead)
+                                     counts=self.read_ahead, behind=all_at_once)
 
     def looked_up(self, ino: int) -> None:
         if self.warmer is not None and (entry := self.entry(ino)) is not None:

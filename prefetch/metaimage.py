@@ -282,7 +282,7 @@ class KeyTree(ImageTree):
         raise OSError(errno.EINVAL, "not a symbolic link")
 
     def use_pusher(self, push: PushPages) -> None:
-        super().use_pusher(push)
+        self._start_warmer(push, all_at_once=not self.image.recording)
         if self.warmer is not None and not self.image.recording:
             threading.Thread(target=self._read_ahead_whole, name="read-ahead",
                              daemon=True).start()

@@ -55,12 +55,16 @@ class ReadAheadCounts:
 class PageWarmer:
     def __init__(self, image: LazyImage, hot: Iterable[str], push: PushPages, *,
                  read_ahead: ReadAhead = lambda entry, ranges: False,
-                 counts: ReadAheadCounts | None = None) -> None:
+                 counts: ReadAheadCounts | None = None, behind: bool = False) -> None:
         """``read_ahead(entry, ranges)``: if the kernel reads the file from elsewhere (its
         pages are not the mount's to fill), have it read the hot ``ranges`` there and
         return True (counted in ``counts``); called on the warmer's thread, never a
-        request's."""
+        request's. ``behind``: the warmer's reads queue behind everyone else's
+        (:func:`behind_others`), for a warmer given its files all at once, well ahead of
+        need; not for one given each file as the kernel looks it up, whose start reads
+        the file next and would then wait for reads queued behind its own."""
         self.image, self.push, self.read_ahead = image, push, read_ahead
+        self.behind = behind
         self.counts = counts if counts is not None else ReadAheadCounts()
         self.hot = frozenset(hot)
         self._seen: set[int] = set()
@@ -95,7 +99,8 @@ class PageWarmer:
             self._push(target, data)
 
     def _run(self) -> None:
-        behind_others()  # its reads are ahead of need: what a start waits for goes first
+        if self.behind:
+            behind_others()
         while True:
             entry = self._files.get()
             try:

@@ -20,6 +20,8 @@ from bootseer.fuse.server import PagePusher, PushCounts
 from bootseer.nodecache import NodeCache
 from bootseer.prefetch.imagetree import ImageTree
 from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.prefetch.metaimage import KeyTree
+from bootseer.prefetch.pagewarm import PageWarmer
 from bootseer.readahead import IOPRIO_CLASS_IDLE
 from bootseer.store import BlobStore, open_store
 
@@ -136,10 +138,38 @@ def test_a_looked_up_files_hot_blocks_are_pushed_when_local_and_once_fetched(dir
     assert image.read(small, 0, 100) == b"small\n"
     assert pushes.wait_for(4)[3] == (small.ino, 0, b"small\n")
     assert image.stats.blocks_fetched == 5
-    warmers = [t.native_id for t in threading.enumerate() if t.name == "page-warmer"]
-    assert warmers and {io_class(t) for t in warmers if t} == {IOPRIO_CLASS_IDLE}  # a
-    # start's reads of what it waits for go first
 
+
+
+def test_only_a_warmer_given_every_file_at_once_reads_behind_the_start(dirs) -> None:
+    """A metadata image's mount gives its warmer every whole file as serving begins, well
+    ahead of need: those reads queue behind the start's own (idle I/O class). A warmer fed
+    by lookups reads what the start reads next, at the start's priority."""
+    recorded_big_image(dirs)
+    blobs = BlobStore(open_store(str(dirs["store"])))
+    image = LazyImage(blobs, "big", NodeCache(dirs["cache"] / "blocks", 1 << 30))
+
+    def warmer_class(behind: bool) -> int:
+        before = set(threading.enumerate())
+        PageWarmer(image, [], Pushes(), behind=behind)
+        (thread,) = [t for t in threading.enumerate()
+                     if t not in before and t.name == "page-warmer"]
+        assert thread.native_id is not None
+        deadline = time.monotonic() + 10
+        while (found := io_class(thread.native_id)) != IOPRIO_CLASS_IDLE and behind:
+            assert time.monotonic() < deadline, found
+            time.sleep(0.01)
+        time.sleep(0.2)  # long past the thread's first act
+        return io_class(thread.native_id)
+
+    assert warmer_class(behind=True) == IOPRIO_CLASS_IDLE
+    assert warmer_class(behind=False) != IOPRIO_CLASS_IDLE
+    hot = [image.manifest.blocks[0].digest]
+    looked_up, at_once = ImageTree(image, hot=hot), KeyTree(image, hot, hot_files=["/x"])
+    for tree in (looked_up, at_once):
+        tree.use_pusher(Pushes())
+    assert looked_up.warmer is not None and not looked_up.warmer.behind
+    assert at_once.warmer is not None and at_once.warmer.behind
 
 def test_a_mounts_reads_of_hot_blocks_are_page_cache_hits(dirs) -> None:
     """The mount prefetches the hot list (blocks 1, 3, 4 of big.bin) and pushes each block
