@@ -140,7 +140,6 @@ def test_a_looked_up_files_hot_blocks_are_pushed_when_local_and_once_fetched(dir
     assert image.stats.blocks_fetched == 5
 
 
-
 def test_only_a_warmer_given_every_file_at_once_reads_behind_the_start(dirs) -> None:
     """A metadata image's mount gives its warmer every whole file as serving begins, well
     ahead of need: those reads queue behind the start's own (idle I/O class). A warmer fed
@@ -170,6 +169,7 @@ def test_only_a_warmer_given_every_file_at_once_reads_behind_the_start(dirs) -> 
         tree.use_pusher(Pushes())
     assert looked_up.warmer is not None and not looked_up.warmer.behind
     assert at_once.warmer is not None and at_once.warmer.behind
+
 
 def test_a_mounts_reads_of_hot_blocks_are_page_cache_hits(dirs) -> None:
     """The mount prefetches the hot list (blocks 1, 3, 4 of big.bin) and pushes each block
