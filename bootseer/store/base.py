@@ -30,6 +30,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from tenacity import (
+    before_sleep_log,
+    retry,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
 from bootseer.errors import IntegrityError, InvalidRangeError
 from bootseer.limits import check_size
 
@@ -131,6 +139,19 @@ def check_prefix(prefix: str) -> str:
     if prefix:
         check_key(prefix.rstrip("/"))
     return prefix
+
+
+class WriteInterrupted(OSError):
+    """A write the backend refused for now, though the same write would succeed later
+    (HDFS: the NameNode has not yet heard that the previous block reached its DataNodes,
+    ``NotReplicatedYetException``). The writer is lost with it; :meth:`Store.put` writes
+    its data again, from the start, if it can read it again."""
+
+
+#: ``put``'s tries of a write the backend interrupted: HDFS's own client asks the NameNode
+#: for the next block 5 more times, waiting 0.4 s and then twice as long each time
+#: (``dfs.client.block.write.locateFollowingBlock.retries``); so do we, for the whole write.
+PUT_TRIES = 6
 
 
 class ObjectWriter(ABC):
@@ -311,8 +332,27 @@ class Store(ABC):
         *,
         overwrite: bool = True,
     ) -> ObjectInfo:
-        """Write ``data`` (bytes, a binary file, or an iterable of chunks) and publish it."""
+        """Write ``data`` (bytes, a binary file, or an iterable of chunks) and publish it.
+        A write the backend interrupts (:class:`WriteInterrupted`) is made again from the
+        start when ``data`` can be read again (bytes, a seekable file); a stream of chunks
+        cannot, and the error reaches the caller."""
         check_key(key)
+        start = _replay_point(data)
+        if start is None:
+            return self._put_once(key, data, overwrite)
+
+        @retry(retry=retry_if_exception_type(WriteInterrupted), stop=stop_after_attempt(PUT_TRIES),
+               wait=wait_exponential(multiplier=0.4, max=6.4), reraise=True,
+               before_sleep=before_sleep_log(log, logging.INFO))
+        def again() -> ObjectInfo:
+            if hasattr(data, "seek"):
+                data.seek(start)
+            return self._put_once(key, data, overwrite)
+
+        return again()
+
+    def _put_once(self, key: str, data: bytes | BinaryIO | Iterable[bytes],
+                  overwrite: bool) -> ObjectInfo:
         with self.open_writer() as writer:
             for chunk in chunks_of(data):
                 writer.write(chunk)
@@ -322,6 +362,15 @@ class Store(ABC):
         """A read-only, seekable binary file over ranged reads of ``key``."""
         fill = functools.partial(self.read_range_into, key)
         return open_ranged(fill, self.stat(key).size, posixpath.join(self.url, key))
+
+
+def _replay_point(data: bytes | BinaryIO | Iterable[bytes]) -> int | None:
+    """Where ``data`` can be read again from (0 for bytes), or None if it cannot."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return 0
+    if hasattr(data, "seekable") and data.seekable():  # type: ignore[union-attr]
+        return data.tell()  # type: ignore[union-attr]
+    return None
 
 
 def chunks_of(data: bytes | BinaryIO | Iterable[bytes]) -> Iterator[bytes]:

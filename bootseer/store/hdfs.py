@@ -33,7 +33,7 @@ from typing import TypeVar
 import hdfs_native  # missing: the registry's BackendUnavailableError says what to install
 
 from bootseer.errors import BackendUnavailableError, InvalidRangeError
-from bootseer.store.base import Perm
+from bootseer.store.base import Perm, WriteInterrupted
 from bootseer.store.hadoop import HadoopStyleStore, OutputFile, PathInfo
 
 _T = TypeVar("_T")
@@ -129,7 +129,7 @@ class HdfsStore(HadoopStyleStore):
         _call(read, path)
 
     def _fs_create(self, path: str) -> OutputFile:
-        return _call(lambda: self._client.create(path, self._write), path)
+        return _Output(_call(lambda: self._client.create(path, self._write), path), path)
 
     def _fs_rename(self, src: str, dst: str, *, overwrite: bool = False) -> bool:
         try:
@@ -173,11 +173,27 @@ class HdfsStore(HadoopStyleStore):
             return None
 
 
+class _Output:
+    """A file being written, its errors as :func:`_call` gives them."""
+
+    def __init__(self, file: hdfs_native.FileWriter, path: str) -> None:
+        self._file, self._path = file, path
+
+    def write(self, data: bytes | memoryview) -> object:
+        return _call(lambda: self._file.write(data), self._path)
+
+    def close(self) -> None:
+        _call(self._file.close, self._path)
+
+
 def _call(fn: Callable[[], _T], path: str) -> _T:
     """``fn()``, with the client's errors as the ``OSError`` kinds callers handle: a
     missing path is ``FileNotFoundError`` (also when the NameNode says so in a Java
-    exception), an existing one ``FileExistsError``, anything else (an RPC or DataNode
-    failure, a checksum mismatch) ``OSError(EIO)``."""
+    exception), an existing one ``FileExistsError``, a next block the NameNode will give
+    once it has heard the last one is on its DataNodes ``WriteInterrupted`` (HDFS's own
+    client waits and asks again; hdfs-native does not, and its writer cannot go on after
+    it), anything else (an RPC or DataNode failure, a checksum mismatch)
+    ``OSError(EIO)``."""
     try:
         return fn()
     except OSError:
@@ -188,6 +204,10 @@ def _call(fn: Callable[[], _T], path: str) -> _T:
             raise FileNotFoundError(errno.ENOENT, f"{path}: not found") from exc
         if "FileAlreadyExistsException" in text:
             raise FileExistsError(errno.EEXIST, f"{path}: exists") from exc
+        if "NotReplicatedYetException" in text:
+            raise WriteInterrupted(errno.EAGAIN, f"HDFS {path}: the NameNode has not yet "
+                                   f"seen the previous block on its DataNodes; the write "
+                                   f"can be made again") from exc
         raise OSError(errno.EIO, f"HDFS {path}: {text}") from exc
 
 

@@ -9,6 +9,7 @@ import errno
 import pytest
 
 from bootseer.errors import InvalidRangeError
+from bootseer.store.base import WriteInterrupted
 from bootseer.store.hdfs import HdfsStore
 
 
@@ -74,3 +75,60 @@ def test_the_namenodes_exceptions_become_the_errors_callers_handle() -> None:
     with pytest.raises(OSError) as raised:
         store._fs_rename("/a", "/b")
     assert raised.value.errno == errno.EIO
+
+
+class _Writer:
+    def __init__(self, files: dict[str, bytearray], path: str, refuse: bool) -> None:
+        self.files, self.path, self.refuse = files, path, refuse
+
+    def write(self, data: bytes) -> int:
+        if self.refuse:  # the NameNode refuses the next block: this writer is lost
+            raise RuntimeError('RPCError("org.apache.hadoop.hdfs.server.namenode.'
+                               'NotReplicatedYetException", "Not replicated yet: x")')
+        self.files[self.path] += data
+        return len(data)
+
+    def close(self) -> None:
+        pass
+
+
+class _WritingClient:
+    """An HDFS whose NameNode refuses the next block ``refusals`` times."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals, self.files = refusals, {}
+
+    def create(self, path: str, options: object) -> _Writer:
+        self.files[path] = bytearray()
+        refuse, self.refusals = self.refusals > 0, self.refusals - 1
+        return _Writer(self.files, path, refuse)
+
+    def mkdirs(self, path: str, mode: int, create_parent: bool) -> None:
+        pass
+
+    def rename(self, src: str, dst: str, overwrite: bool) -> None:
+        self.files[dst] = self.files.pop(src)
+
+    def delete(self, path: str, recursive: bool) -> bool:
+        return self.files.pop(path, None) is not None
+
+
+def test_a_write_the_namenode_interrupts_is_made_again_when_its_data_can_be_read_again(
+        tmp_path) -> None:
+    client = _WritingClient(refusals=2)
+    store = _store(client)  # type: ignore[arg-type]
+    assert store.put("k", b"payload").size == 7
+    source = tmp_path / "source"
+    source.write_bytes(b"xxfile")
+    client.refusals = 1
+    with source.open("rb") as file:
+        file.read(2)  # a put writes from where the file is
+        assert store.put("f", file).size == 4
+    # Every interrupted write's temporary is gone; each key holds its data once.
+    assert client.files == {"/bootseer/k": bytearray(b"payload"),
+                            "/bootseer/f": bytearray(b"file")}
+    client.refusals = 1
+    with pytest.raises(WriteInterrupted) as raised:  # chunks gone by: cannot be made again
+        store.put("s", iter([b"a", b"b"]))
+    assert raised.value.errno == errno.EAGAIN and "made again" in str(raised.value)
+    assert set(client.files) == {"/bootseer/k", "/bootseer/f"}
