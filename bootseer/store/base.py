@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from tenacity import (
     before_sleep_log,
@@ -42,6 +42,7 @@ from bootseer.errors import IntegrityError, InvalidRangeError
 from bootseer.limits import check_size
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Top-level key prefix reserved for in-flight writes; never listed, never a valid key.
 TEMP_PREFIX = ".tmp"
@@ -148,7 +149,7 @@ class WriteInterrupted(OSError):
     its data again, from the start, if it can read it again."""
 
 
-#: ``put``'s tries of a write the backend interrupted: HDFS's own client asks the NameNode
+#: :func:`replaying`'s tries of a write the backend interrupted: HDFS's own client asks the NameNode
 #: for the next block 5 more times, waiting 0.4 s and then twice as long each time
 #: (``dfs.client.block.write.locateFollowingBlock.retries``); so do we, for the whole write.
 PUT_TRIES = 6
@@ -337,26 +338,14 @@ class Store(ABC):
         start when ``data`` can be read again (bytes, a seekable file); a stream of chunks
         cannot, and the error reaches the caller."""
         check_key(key)
-        start = _replay_point(data)
-        if start is None:
-            return self._put_once(key, data, overwrite)
 
-        @retry(retry=retry_if_exception_type(WriteInterrupted), stop=stop_after_attempt(PUT_TRIES),
-               wait=wait_exponential(multiplier=0.4, max=6.4), reraise=True,
-               before_sleep=before_sleep_log(log, logging.INFO))
-        def again() -> ObjectInfo:
-            if hasattr(data, "seek"):
-                data.seek(start)
-            return self._put_once(key, data, overwrite)
+        def once() -> ObjectInfo:
+            with self.open_writer() as writer:
+                for chunk in chunks_of(data):
+                    writer.write(chunk)
+                return writer.commit(key, overwrite=overwrite)
 
-        return again()
-
-    def _put_once(self, key: str, data: bytes | BinaryIO | Iterable[bytes],
-                  overwrite: bool) -> ObjectInfo:
-        with self.open_writer() as writer:
-            for chunk in chunks_of(data):
-                writer.write(chunk)
-            return writer.commit(key, overwrite=overwrite)
+        return replaying(data, once)
 
     def open(self, key: str) -> BinaryIO:
         """A read-only, seekable binary file over ranged reads of ``key``."""
@@ -364,13 +353,26 @@ class Store(ABC):
         return open_ranged(fill, self.stat(key).size, posixpath.join(self.url, key))
 
 
-def _replay_point(data: bytes | BinaryIO | Iterable[bytes]) -> int | None:
-    """Where ``data`` can be read again from (0 for bytes), or None if it cannot."""
+def replaying(data: bytes | BinaryIO | Iterable[bytes], write: Callable[[], T]) -> T:
+    """``write()``, a write of ``data``, made again from the start while the backend
+    interrupts it (:class:`WriteInterrupted`), if ``data`` can be read again (bytes; a
+    seekable file, from where it was); a stream of chunks is written once."""
     if isinstance(data, (bytes, bytearray, memoryview)):
-        return 0
-    if hasattr(data, "seekable") and data.seekable():  # type: ignore[union-attr]
-        return data.tell()  # type: ignore[union-attr]
-    return None
+        start = None
+    elif hasattr(data, "seekable") and data.seekable():  # type: ignore[union-attr]
+        start = data.tell()  # type: ignore[union-attr]
+    else:
+        return write()
+
+    @retry(retry=retry_if_exception_type(WriteInterrupted), stop=stop_after_attempt(PUT_TRIES),
+           wait=wait_exponential(multiplier=0.4, max=6.4), reraise=True,
+           before_sleep=before_sleep_log(log, logging.INFO))
+    def again() -> T:
+        if start is not None:
+            data.seek(start)  # type: ignore[union-attr]
+        return write()
+
+    return again()
 
 
 def chunks_of(data: bytes | BinaryIO | Iterable[bytes]) -> Iterator[bytes]:

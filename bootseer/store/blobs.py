@@ -37,7 +37,14 @@ from typing import Any, BinaryIO
 from bootseer import boundedjson
 from bootseer.errors import IntegrityError, InvalidRangeError
 from bootseer.limits import check_size
-from bootseer.store.base import DigestCheckedStream, RangedFile, Store, check_key, chunks_of
+from bootseer.store.base import (
+    DigestCheckedStream,
+    RangedFile,
+    Store,
+    check_key,
+    chunks_of,
+    replaying,
+)
 from bootseer.zeros import is_zero
 
 log = logging.getLogger(__name__)
@@ -214,8 +221,14 @@ class BlobStore:
         """Store ``data`` and return its digest; storing existing content is a no-op.
 
         ``expect`` is the digest the caller was promised (e.g. by a manifest): if the bytes
-        do not match, nothing is published and :class:`IntegrityError` is raised.
+        do not match, nothing is published and :class:`IntegrityError` is raised. A write
+        the backend interrupts is made again if ``data`` can be read again
+        (:func:`~bootseer.store.base.replaying`; ``on_progress`` then hears its bytes again).
         """
+        return replaying(data, lambda: self._put_once(data, expect, on_progress))
+
+    def _put_once(self, data: bytes | BinaryIO | Iterable[bytes], expect: str | None,
+                  on_progress: Callable[[int], None] | None) -> BlobInfo:
         hasher = _Hasher(self.chunk_size)
         with self.store.open_writer() as writer:
             for chunk in chunks_of(data):

@@ -9,6 +9,7 @@ import errno
 import pytest
 
 from bootseer.errors import InvalidRangeError
+from bootseer.store import BlobStore
 from bootseer.store.base import WriteInterrupted
 from bootseer.store.hdfs import HdfsStore
 
@@ -112,6 +113,9 @@ class _WritingClient:
     def delete(self, path: str, recursive: bool) -> bool:
         return self.files.pop(path, None) is not None
 
+    def get_file_info(self, path: str):
+        raise RuntimeError('RPCError("java.io.FileNotFoundException", "File does not exist")')
+
 
 def test_a_write_the_namenode_interrupts_is_made_again_when_its_data_can_be_read_again(
         tmp_path) -> None:
@@ -127,6 +131,11 @@ def test_a_write_the_namenode_interrupts_is_made_again_when_its_data_can_be_read
     # Every interrupted write's temporary is gone; each key holds its data once.
     assert client.files == {"/bootseer/k": bytearray(b"payload"),
                             "/bootseer/f": bytearray(b"file")}
+    client.refusals = 1
+    blobs = BlobStore(store)
+    blob = blobs.put(b"blob bytes")  # blobs too
+    assert client.files.pop(f"/bootseer/{blobs.blob_key(blob.digest)}") == b"blob bytes"
+    assert client.files.pop(f"/bootseer/{blobs.table_key(blob.digest)}")
     client.refusals = 1
     with pytest.raises(WriteInterrupted) as raised:  # chunks gone by: cannot be made again
         store.put("s", iter([b"a", b"b"]))
