@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_random_exponential
+
 from bootseer.agents import fields
 from bootseer.config import Config
 from bootseer.ready import read_phases
@@ -150,6 +152,17 @@ class Timeline:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, timeout=30.0, check_same_thread=False,
                                    isolation_level=None)
+        self._prepare()
+
+    @retry(retry=retry_if_exception(lambda exc: isinstance(exc, sqlite3.OperationalError)
+                                    and "locked" in str(exc)),
+           stop=stop_after_delay(30.0), wait=wait_random_exponential(multiplier=0.01, max=0.5),
+           reraise=True)
+    def _prepare(self) -> None:
+        """WAL mode and the tables. Processes opening a new file at once race to switch its
+        journal, and SQLite answers the losers "database is locked" at once rather than
+        after the connection's busy timeout (CI: one of three writers failed so): they try
+        again, as long as that timeout."""
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
