@@ -145,8 +145,9 @@ def check_prefix(prefix: str) -> str:
 class WriteInterrupted(OSError):
     """A write the backend refused for now, though the same write would succeed later
     (HDFS: the NameNode has not yet heard that the previous block reached its DataNodes,
-    ``NotReplicatedYetException``). The writer is lost with it; :meth:`Store.put` writes
-    its data again, from the start, if it can read it again."""
+    ``NotReplicatedYetException``). The writer is lost with it; :meth:`Store.put` and
+    ``BlobStore.put`` write their data again, from the start, if they can read it again
+    (:func:`replaying`)."""
 
 
 #: :func:`replaying`'s tries of a write the backend interrupted: HDFS's own client asks the NameNode
