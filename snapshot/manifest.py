@@ -125,57 +125,75 @@ class Manifest:
                 deleted=tuple(Deletion(int(t), str(p)) for t, p in body["deleted"]),
                 shards=tuple(Shard(**s) for s in body["shards"]),
                 created=dict(body.get("created") or {}))
-        except (KeyError, TypeError, ValueError) as exc:
+            manifest.check(origin)
+        except (KeyError, TypeError, ValueError) as exc:  # a field of the wrong type, say
             raise IntegrityError(f"snapshot manifest {origin} is malformed: {exc}") from exc
-        manifest.check(origin)
         return manifest
 
     def check(self, origin: str) -> None:
-        """Refuse anything that could write outside the targets (see the module doc)."""
+        """Refuse anything that could write outside the targets (see the module doc).
+
+        Each rule is checked over all entries at once (sets, comprehensions, one regular
+        expression over the joined paths), and only a rule that fails looks for the entry
+        to name: entry by entry, the jupyter preset's 20,650 entries took 0.11 s."""
         def bad(why: str) -> UnsafeSnapshotError:
             return UnsafeSnapshotError(f"snapshot {origin}: {why}; nothing was restored")
+
+        def first(failing) -> SnapEntry:  # noqa: ANN001 - a predicate on an entry
+            return next(e for e in entries if failing(e))
 
         for t in self.targets:
             if not t.startswith("/") or check_relpath(t.lstrip("/") or ".") != t.lstrip("/"):
                 raise bad(f"target {t!r} is not a normalised absolute path")
-        kinds: dict[tuple[int, str], SnapEntry] = {}
-        for e in self.entries:
-            if not 0 <= e.target < len(self.targets):
-                raise bad(f"entry {e.path!r} names no target")
-            if e.kind not in KINDS:
-                raise bad(f"entry {e.path!r} has unknown type {e.kind!r}")
-            try:
-                check_relpath(e.path)
-            except ValueError as exc:
-                raise bad(str(exc)) from None
-            if e.kind in _CONTENT_KINDS and not (
-                    isinstance(e.shard, int) and 0 <= e.shard < len(self.shards)):
-                raise bad(f"entry {e.path!r} names no shard")
-            if e.kind == "symlink" and not e.link:
-                raise bad(f"symlink {e.path!r} has no target")
-            if e.path == "." and e.kind != "dir":
-                raise bad(f"target {self.targets[e.target]} is captured as a {e.kind}")
-            if (e.target, e.path) in kinds:
-                raise bad(f"entry {e.path!r} appears twice")
-            kinds[(e.target, e.path)] = e
+        entries = self.entries
+        targets, shards = range(len(self.targets)), range(len(self.shards))
+        if not _ints_in([e.target for e in entries], targets):
+            raise bad(f"entry {first(lambda e: not _ints_in([e.target], targets)).path!r} "
+                      f"names no target")
+        if not {e.kind for e in entries} <= set(KINDS):
+            e = first(lambda e: e.kind not in KINDS)
+            raise bad(f"entry {e.path!r} has unknown type {e.kind!r}")
+        paths = [e.path for e in entries]
+        if not _all_relpaths(paths):
+            for path in paths:
+                try:
+                    check_relpath(path)
+                except ValueError as exc:
+                    raise bad(str(exc)) from None
+        if not _ints_in([e.shard for e in entries if e.kind in _CONTENT_KINDS], shards):
+            e = first(lambda e: e.kind in _CONTENT_KINDS and not _ints_in([e.shard], shards))
+            raise bad(f"entry {e.path!r} names no shard")
+        if any(not e.link for e in entries if e.kind == "symlink"):
+            raise bad(f"symlink {first(lambda e: e.kind == 'symlink' and not e.link).path!r} "
+                      f"has no target")
+        if any(e.kind != "dir" for e in entries if e.path == "."):
+            e = first(lambda e: e.path == "." and e.kind != "dir")
+            raise bad(f"target {self.targets[e.target]} is captured as a {e.kind}")
+        kinds = {(e.target, e.path): e for e in entries}
+        if len(kinds) != len(entries):
+            seen: set[tuple[int, str]] = set()
+            for e in entries:
+                if (e.target, e.path) in seen:
+                    raise bad(f"entry {e.path!r} appears twice")
+                seen.add((e.target, e.path))
         # Nothing may lie below a file, symlink or hard link: in each target's sorted
         # paths, what lies below "p" sorts right after it, before "p0" ("/" < "0").
-        for target in range(len(self.targets)):
-            paths = sorted(p for t, p in kinds if t == target)
-            for p in paths:
-                if kinds[(target, p)].kind != "dir" and p != ".":
-                    i = bisect.bisect_left(paths, p + "/")
-                    if i < len(paths) and paths[i] < p + "0":
-                        raise bad(f"entry {paths[i]!r} lies below the "
+        for target in targets:
+            in_target = sorted(p for t, p in kinds if t == target)
+            for p in in_target:
+                if p != "." and kinds[(target, p)].kind != "dir":
+                    i = bisect.bisect_left(in_target, p + "/")
+                    if i < len(in_target) and in_target[i] < p + "0":
+                        raise bad(f"entry {in_target[i]!r} lies below the "
                                   f"{kinds[(target, p)].kind} {p!r}")
-        for e in self.entries:
+        for e in entries:
             if e.kind == "hardlink":
                 leader = kinds.get((e.target, e.link or ""))
                 if leader is None or leader.kind != "file":
                     raise bad(f"hard link {e.path!r} points to {e.link!r}, not a file of the "
                               f"snapshot")
         for d in self.deleted:
-            if not 0 <= d.target < len(self.targets):
+            if not _ints_in([d.target], targets):
                 raise bad(f"deletion {d.path!r} names no target")
             try:
                 check_relpath(d.path)
@@ -185,8 +203,30 @@ class Manifest:
                 raise bad("a deletion names a target itself")
 
 
+def _ints_in(values: list[object], allowed: range) -> bool:
+    """Every value an ``int`` (not a ``bool`` or a ``float``: JSON's ``0.0`` equals ``0``)
+    in ``allowed``."""
+    return set(map(type, values)) <= {int} and set(values) <= set(allowed)
+
+
+def _all_relpaths(paths: list[str]) -> bool:
+    """Whether :func:`check_relpath` accepts every one of ``paths``, found with a few
+    searches in C: joined by "/", they make one path with an empty, "." or ".."
+    component, or an absolute one, exactly when one of them is such a path."""
+    if not all(type(p) is str for p in paths):
+        return False
+    named = [p for p in paths if p != "."]
+    joined = "/".join(named)
+    return not named or bool(joined) and not (
+        "\0" in joined or "//" in joined or "/./" in joined or "/../" in joined
+        or joined in (".", "..") or joined.startswith(("/", "./", "../"))
+        or joined.endswith(("/", "/.", "/..")))
+
+
 def check_relpath(path: str) -> str:
     """``path`` if it is a normalised relative path (or "."), else ``ValueError``."""
+    if not isinstance(path, str):
+        raise ValueError(f"path {path!r} is not a string")
     if path == ".":
         return path
     if not path or path.startswith("/") or "\0" in path:

@@ -303,11 +303,15 @@ class _Stage:
         path = self.path(entry.path)
         if entry.path != ".":
             self.check_parents(entry.path)
-            if os.path.lexists(path) and not (os.path.isdir(path)
-                                              and not os.path.islink(path)):
-                remove_tree(path)
-            if not os.path.lexists(path):
+            try:
                 os.mkdir(path, 0o700)
+            except FileExistsError:  # cloned from the target: replaced unless a directory
+                if not stat.S_ISDIR(os.lstat(path).st_mode):
+                    remove_tree(path)
+                    os.mkdir(path, 0o700)
+            else:
+                if self.from_nothing:  # made here, in a staging only this restore writes
+                    self._safe.add(entry.path)
         self.dirs[entry.path] = (entry.mode, entry.uid, entry.gid, entry.mtime_ns)
 
     def finish_dirs(self) -> None:

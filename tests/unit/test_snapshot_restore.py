@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import pickle
 import struct
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from hypothesis import given
+from hypothesis import strategies as st
 from support.snapshots import T0, based_targets, capture, reset, tree_state
 
 from bootseer.errors import BootseerError, IntegrityError
@@ -413,6 +416,93 @@ def test_entries_below_a_non_directory_are_found_at_any_depth_and_neighbours_are
              _entry("f0", b"x"), _entry("fx", b"x"), lnk, _entry("lnk.d", b"", kind="dir",
                                                                  shard=None),
              _entry("lnk.d/a", b"x")).check("m")
+
+
+def _checked(*entries: SnapEntry, deleted: tuple = ()) -> None:
+    Manifest("m", ("/t",), (_entry(".", b"", kind="dir", shard=None), *entries), deleted,
+             (Shard("sha256:" + "0" * 64, 1, 1),)).check("m")
+
+
+@pytest.mark.parametrize(("entries", "message"), [
+    ([_entry("a", b"x"), _entry("b", b"x", target=1)], "entry 'b' names no target"),
+    ([_entry("a", b"x"), _entry("b", b"x", target=True)], "entry 'b' names no target"),
+    ([_entry("a", b"x"), _entry("b", b"x", kind="fifo")], "entry 'b' has unknown type 'fifo'"),
+    ([_entry("a", b"x"), _entry("b/../../c", b"x")], "'b/../../c' holds '..'"),
+    ([_entry("a", b"x"), _entry("/etc/c", b"x")], "'/etc/c' is absolute"),
+    ([_entry("a", b"x"), _entry("b\0c", b"x")], "holds NUL"),
+    ([_entry("a", b"x"), _entry("b", b"x", shard=1)], "entry 'b' names no shard"),
+    ([_entry("a", b"x"), _entry("b", b"x", shard=0.0)], "entry 'b' names no shard"),
+    ([_entry("a", b"x"), _entry("b", b"x", shard=None)], "entry 'b' names no shard"),
+    ([_entry("a", b"", kind="symlink", link="")], "symlink 'a' has no target"),
+    ([_entry("a", b"x"), _entry("a", b"y")], "entry 'a' appears twice"),
+    ([_entry("h", b"", kind="hardlink", link="d", shard=None),
+      _entry("d", b"", kind="dir", shard=None)], "hard link 'h' points to 'd'"),
+])
+def test_each_rule_of_the_manifest_check_refuses_and_names_the_entry(entries, message) -> None:
+    """Each rule is checked over all entries at once; a failing one names its entry."""
+    with pytest.raises(UnsafeSnapshotError, match=message):
+        _checked(*entries)
+
+
+def test_a_target_captured_as_a_file_and_bad_deletions_are_refused() -> None:
+    with pytest.raises(UnsafeSnapshotError, match="captured as a file"):
+        Manifest("m", ("/t",), (_entry(".", b"x"),), (),
+                 (Shard("sha256:" + "0" * 64, 1, 1),)).check("m")
+    from bootseer.snapshot.manifest import Deletion
+    for deletion, message in [(Deletion(1, "a"), "names no target"),
+                              (Deletion(0, "a/../b"), "holds '..'"),
+                              (Deletion(0, "."), "names a target itself")]:
+        with pytest.raises(UnsafeSnapshotError, match=message):
+            _checked(deleted=(deletion,))
+
+
+COMPONENTS = st.sampled_from(["a", "b.c", ".", "..", "", "...", ".x", "\0", "/"])
+PATHS = st.lists(COMPONENTS, min_size=1, max_size=3).map("/".join)
+
+
+@given(st.lists(PATHS, min_size=1, max_size=4))
+def test_the_joined_path_check_accepts_exactly_what_check_relpath_accepts(paths) -> None:
+    from bootseer.snapshot.manifest import _all_relpaths, check_relpath
+
+    def one_by_one() -> bool:
+        try:
+            for path in paths:
+                check_relpath(path)
+        except ValueError:
+            return False
+        return True
+
+    assert _all_relpaths(paths) == one_by_one()
+
+
+@pytest.mark.parametrize(("field", "message"), [
+    ({"path": 7}, "path 7 is not a string"), ({"path": ["a"]}, "is not a string"),
+    ({"target": [0]}, "names no target"), ({"kind": {}}, "malformed"),
+    ({"shard": [0]}, "names no shard")])
+def test_a_manifest_with_a_field_of_the_wrong_type_is_refused(field, message) -> None:
+    good = Manifest("m", ("/t",), (_entry(".", b"", kind="dir", shard=None), _entry("a", b"x")),
+                    (), (Shard("sha256:" + "0" * 64, 1, 1),))
+    body = json.loads(zstandard.ZstdDecompressor().decompress(good.encode()))
+    body["entries"][1] |= field
+    data = zstandard.ZstdCompressor().compress(json.dumps(body).encode())
+    with pytest.raises((IntegrityError, UnsafeSnapshotError), match=message):
+        Manifest.decode(data, "m")
+
+
+def test_shards_carry_no_header_beyond_each_members_own(env) -> None:
+    """A fractional mtime makes tarfile put a PAX header before every member; a restore
+    takes the mtime from the manifest, so the shard carries whole seconds and no PAX."""
+    blobs, targets = env
+    manifest = capture(blobs, targets)
+    headers = 0
+    for shard in manifest.shards:
+        with blobs.open(shard.digest) as raw, \
+                zstandard.ZstdDecompressor().stream_reader(raw) as stream, \
+                tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in tar:
+                headers += 1
+                assert not member.pax_headers, member.name
+    assert headers == sum(1 for e in manifest.entries if e.kind in ("file", "symlink"))
 
 
 def test_a_shard_whose_stream_is_cut_is_refused(tmp_path) -> None:
