@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -63,6 +62,10 @@ def backend_class(scheme: str) -> type[Store]:
 
 
 def _entry_point(scheme: str) -> BackendSpec | None:
+    # Imported here: importlib.metadata costs every CLI start ~30 ms, and the built-in
+    # schemes never need it.
+    from importlib.metadata import entry_points
+
     for ep in entry_points(group="bootseer.stores"):
         if ep.name == scheme:
             return BackendSpec(ep.value)
