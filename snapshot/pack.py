@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -135,7 +135,7 @@ def _build_shard(blobs: BlobStore, entries: list[SnapEntry], paths: list[str], l
                     if fh.read(1):
                         raise BootseerError(f"{path} grew while it was being snapshotted; "
                                             f"is the command still running?")
-                done.append(replace(entry, digest="sha256:" + reader.sha.hexdigest()))
+                done.append(entry._replace(digest="sha256:" + reader.sha.hexdigest()))
                 if on_progress:
                     on_progress(entry.size)
         spool.seek(0)
@@ -162,9 +162,9 @@ def build_manifest(blobs: BlobStore, capture: Capture, key: str, created: dict[s
             shard, packed = future.result()
             shards.append(shard)
             for i, entry in zip(idxs, packed):
-                entries[i] = replace(entry, shard=number)
+                entries[i] = entry._replace(shard=number)
     files = {(e.target, e.path): e for e in entries if e.kind == "file"}
-    entries = [replace(e, size=files[(e.target, e.link)].size,
+    entries = [e._replace(size=files[(e.target, e.link)].size,
                        digest=files[(e.target, e.link)].digest)
                if e.kind == "hardlink" else e for e in entries]
     deleted = tuple(Deletion(i, rel) for i, d in enumerate(capture.diffs) for rel in d.deleted)

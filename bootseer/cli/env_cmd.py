@@ -236,7 +236,7 @@ def show_cmd(app: AppContext, key: str, as_json: bool) -> None:
         click.echo(json.dumps({"key": m.key, "targets": m.targets, "created": m.created,
                                "shards": [asdict(s) for s in m.shards],
                                "deleted": [asdict(d) for d in m.deleted],
-                               "entries": [asdict(e) for e in m.entries]}, indent=2))
+                               "entries": [e._asdict() for e in m.entries]}, indent=2))
         return
     created = m.created
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created.get("time", 0)))

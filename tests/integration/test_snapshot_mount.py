@@ -183,7 +183,7 @@ def test_a_setuid_file_or_a_lying_shard_builds_no_tree(tmp_path: Path) -> None:
     manifest = load_manifest(blobs, "lies")
     (entry,) = [e for e in manifest.entries if e.path == "f"]
     forged = dataclasses.replace(manifest, entries=tuple(
-        dataclasses.replace(e, size=99) if e is entry else e for e in manifest.entries))
+        e._replace(size=99) if e is entry else e for e in manifest.entries))
     with pytest.raises(IntegrityError):
         mount_restore(blobs, forged, cache)
     assert not list((cache.directory / "tmp").iterdir())
