@@ -28,12 +28,19 @@ Cases (each on cold nodes: fresh agent caches, fresh environments, a dropped pag
   snapshot; ``docker run --runtime bootseer`` of the stub image mounts the lazy image
   (no hot list yet: it records one) and the checkpoint mount (striped reads);
 * ``bootseer_prestaged``: ``bootseer warm`` of the hot pack, the snapshot and the
-  checkpoint finished before t0 (a scheduler that knows the next nodes), then the start;
+  checkpoint finished before t0 (a scheduler that knows the next nodes), then the start,
+  whose container gets the environment from the node agent (``BOOTSEER_ENVS``: the tree
+  the warm unpacked, laid in its root; nothing restored on the node);
 * ``bootseer_prestaged_served``: the same, the image served as before Bootseer had the
   kernel serve it: the agents' ``image.passthrough`` and ``image.kernel_metadata`` off, so
   that their mounts' servers answer every lookup and read in Python (checkpoint copies are
   still read by the kernel): what kernel-side serving saves a node in CPU
   (``prestaged_node_cpu_saved_s``);
+* ``bootseer_prestaged_env_extracted`` (only when named in ``--cases``): as
+  ``bootseer_prestaged``, but the environment restored on the node by ``bootseer env run``
+  and bound into the container, as the other cases do, where ``bootseer_prestaged``'s
+  containers get the warmed tree from the node agent (``BOOTSEER_ENVS``): what that mount
+  saves a node (``prestaged_env_node_cpu_saved_s``);
 * ``bootseer``: a later restart: ``bootseer warm`` is issued on every node at t0, beside
   the start; a node is ready when both are done;
 * ``bootseer_p2p``: the warm issued at t0 as one job's (``--job --nodes N``), the start
@@ -99,8 +106,16 @@ log = logging.getLogger("bench-restart")
 MB, MIB = 1e6, 1 << 20
 CASES = ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer_prestaged_served",
          "bootseer", "bootseer_p2p", "bootseer_fanout")
+#: Run only when named in --cases: bootseer_prestaged with its environment extracted on the
+#: node (``env run``) as before the agent mounted it (what the mount saves a node in CPU).
+EXTRA_CASES = ("bootseer_prestaged_env_extracted",)
 #: Cases whose warm is done before t0.
-PRESTAGED = ("bootseer_prestaged", "bootseer_prestaged_served")
+PRESTAGED = ("bootseer_prestaged", "bootseer_prestaged_served",
+             "bootseer_prestaged_env_extracted")
+#: Cases whose containers get the environment from the node agent (``BOOTSEER_ENVS``): the
+#: snapshot's tree, unpacked on the node by the warm before t0, laid in their root; nothing
+#: is restored on the node at the start. The others restore it with ``bootseer env run``.
+ENV_FROM_AGENT = ("bootseer_prestaged", "bootseer_prestaged_served")
 #: What bootseer_p2p's nodes fetch through their swarm (all of its warm), in the lab dict
 #: for the simulator.
 P2P_SHARED = ("image_hot", "env_snapshot", "checkpoint")
@@ -172,7 +187,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.sizes = sorted({int(n) for n in args.nodes.split(",")})
-        self.cases = select_cases(args.cases, CASES)
+        self.cases = select_cases(args.cases, CASES + EXTRA_CASES)
         self.spec = LabSpec(nodes=max(self.sizes), datanodes=args.datanodes,
                             node_link=parse_link(args.node_link),
                             datanode_link=parse_link(args.datanode_link),
@@ -236,11 +251,11 @@ class Bench:
     def checkpoint_url(self, group: int) -> str:
         return f"{self.hdfs}/restart/ckpt/g{group}"
 
-    def container(self, i: int, case: str) -> list[str]:
+    def container(self, i: int, case: str, key: str) -> list[str]:
         group = i % GROUPS
-        common = ["run", "--rm", "--network", "host",
-                  "-v", f"{self.node_env_root(i)}:{self.env_root}:ro",
-                  "-v", f"{self.job}:/job:ro"]
+        env = ["-e", f"BOOTSEER_ENVS={key}"] if case in ENV_FROM_AGENT else \
+            ["-v", f"{self.node_env_root(i)}:{self.env_root}:ro"]
+        common = ["run", "--rm", "--network", "host", *env, "-v", f"{self.job}:/job:ro"]
         if case == "baseline":
             files = [(f"{self.webhdfs}/webhdfs/v1/restart/ckpt/g{group}/{name}?op=OPEN", digest)
                      for name, digest in self.shards[group]]
@@ -292,9 +307,10 @@ class Bench:
             if case == "baseline":
                 step("image", self.lab.docker(i, "pull", "--quiet",
                                               f"{self.spec.registry_address}/{REGISTRY_REF}"))
-            step("env", self.lab.run(i, self.private_env(i, self.env_command(
-                bootseer=case != "baseline")), timeout=900))
-            out = step("exited", self.lab.docker(i, *self.container(i, case)))
+            if case not in ENV_FROM_AGENT:
+                step("env", self.lab.run(i, self.private_env(i, self.env_command(
+                    bootseer=case != "baseline")), timeout=900))
+            out = step("exited", self.lab.docker(i, *self.container(i, case, key)))
             marks = json.loads(out.strip().splitlines()[-1])
             run.marks.update({k: round(v - t0, 3) for k, v in marks.items()})
         except (RunFailed, subprocess.TimeoutExpired, ValueError) as exc:
@@ -606,6 +622,14 @@ class Bench:
                 n: round(served - kernel, 3) for n, served in
                 node_cpu("bootseer_prestaged_served").items()
                 if (kernel := node_cpu("bootseer_prestaged").get(n)) is not None},
+            # What the agent's mount of the environment saves a node: the same prestaged
+            # start with the environment extracted on the node by env run, less it (per N;
+            # only when bootseer_prestaged_env_extracted ran).
+            "prestaged_env_extracted_node_cpu_s": node_cpu("bootseer_prestaged_env_extracted"),
+            "prestaged_env_node_cpu_saved_s": {
+                n: round(extracted - mounted, 3) for n, extracted in
+                node_cpu("bootseer_prestaged_env_extracted").items()
+                if (mounted := node_cpu("bootseer_prestaged").get(n)) is not None},
             "node_cpu_note": NODE_CPU_NOTE,
             "largest_n": top,
             "setup": setup,
