@@ -165,7 +165,7 @@ def build_manifest(blobs: BlobStore, capture: Capture, key: str, created: dict[s
                 entries[i] = entry._replace(shard=number)
     files = {(e.target, e.path): e for e in entries if e.kind == "file"}
     entries = [e._replace(size=files[(e.target, e.link)].size,
-                       digest=files[(e.target, e.link)].digest)
+                          digest=files[(e.target, e.link)].digest)
                if e.kind == "hardlink" else e for e in entries]
     deleted = tuple(Deletion(i, rel) for i, d in enumerate(capture.diffs) for rel in d.deleted)
     return Manifest(key, capture.targets, tuple(entries), deleted, tuple(shards), created)
