@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -96,6 +97,8 @@ def main() -> None:
     parser.add_argument("--datanode-link", default="40MB/s")
     parser.add_argument("--hdfs-base-port", type=int, default=19800)
     parser.add_argument("--state-dir", default="/var/tmp/bootseer-bench-p2p-read")
+    parser.add_argument("--keep-state", action="store_true",
+                        help="Keep the lab's state dir (logs, caches, HDFS's blocks).")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     spec = LabSpec(nodes=2, datanodes=1, name="p2pr", origins=False, p2p=True,
@@ -131,6 +134,8 @@ def main() -> None:
                      busy)
     finally:
         lab.down()
+        if not args.keep_state:  # HDFS's blocks and the nodes' caches: ~0.9 GB
+            shutil.rmtree(spec.state_dir, ignore_errors=True)
     limit = args.read_size / spec.node_link.rate_bytes_per_s
     result = {
         **recording.header(runs=args.reads, caps={
