@@ -38,7 +38,8 @@ fetched alone over the capped link (4 at once, as the restore does); decompresse
 from memory (4 threads), and on one thread with tarfile's stream parsing or with sha256;
 the CLI's start alone and ``env show`` (CLI + HDFS connection + manifest); and
 ``env restore`` from a ``file://`` store on local disk (no network) at
-snapshot.concurrency 4, 1, 2, 8.
+snapshot.concurrency 4, 1, 2, 8; and the same shards unpacked in C alone (``C_EXTRACT``:
+zstd into GNU tar, no Python per file, no checks).
 CPU seconds and context switches of every timed process are in ``details``.
 
 Medians of ``--runs`` runs, with the machine's CPU busy fraction per case. Goals:
@@ -98,6 +99,25 @@ RESTORED = re.compile(r"(?P<how>restored|mounted the node's tree of) snapshot \S
                       r"(?P<entries>\d+) entries, .* from (?P<shards>\d+) shards in "
                       r"(?P<seconds>[\d.]+) s; the command was not run")
 HERE = Path(__file__).resolve().parent
+#: The snapshot's shards unpacked with no Python per file: each shard decompressed by the
+#: zstandard module's C loop into GNU tar, one shard per core at a time. It checks nothing
+#: against the manifest and sets no owner or nanosecond mtime, so it is no replacement for
+#: a restore: it is what an extractor in C would take for the same bytes and files.
+C_EXTRACT = """
+import subprocess, sys, zstandard
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+shards, dest, workers = sorted(Path(sys.argv[1]).glob("*.tar.zst")), sys.argv[2], int(sys.argv[3])
+def unpack(path):
+    tar = subprocess.Popen(["tar", "-x", "-C", dest], stdin=subprocess.PIPE)
+    with open(path, "rb") as f:
+        zstandard.ZstdDecompressor().copy_stream(f, tar.stdin)
+    tar.stdin.close()
+    if tar.wait():
+        sys.exit(f"tar failed on {path}")
+with ThreadPoolExecutor(workers) as pool:
+    list(pool.map(unpack, shards))
+"""
 MB, MIB = 1e6, 1 << 20
 LATENCY = "none added: kernel has no sch_netem"
 TORCH_WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
@@ -620,9 +640,28 @@ class Bench:
                                      "no network; cold; "
                                      "snapshot.concurrency 4 (default), and one run each "
                                      "at 1, 2 and 8")
+        out["local_restore_s"] = figure([r["seconds"] for r in rows])
+        dest, workers = self.work / SCRATCH / "c-extract", min(8, os.cpu_count() or 1)
+        c_rows = []
+        for i in range(self.args.runs):
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir()
+            row = self.run_steps("c_extract", i, [("unpack", [
+                sys.executable, "-c", C_EXTRACT, str(shards), str(dest), str(workers)])],
+                self.env)
+            del row["_outputs"], row["unpack_s"]
+            log.info("  c_extract run %d: %.2f s (cpu %.2f)", i + 1, row["seconds"],
+                     row["cpu_user_s"] + row["cpu_sys_s"])
+            c_rows.append(row)
+        shutil.rmtree(dest)
+        self.details["c_extract"] = c_rows
+        out["c_extract_s"] = figure([r["seconds"] for r in c_rows])
+        out["c_extract_note"] = (f"the same shards from local disk, each decompressed by the "
+                                 f"zstandard module's C loop into GNU tar, {workers} at once: "
+                                 f"no Python per file and no checks (C_EXTRACT); compare "
+                                 f"local_restore_s")
         shutil.rmtree(local)
         shutil.rmtree(shards, ignore_errors=True)
-        out["local_restore_s"] = figure([r["seconds"] for r in rows])
         return out
 
     # -- the benchmark -------------------------------------------------------------------------
@@ -830,7 +869,8 @@ def table(result: dict) -> str:
                      f"({b['decompress_cpu_s']:.2f} s CPU), one thread: zstd+tarfile "
                      f"{b['tarfile_serial_s']:.2f} s, zstd+sha256 "
                      f"{b['decompress_sha256_serial_s']:.2f} s; restore from local disk "
-                     f"{b['local_restore_s']['median']:.2f} s; CLI start "
+                     f"{b['local_restore_s']['median']:.2f} s (the same in C, unchecked: "
+                     f"{b['c_extract_s']['median']:.2f} s); CLI start "
                      f"{b['cli_start_s']['median']:.2f} s, env show (CLI + connection + manifest) "
                      f"{b['show_s']['median']:.2f} s; local restore by concurrency "
                      f"{b['local_restore_by_concurrency_s']}")
@@ -894,6 +934,8 @@ def _helper(argv: list[str]) -> None:
         data = list(pool.map(fetch, [s.digest for s in manifest.shards]))
     fetch_s, fetch_cpu = time.perf_counter() - t, time.process_time() - cpu0
     fetched = sum(len(d) for d in data)
+    for position, number in enumerate(manifest.read_order()):  # for C_EXTRACT, in read order
+        (args.shards_dir / f"{position:04d}.tar.zst").write_bytes(data[number])
 
     def decompress(blob: bytes) -> int:
         n = 0
