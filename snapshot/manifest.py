@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
@@ -40,7 +39,6 @@ MAX_MANIFEST_BYTES = 1 << 30
 #: ones in :meth:`Manifest.read_order`, which a restore opens before it decodes the manifest.
 FIRST_SHARDS = 8
 _CONTENT_KINDS = ("file", "symlink")  # carried by a shard; hard links are made on restore
-_DOT_OR_EMPTY = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")  # a "", "." or ".." component
 
 
 class UnsafeSnapshotError(BootseerError):
@@ -215,9 +213,10 @@ def _ints_in(values: list[object], allowed: range) -> bool:
 
 
 def _all_relpaths(paths: list[str]) -> bool:
-    """Whether :func:`check_relpath` accepts every one of ``paths``, found with a few
-    searches in C: joined by "/", they make one path with an empty, "." or ".."
-    component, or an absolute one, exactly when one of them is such a path."""
+    """Whether every one of ``paths`` is a normalised relative path (or "."), found with
+    a few searches in C: joined by "/", they make one path with an empty, "." or ".."
+    component, or an absolute one, exactly when one of them is such a path. The one
+    rule: :func:`check_relpath` asks it of a single path."""
     if not all(type(p) is str for p in paths):
         return False
     named = [p for p in paths if p != "."]
@@ -232,10 +231,8 @@ def check_relpath(path: str) -> str:
     """``path`` if it is a normalised relative path (or "."), else ``ValueError``."""
     if not isinstance(path, str):
         raise ValueError(f"path {path!r} is not a string")
-    if path == ".":
+    if path == "." or _all_relpaths([path]):
         return path
     if not path or path.startswith("/") or "\0" in path:
         raise ValueError(f"path {path!r} is absolute, empty or holds NUL")
-    if _DOT_OR_EMPTY.search(path):
-        raise ValueError(f"path {path!r} holds '..', '.' or an empty component")
-    return path
+    raise ValueError(f"path {path!r} holds '..', '.' or an empty component")
