@@ -60,9 +60,12 @@ Per case and N: the job's time-to-ready (slowest node), p50/p99/max over nodes, 
 slowest node's phases, the bytes every origin sent (tc's counters on its capped link:
 each DataNode, the registry, the index) and their max/mean, the fan-out factor (origin
 bytes / the same case's N = 1 origin bytes), the CPU-seconds each node used (its
-cgroup's: :mod:`bootseer_dev.fleet.cgroups`) and the machine's CPU busy fraction. The
-fleet simulator (``bootseer_dev.fleetsim``) is calibrated from the N = 1 runs, validated
-against every N and extrapolated to production scale (its section of the JSON, and a PNG).
+cgroup's: :mod:`bootseer_dev.cgroups`), each origin's CPU and link use against its quota
+and cap (:class:`OriginMeter`: which of the two bounds it) and the machine's CPU busy
+fraction. ``--node-cpu`` and ``--origin-cpu`` put every node and every origin under a
+CPU quota of its own, the same at every N. The fleet simulator (``bootseer_dev.fleetsim``)
+is calibrated from the N = 1 runs, validated against every N and extrapolated to
+production scale (its section of the JSON, and a PNG).
 """
 
 from __future__ import annotations
@@ -128,6 +131,14 @@ WHEELS = ("numpy==2.2.6", "nvidia-cuda-runtime==13.0.96")
 GROUPS, SHARDS, SHARD_BYTES = 2, 2, 16 * MIB
 PYTHON = "/usr/bin/python3"         # Debian's, as in the image: the venv runs in both
 LATENCY = "none added: kernel has no sch_netem"
+#: The origin meter's sampling period, and the window its peaks are taken over.
+METER_S = 0.5
+METER_WINDOW_S = 2.0
+ORIGINS_NOTE = ("each origin's CPU (its cgroup's: cpu_s, cores_mean over the case, "
+                "cores_peak over 2 s windows) against its quota (quota_cores, null: none), "
+                "and for those on a capped link the bytes it sent (sent_bytes) and their "
+                "share of the cap (link_mean, link_peak): an origin near its cap and far from "
+                "its quota is bound by its link, not its CPU")
 NODE_CPU_NOTE = ("CPU-seconds per node during a case's starts (t0 to the last node ready), "
                  "from each node's cgroup: its agent and servers, its Docker engine and "
                  "containers, the commands run on it; medians over the case's nodes")
@@ -175,6 +186,63 @@ class NodeRun:
         return max(self.marks["ready"], self.marks.get("warm", 0.0))
 
 
+class OriginMeter:
+    """Each origin's CPU (its cgroup's) and the bytes it sent (its link's cap), sampled
+    every :data:`METER_S` from t0 until the last node is ready: what bounds an origin,
+    its quota or its link, shows as which one it came near (their peaks over
+    :data:`METER_WINDOW_S`, and the means over the case)."""
+
+    def __init__(self, lab: Lab, capped: list[str]) -> None:
+        self.lab, self.capped = lab, capped
+        self.samples: list[tuple[float, dict[str, float], dict[str, int]]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="origin-meter", daemon=True)
+
+    def _sample(self) -> None:
+        self.samples.append((time.monotonic(), self.lab.origin_cpu_s(),
+                             {role: self.lab.link_bytes(role)[0] for role in self.capped}))
+
+    def _run(self) -> None:
+        while not self._done.wait(METER_S):
+            self._sample()
+
+    def __enter__(self) -> OriginMeter:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        self._sample()
+
+    def report(self, spec: LabSpec) -> dict[str, dict[str, float | None]]:
+        """Per origin: CPU-seconds, mean and peak cores, and (capped ones) bytes sent and
+        the mean and peak share of the link's cap."""
+        t0, cpu0, sent0 = self.samples[0]
+        t1, cpu1, sent1 = self.samples[-1]
+        wall = max(t1 - t0, 1e-9)
+        step = max(1, round(METER_WINDOW_S / METER_S))
+        windows = list(zip(self.samples, self.samples[step:])) or [(self.samples[0],
+                                                                    self.samples[-1])]
+        out: dict[str, dict[str, float | None]] = {}
+        for role in cpu0:
+            used = cpu1[role] - cpu0[role]
+            peak_cores = max((b[1][role] - a[1][role]) / (b[0] - a[0]) for a, b in windows)
+            row: dict[str, float | None] = {
+                "cpu_s": round(used, 3), "cores_mean": round(used / wall, 3),
+                "cores_peak": round(peak_cores, 3), "quota_cores": spec.origin_cpu}
+            if role in sent0:
+                cap = (spec.datanode_link if role.startswith("datanode") else
+                       spec.origin_link).rate_bytes_per_s
+                peak_rate = max((b[2][role] - a[2][role]) / (b[0] - a[0]) for a, b in windows)
+                row.update(sent_bytes=sent1[role] - sent0[role],
+                           link_mean=round((sent1[role] - sent0[role]) / wall / cap, 3),
+                           link_peak=round(peak_rate / cap, 3))
+            out[role] = row
+        return out
+
+
 def quantile(values: list[float], q: float) -> float:
     """The q-quantile with linear interpolation (numpy's default), for a few values."""
     s = sorted(values)
@@ -199,7 +267,8 @@ class Bench:
                             datanode_link=parse_link(args.datanode_link),
                             origin_link=parse_link(args.origin_link), name="rst",
                             state_dir=Path(args.state_dir), hdfs_base_port=args.hdfs_base_port,
-                            engines=True, p2p=True)
+                            engines=True, p2p=True, node_cpu=args.node_cpu,
+                            origin_cpu=args.origin_cpu)
         self.lab = Lab(self.spec)
         self.job = self.spec.state_dir / "job"
         self.env_root = self.job / "envroot"        # every node's environment is here...
@@ -362,9 +431,10 @@ class Bench:
             if idle <= QUIET_BUSY or time.monotonic() > deadline:
                 break
         before, cpu0, node_cpu0 = self.origin_bytes(), cpu_times(), self.lab.node_cpu_s()
-        t0 = time.time()
-        runs = parallel(list(range(n)), lambda i: self.node_start(i, case, n, key, t0))
-        wall = time.time() - t0
+        with OriginMeter(self.lab, list(before)) as origins:
+            t0 = time.time()
+            runs = parallel(list(range(n)), lambda i: self.node_start(i, case, n, key, t0))
+            wall = time.time() - t0
         after, cpu1, node_cpu1 = self.origin_bytes(), cpu_times(), self.lab.node_cpu_s()
         node_cpu = [node_cpu1[i] - node_cpu0[i] for i in range(n)]
         image_cpu = [c for c in (self.image_server_cpu_s(i, t0) for i in range(n))
@@ -394,6 +464,7 @@ class Bench:
             "origin_bytes_total": sum(served.values()),
             "datanode_max_over_mean": round(max(dns) / statistics.mean(dns), 3)
             if dns and statistics.mean(dns) > 0 else None,
+            "origins": origins.report(self.spec),
             "cpu_busy": round(busy_fraction(cpu0, cpu1), 3),
             "cpu_busy_idle": round(idle, 3),
             "wall_s": round(wall, 3),
@@ -637,6 +708,9 @@ class Bench:
                 node_cpu("bootseer_prestaged_env_extracted").items()
                 if (mounted := node_cpu("bootseer_prestaged").get(n)) is not None},
             "node_cpu_note": NODE_CPU_NOTE,
+            "node_cpu_quota_cores": spec.node_cpu,
+            "origin_cpu_quota_cores": spec.origin_cpu,
+            "origins_note": ORIGINS_NOTE,
             "largest_n": top,
             "setup": setup,
             "table": table_rows(cases),
@@ -754,6 +828,12 @@ def main() -> None:
     parser.add_argument("--node-link", default="25MB/s")
     parser.add_argument("--datanode-link", default="40MB/s")
     parser.add_argument("--origin-link", default="40MB/s")
+    parser.add_argument("--node-cpu", type=float, default=None,
+                        help="each node's CPU quota in cores (its cgroup's), the same at "
+                             "every N; default: none (each node's CPU is still counted)")
+    parser.add_argument("--origin-cpu", type=float, default=None,
+                        help="each origin's CPU quota in cores (NameNode, DataNodes, "
+                             "registry, index); default: none (counted)")
     parser.add_argument("--hdfs-base-port", type=int, default=19700)
     parser.add_argument("--state-dir", default="/var/tmp/bootseer-bench-restart")
     parser.add_argument("--keep-state", action="store_true",

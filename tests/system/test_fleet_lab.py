@@ -23,8 +23,8 @@ import pytest
 from support.lab import need_lab_tools
 
 from bootseer_dev import netns
+from bootseer_dev.cgroups import Hierarchies
 from bootseer_dev.fleet import Lab, LabSpec, index_dir, shaping
-from bootseer_dev.fleet.cgroups import Hierarchies
 from bootseer_dev.fleet.spec import METRICS_PORT
 
 #: The file a node reads from HDFS (several blocks of the lab's 1 MiB block size).
@@ -32,6 +32,9 @@ FILE_SIZE = 6 << 20
 #: The payload of the wheel a node installs from the lab's index.
 PAYLOAD_SIZE = 2 << 20
 PY = sys.executable
+#: Each origin's CPU quota in the test lab: a cap that is there, high enough that the JVMs
+#: start as fast as without one.
+ORIGIN_CPU = 1.5
 
 
 def _lines(*argv: str) -> set[str]:
@@ -97,7 +100,8 @@ def lab(tmp_path_factory):
     before = HostSnapshot.take()
     state_dir = tmp_path_factory.mktemp("fleet")
     spec = LabSpec(nodes=2, datanodes=1, name="ftest", state_dir=state_dir,
-                   hdfs_base_port=19500, block_size=1 << 20, engines=True)
+                   hdfs_base_port=19500, block_size=1 << 20, engines=True,
+                   origin_cpu=ORIGIN_CPU)
     lab = Lab(spec)
     try:
         lab.up(timeout_s=90)
@@ -328,6 +332,41 @@ def test_every_process_of_a_node_is_in_its_cgroup_and_counted(lab) -> None:
     assert after[0] - before[0] < 0.5  # node 0 idles meanwhile
 
 
+def _quota_cores(lab: Lab, group: str) -> float | None:
+    """The CPU quota on ``group`` as the kernel has it (v2 ``cpu.max``, v1 CFS files)."""
+    path = lab.cgroups.quota_root / group
+    if lab.cgroups.v2:
+        quota, period = (path / "cpu.max").read_text().split()
+    else:
+        quota = (path / "cpu.cfs_quota_us").read_text().strip()
+        period = (path / "cpu.cfs_period_us").read_text().strip()
+    return None if quota in ("max", "-1") else int(quota) / int(period)
+
+
+def test_every_origin_runs_in_a_cgroup_of_its_own_with_its_quota(lab) -> None:
+    """The NameNode, the DataNode, the registry and the index each run in their own group,
+    capped at the lab's origin quota, so that what serving N nodes costs an origin is
+    counted apart from the nodes and from the other origins."""
+    lab, _, _ = lab
+    hdfs = lab.cluster.status()
+    pids = {"namenode": hdfs.namenode_pid, "datanode-0": hdfs.datanodes[0].pid,
+            **{rec.role: rec.pid for rec in lab.state.processes
+               if rec.role in ("registry", "index")}}
+    assert sorted(pids) == sorted(lab.spec.origin_roles())
+    for role, pid in pids.items():
+        assert pid and "/" + lab.spec.origin_cgroup(role) in _cgroups_of(pid), role
+        assert _quota_cores(lab, lab.spec.origin_cgroup(role)) == ORIGIN_CPU, role
+    assert _quota_cores(lab, lab.spec.node_cgroup(0)) is None  # the nodes': none here
+    before = lab.origin_cpu_s()
+    url = lab.spec.store_url()
+    _in_node(lab, 0, "import os, sys; from bootseer.store import open_store; "
+             "s = open_store(sys.argv[1]); s.put('cpu', os.urandom(4 << 20)); s.get('cpu')",
+             url)
+    after = lab.origin_cpu_s()
+    assert after["datanode-0"] > before["datanode-0"]  # the write and the read, its own
+    assert after["registry"] - before["registry"] < 0.05  # idle meanwhile
+
+
 def test_a_node_gets_its_cpu_quota_and_no_more(lab) -> None:
     lab, _, _ = lab
     group = lab.spec.node_cgroup(1)
@@ -414,7 +453,8 @@ def test_status_reports_caps_agents_and_scale_down(lab) -> None:
     assert "1/125 of a 25 Gb/s production NIC" in text and "sch_netem" in text
     assert [m.agent_up for m in st.members if m.role.startswith("node-")] == [True, True]
     assert all(m.cpu_s for m in st.members if m.role.startswith("node-"))  # counted
-    assert "node CPU  : no quota" in text
+    assert f"node CPU  : no quota; origin CPU: {ORIGIN_CPU:g} cores each" in text
+    assert all(m.cpu_s for m in st.members if m.role in ("namenode", "datanode-0"))
 
 
 def test_down_leaves_nothing_even_after_a_node_process_was_killed(lab) -> None:

@@ -1,7 +1,7 @@
 """Bring a real Apache Hadoop 2.7.3 HDFS cluster up and down on 127.0.0.1.
 
 (Or on other addresses, each server in a network namespace of its own, as the fleet lab
-places it: ClusterSpec.namenode_host, datanode_hosts and netns.)
+places it: ClusterSpec.namenode_host, datanode_hosts, netns and cgroups.)
 
 One NameNode and N DataNodes, each a JVM in its own process group with its log in the state
 dir. "Up" means what a client needs: the NameNode answers JMX and counts N live DataNodes.
@@ -29,6 +29,7 @@ from pathlib import Path
 from bootseer.filelock import file_lock
 
 from .. import netns
+from ..cgroups import Hierarchies
 from . import linkcap
 from .config import datanode_overrides, write_configs
 from .jars import ensure_jars, server_classpath
@@ -213,8 +214,15 @@ class Cluster:
         name = self.spec.netns.get(role)
         return netns.enter_argv(name) if name else []
 
+    def _placed(self, role: str) -> list[str]:
+        """The prefix that starts server `role` in its cgroup (if any), then its network
+        namespace: what the JVM starts is counted in the group too."""
+        group = self.spec.cgroups.get(role)
+        return [*(Hierarchies.find().enter_argv(group) if group else []),
+                *self._in_netns(role)]
+
     def _launch(self, role: str, main: str, args: list[str], heap_mb: int) -> ProcessRecord:
-        rec = launch(role, self._in_netns(role) + self._java(role, main, args, heap_mb),
+        rec = launch(role, self._placed(role) + self._java(role, main, args, heap_mb),
                      self.log_path(role),
                      marker_for(self.state_dir, role), env=self._server_env())
         rec.save(self.pid_dir)

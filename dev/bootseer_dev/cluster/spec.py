@@ -58,10 +58,13 @@ class ClusterSpec:
     start_timeout_s: float = 90.0
     #: Where the servers listen: loopback by default. The fleet lab gives each server an
     #: address of its own (`datanode_hosts`, one per DataNode) and runs it in a network
-    #: namespace of its own (`netns`: role, e.g. "namenode" or "datanode-0", -> name).
+    #: namespace of its own (`netns`: role, e.g. "namenode" or "datanode-0", -> name),
+    #: and in a cgroup of its own (`cgroups`: role -> group, made by the caller), so that
+    #: its CPU is counted and capped apart (:mod:`bootseer_dev.cgroups`).
     namenode_host: str = "127.0.0.1"
     datanode_hosts: list[str] = field(default_factory=list)
     netns: dict[str, str] = field(default_factory=dict)
+    cgroups: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).absolute()

@@ -14,10 +14,10 @@ from pathlib import Path
 import click
 
 from bootseer_dev import log_to_stderr
+from bootseer_dev.cgroups import CgroupError
 from bootseer_dev.cluster import ClusterError, LinkCapError, parse_link, parse_size
 from bootseer_dev.netns import NetnsError
 
-from .cgroups import CgroupError
 from .lab import Lab, LabError
 from .nodes import AgentStartError
 from .origins import OriginStartError
@@ -72,10 +72,13 @@ def main(verbose: bool) -> None:
 @click.option("--node-cpu", type=float, default=None,
               help="Each node's CPU quota in cores (its cgroup's), the same at every lab "
                    "size. Default: no quota (each node's CPU is still counted).")
+@click.option("--origin-cpu", type=float, default=None,
+              help="Each origin's CPU quota in cores (the NameNode, each DataNode, the "
+                   "registry, the index: a cgroup each). Default: no quota (counted).")
 @click.option("--timeout", type=float, default=120.0, show_default=True,
               help="Seconds HDFS and the agents may take to come up.")
 def up(state_dir, nodes, datanodes, node_link, datanode_link, origins, origin_link, store,
-       name, hdfs_base_port, block_size, engines, p2p, node_cpu, timeout) -> None:
+       name, hdfs_base_port, block_size, engines, p2p, node_cpu, origin_cpu, timeout) -> None:
     """Build the lab and start its HDFS and agents (a failure takes down what was made)."""
     try:
         spec = LabSpec(nodes=nodes, datanodes=datanodes, node_link=parse_link(node_link),
@@ -83,7 +86,8 @@ def up(state_dir, nodes, datanodes, node_link, datanode_link, origins, origin_li
                        origin_link=parse_link(origin_link), name=name,
                        state_dir=state_dir or default_state_dir(),
                        hdfs_base_port=hdfs_base_port, block_size=parse_size(block_size),
-                       store=store, engines=engines, p2p=p2p, node_cpu=node_cpu)
+                       store=store, engines=engines, p2p=p2p, node_cpu=node_cpu,
+                       origin_cpu=origin_cpu)
         lab = Lab(spec)
         lab.up(timeout_s=timeout)
     except _ERRORS as exc:

@@ -1,9 +1,10 @@
 """A lab of N emulated GPU nodes and an HDFS dev cluster on one machine: up, status, down.
 
 `up` builds the network (`topology`), caps every node's, DataNode's and origin's link
-both ways (`shaping`), makes each node's cgroup (`cgroups`: its CPU counted apart, capped
-with ``node_cpu``), starts the dev cluster's NameNode and DataNodes each in its
-namespace on its lab address (`bootseer_dev.cluster` placed by ClusterSpec.netns), the
+both ways (`shaping`), makes a cgroup for each node and each origin (`bootseer_dev.cgroups`:
+its CPU counted apart, capped with ``node_cpu`` or ``origin_cpu``), starts the dev
+cluster's NameNode and DataNodes each in its namespace and group on its lab address
+(`bootseer_dev.cluster`, placed by ClusterSpec.netns and ClusterSpec.cgroups), the
 registry and the wheel index (`origins`), then one node agent per node (`nodes`).
 Everything is recorded in the state dir as it is made (`state`); a failure half-way takes
 down what was made. `down` removes exactly what the record names, plus whatever process
@@ -24,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bootseer_dev import netns
+from bootseer_dev.cgroups import Hierarchies
 from bootseer_dev.cluster import Cluster, ClusterSpec, ClusterStatus
 from bootseer_dev.cluster.process import ProcessRecord, is_alive_and_ours, terminate
 from bootseer_dev.cluster.units import format_rate
 
 from . import shaping, topology
-from .cgroups import Hierarchies
 from .nodes import NodeFiles, agent_env, agent_health, on_node, start_agents, start_engines
 from .origins import start_origins
 from .spec import LabSpec, Member
@@ -62,7 +63,7 @@ class MemberStatus:
     received: int | None = None   # bytes through its ingress cap (the switch end)
     agent_pid: int | None = None
     agent_up: bool | None = None  # answers /v1/health with its pid
-    cpu_s: float | None = None    # CPU-seconds of every process of the node so far
+    cpu_s: float | None = None    # CPU-seconds of every process of the member so far
 
 
 @dataclass
@@ -75,6 +76,7 @@ class LabStatus:
     origins: str                  # "registry ADDR, index URL" or "none"
     scale_down: str
     node_cpu: str = "no quota"    # each node's cgroup quota
+    origin_cpu: str = "no quota"  # each origin's
     members: list[MemberStatus] = field(default_factory=list)
     hdfs: ClusterStatus | None = None
 
@@ -89,7 +91,7 @@ class LabStatus:
                  f"store     : {self.store}",
                  f"origins   : {self.origins}",
                  f"scale-down: {self.scale_down}",
-                 f"node CPU  : {self.node_cpu}",
+                 f"node CPU  : {self.node_cpu}; origin CPU: {self.origin_cpu}",
                  "no latency: this kernel lacks sch_netem; links are rate caps only"]
         for m in self.members:
             traffic = ("" if m.sent is None else
@@ -112,6 +114,10 @@ def _mounts_under(root: Path) -> list[str]:
         if point == str(root) or point.startswith(f"{root}/"):
             points.append(point)
     return sorted(points, key=len, reverse=True)
+
+
+def _quota(cores: float | None) -> str:
+    return "no quota" if cores is None else f"{cores:g} cores each (cgroup quota)"
 
 
 def _end(pids: list[int], sig: int, grace_s: float) -> list[int]:
@@ -165,7 +171,8 @@ class Lab:
             block_size=spec.block_size, namenode_heap_mb=HDFS_HEAP_MB,
             datanode_heap_mb=HDFS_HEAP_MB, namenode_host=nn.address,
             datanode_hosts=[d.address for d in dns],
-            netns={m.role: m.netns for m in [nn, *dns]}))
+            netns={m.role: m.netns for m in [nn, *dns]},
+            cgroups={m.role: spec.origin_cgroup(m.role) for m in [nn, *dns]}))
 
     def client_env(self) -> dict[str, str]:
         """What a store client needs in its environment (hdfs:// stores: the site files)."""
@@ -192,6 +199,13 @@ class Lab:
         run on it) have used since `up`, node by node."""
         cgroups = self.cgroups
         return [cgroups.usage_s(self.spec.node_cgroup(i)) for i in range(self.spec.nodes)]
+
+    def origin_cpu_s(self) -> dict[str, float]:
+        """CPU-seconds each origin's server (NameNode, DataNodes, registry, index) has used
+        since `up`, by role."""
+        cgroups = self.cgroups
+        return {role: cgroups.usage_s(self.spec.origin_cgroup(role))
+                for role in self.spec.origin_roles()}
 
     def member(self, role: str) -> Member:
         for m in self.spec.members():
@@ -267,6 +281,8 @@ class Lab:
             self.state.add(self.state.cgroups, self.spec.cgroup)
             for i in range(self.spec.nodes):
                 cgroups.create(self.spec.node_cgroup(i), self.spec.node_cpu)
+            for role in self.spec.origin_roles():
+                cgroups.create(self.spec.origin_cgroup(role), self.spec.origin_cpu)
             for member in self.spec.members():
                 if member.cap:
                     for iface in self.ifaces(member):
@@ -337,8 +353,8 @@ class Lab:
                        store=self.spec.store_url(), scale_down=self.spec.scale_down(),
                        origins=(f"registry {self.spec.registry_address}, index "
                                 f"{self.spec.index_url}" if self.spec.origins else "none"),
-                       node_cpu=("no quota" if self.spec.node_cpu is None else
-                                 f"{self.spec.node_cpu:g} cores each (cgroup quota)"))
+                       node_cpu=_quota(self.spec.node_cpu),
+                       origin_cpu=_quota(self.spec.origin_cpu))
         agents = {rec.role: rec for rec in self.state.processes}
         for member in self.spec.members():
             ms = MemberStatus(role=member.role, netns=member.netns, address=member.address,
@@ -346,15 +362,18 @@ class Lab:
                               present=netns.exists(member.netns))
             if ms.present and member.cap:
                 ms.sent, ms.received = self.link_bytes(member.role)
-            if member.role.startswith("node-"):
+            node = member.role.startswith("node-")
+            if node:
                 i = int(member.role.split("-")[1])
                 rec = agents.get(f"agent-n{i}")
                 ms.agent_pid = rec.pid if rec else None
                 health = agent_health(self.node_files(i)) if rec and is_alive_and_ours(rec) \
                     else None
                 ms.agent_up = bool(health and health.get("pid") == rec.pid)
-                if self.spec.cgroup in self.state.cgroups:
-                    ms.cpu_s = round(self.cgroups.usage_s(self.spec.node_cgroup(i)), 2)
+            if self.spec.cgroup in self.state.cgroups:
+                group = self.spec.node_cgroup(i) if node else \
+                    self.spec.origin_cgroup(member.role)
+                ms.cpu_s = round(self.cgroups.usage_s(group), 2)
             st.members.append(ms)
         cluster = self.cluster
         if cluster and (cluster.state_dir / "spec.json").is_file() and \

@@ -7,7 +7,7 @@ log. The agent is started in the node's network namespace only (`netns.enter_arg
 store traffic leaves through the node's capped link, while its FUSE mounts stay in the
 host's mount namespace, where `bootseer-runtime` and runc, started with the node's
 config, find them as on a production node. Everything of a node (agent, engine and its
-containers, commands run on it) is in the node's cgroup (:mod:`.cgroups`): its CPU is
+containers, commands run on it) is in the node's cgroup (:mod:`bootseer_dev.cgroups`): its CPU is
 counted apart, and capped with ``node_cpu``.
 """
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bootseer_dev import netns
+from bootseer_dev.cgroups import Hierarchies
 from bootseer_dev.cluster.process import ProcessRecord, launch, log_tail, why_not_running
 
-from .cgroups import Hierarchies
 from .spec import LAB_NET, METRICS_PORT, P2P_PORT, LabSpec
 from .state import LabState
 

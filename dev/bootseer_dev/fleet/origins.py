@@ -2,7 +2,8 @@
 
 A baseline start pulls its image from a registry and installs its requirements from a
 package index; in the lab both sit behind capped links of their own, like the DataNodes,
-so that what they serve to N nodes at once is measured, not assumed.
+so that what they serve to N nodes at once is measured, not assumed; and each runs in a
+cgroup of its own (``LabSpec.origin_cgroup``), its CPU counted and capped apart.
 
 * registry: Debian's ``docker-registry`` (distribution 2.8) with a filesystem store in
   ``STATE/registry/data``, plain HTTP on ``spec.registry_address`` (push with
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 from bootseer_dev import netns
+from bootseer_dev.cgroups import Hierarchies
 from bootseer_dev.cluster.process import ProcessRecord, launch, log_tail, why_not_running
 from bootseer_dev.engines import registry_config
 
@@ -62,7 +64,9 @@ def start_origins(spec: LabSpec, state: LabState, timeout_s: float = 60.0) -> No
                "--directory", str(index_dir(spec)), str(INDEX_PORT)])]
     started: list[tuple[Member, int, ProcessRecord]] = []
     for member, port, log, marker, argv in plans:
-        rec = launch(member.role, [*netns.enter_argv(member.netns), *argv], log, marker)
+        group = Hierarchies.find().enter_argv(spec.origin_cgroup(member.role))
+        rec = launch(member.role, [*group, *netns.enter_argv(member.netns), *argv], log,
+                     marker)
         state.add(state.processes, rec)
         started.append((member, port, rec))
     deadline = time.monotonic() + timeout_s

@@ -80,8 +80,11 @@ class LabSpec:
     p2p: bool = False        # agents with peer-to-peer on, listening on P2P_PORT
     seed_after_start: float = 30.0  # their p2p.seed_after_start
     #: Each node's CPU quota in cores (its cgroup's), the same at every lab size; None:
-    #: no quota (a node's CPU is still counted apart: :mod:`.cgroups`).
+    #: no quota (a node's CPU is still counted apart: :mod:`bootseer_dev.cgroups`).
     node_cpu: float | None = None
+    #: Each origin's CPU quota in cores (the NameNode, each DataNode, the registry and the
+    #: index: a cgroup each); None: no quota (their CPU is still counted apart).
+    origin_cpu: float | None = None
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).absolute()
@@ -95,8 +98,9 @@ class LabSpec:
         if not self.name.isalnum() or len(self.name) > 8:
             raise LabSpecError(f"lab name {self.name!r}: 1-8 letters or digits (it prefixes "
                                "namespace names)")
-        if self.node_cpu is not None and not 0.01 <= self.node_cpu <= 1024:
-            raise LabSpecError("--node-cpu must be in 0.01..1024 cores")
+        for name, cores in (("--node-cpu", self.node_cpu), ("--origin-cpu", self.origin_cpu)):
+            if cores is not None and not 0.01 <= cores <= 1024:
+                raise LabSpecError(f"{name} must be in 0.01..1024 cores")
         for cap in (self.node_link, self.datanode_link, self.origin_link):
             if cap.delay_s:
                 raise LabSpecError("a link delay needs sch_netem, which this kernel lacks: "
@@ -117,12 +121,22 @@ class LabSpec:
 
     @property
     def cgroup(self) -> str:
-        """The lab's cgroup (below each hierarchy's root), holding one group per node."""
+        """The lab's cgroup (below each hierarchy's root), holding one group per node and
+        one per origin."""
         return f"bsl-{self.name}"
 
     def node_cgroup(self, i: int) -> str:
-        """Node i's cgroup: every process of the node (:mod:`.cgroups`)."""
+        """Node i's cgroup: every process of the node (:mod:`bootseer_dev.cgroups`)."""
         return f"{self.cgroup}/n{i}"
+
+    def origin_cgroup(self, role: str) -> str:
+        """The cgroup of origin ``role`` (the NameNode, a DataNode, the registry, the
+        index): its server's processes."""
+        return f"{self.cgroup}/{role}"
+
+    def origin_roles(self) -> list[str]:
+        """The lab's origins: its HDFS servers, then the registry and the index."""
+        return [m.role for m in self.members() if not m.role.startswith("node-")]
 
     def node(self, i: int) -> Member:
         return Member(f"node-{i}", f"bsl-{self.name}-n{i}", str(_NODES + i + 1), f"n{i}",

@@ -1,12 +1,15 @@
-"""Each lab node's CPU: a cgroup per node holding every process of the node, an optional
-CPU quota on it, and the CPU-seconds it used.
+"""CPU accounting and quotas for the dev tools' processes: a cgroup per lab node or
+server, an optional CPU quota on it, and the CPU-seconds it used.
 
-In production every node has CPUs of its own; in the lab all nodes share this machine's,
-so what a node costs is only known if its processes are counted apart. A node's cgroup
-holds its agent (and the servers the agent starts), its Docker engine (and, through the
-engine's ``cgroup-parent``, its containers) and the commands run "on" the node
-(:meth:`bootseer_dev.fleet.Lab.run`). Processes enter at exec time, through
-:meth:`Hierarchies.enter_argv`, so that everything they start is inside too.
+In production every node has CPUs of its own, and so does every origin (a DataNode, the
+registry); in the fleet lab they all share this machine's, so what each one costs is only
+known if its processes are counted apart, and a cost is only the production one if each
+gets the same CPU at every lab size. A node's cgroup holds its agent (and the servers the
+agent starts), its Docker engine (and, through the engine's ``cgroup-parent``, its
+containers) and the commands run "on" the node (:meth:`bootseer_dev.fleet.Lab.run`); an
+origin's holds its server (the dev cluster's JVMs: ``ClusterSpec.cgroups``). Processes
+enter at exec time, through :meth:`Hierarchies.enter_argv`, so that everything they
+start is inside too.
 
 Both cgroup layouts are handled: v2 (one hierarchy with the ``cpu`` controller:
 ``cpu.max``, ``cpu.stat``'s ``usage_usec``) and v1 (the ``cpu`` hierarchy for the quota,
