@@ -61,16 +61,17 @@ slowest node's phases, the bytes every origin sent (tc's counters on its capped 
 each DataNode, the registry, the index) and their max/mean, the fan-out factor (origin
 bytes / the same case's N = 1 origin bytes), the CPU-seconds each node used (its
 cgroup's: :mod:`bootseer_dev.cgroups`), each origin's CPU and link use against its quota
-and cap (:class:`OriginMeter`: which of the two bounds it) and the machine's CPU busy
-fraction. ``--node-cpu`` and ``--origin-cpu`` put every node and every origin under a
-CPU quota of its own, the same at every N. The fleet simulator (``bootseer_dev.fleetsim``)
-is calibrated from the N = 1 runs, validated against every N and extrapolated to
-production scale (its section of the JSON, and a PNG).
+and cap (:class:`LabMeter`: which of the two bounds it) and the machine's CPU busy
+fraction. ``--node-cpu`` puts every node under a CPU quota of its own during the timed
+starts, and ``--origin-cpu`` every origin throughout, the same at every N. The fleet
+simulator (``bootseer_dev.fleetsim``) is calibrated from the N = 1 runs, validated against
+every N and extrapolated to production scale (its section of the JSON, and a PNG).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -85,7 +86,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,12 +137,16 @@ METER_S = 0.5
 METER_WINDOW_S = 2.0
 ORIGINS_NOTE = ("each origin's CPU (its cgroup's: cpu_s, cores_mean over the case, "
                 "cores_peak over 2 s windows) against its quota (quota_cores, null: none), "
-                "and for those on a capped link the bytes it sent (sent_bytes) and their "
+                "and for those on a capped link the bytes it sent (sent_bytes: its switch "
+                "port's counter, frames and all; origin_bytes is tc's) and their "
                 "share of the cap (link_mean, link_peak): an origin near its cap and far from "
                 "its quota is bound by its link, not its CPU")
-NODE_CPU_NOTE = ("CPU-seconds per node during a case's starts (t0 to the last node ready), "
+NODE_CPU_NOTE = ("CPU-seconds per node during a case's starts (t0 to the last node ready; "
+                 "the only time node_cpu_quota_cores, if any, applies), "
                  "from each node's cgroup: its agent and servers, its Docker engine and "
-                 "containers, the commands run on it; medians over the case's nodes")
+                 "containers, the commands run on it; medians over the case's nodes. Each "
+                 "node's 'phases': its CPU-seconds and the bytes its port received in each "
+                 "phase of its start (samples every 0.5 s, read at its marks)")
 #: Seconds over which the machine's CPU busy fraction is read just before t0; a run
 #: starts once it is at most QUIET_BUSY, or after QUIET_WAIT_S.
 IDLE_PROBE_S = 2.0
@@ -186,27 +191,39 @@ class NodeRun:
         return max(self.marks["ready"], self.marks.get("warm", 0.0))
 
 
-class OriginMeter:
-    """Each origin's CPU (its cgroup's) and the bytes it sent (its link's cap), sampled
-    every :data:`METER_S` from t0 until the last node is ready: what bounds an origin,
-    its quota or its link, shows as which one it came near (their peaks over
-    :data:`METER_WINDOW_S`, and the means over the case)."""
+@dataclass(frozen=True)
+class Sample:
+    """The lab at one instant: CPU-seconds of each member's cgroup, and the (sent,
+    received) bytes of its switch port, so far."""
 
-    def __init__(self, lab: Lab, capped: list[str]) -> None:
-        self.lab, self.capped = lab, capped
-        self.samples: list[tuple[float, dict[str, float], dict[str, int]]] = []
+    t: float
+    cpu: dict[str, float]
+    ports: dict[str, tuple[int, int]]
+
+
+class LabMeter:
+    """Every origin's and node's CPU (their cgroups') and bytes (the switch's counters),
+    sampled every :data:`METER_S` from t0 until the last node is ready: what bounds an
+    origin, its quota or its link (which of the two it came near: peaks over
+    :data:`METER_WINDOW_S`, means over the case), and what each node spent, in CPU and
+    bytes, in each phase of its start (between its marks)."""
+
+    def __init__(self, lab: Lab, n: int) -> None:
+        self.lab, self.n = lab, n
+        self.samples: list[Sample] = []
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="origin-meter", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="lab-meter", daemon=True)
 
     def _sample(self) -> None:
-        self.samples.append((time.monotonic(), self.lab.origin_cpu_s(),
-                             {role: self.lab.link_bytes(role)[0] for role in self.capped}))
+        nodes = self.lab.node_cpu_s()
+        cpu = {**self.lab.origin_cpu_s(), **{f"node-{i}": nodes[i] for i in range(self.n)}}
+        self.samples.append(Sample(time.time(), cpu, self.lab.port_bytes()))
 
     def _run(self) -> None:
         while not self._done.wait(METER_S):
             self._sample()
 
-    def __enter__(self) -> OriginMeter:
+    def __enter__(self) -> LabMeter:
         self._sample()
         self._thread.start()
         return self
@@ -216,31 +233,99 @@ class OriginMeter:
         self._thread.join()
         self._sample()
 
-    def report(self, spec: LabSpec) -> dict[str, dict[str, float | None]]:
-        """Per origin: CPU-seconds, mean and peak cores, and (capped ones) bytes sent and
-        the mean and peak share of the link's cap."""
-        t0, cpu0, sent0 = self.samples[0]
-        t1, cpu1, sent1 = self.samples[-1]
-        wall = max(t1 - t0, 1e-9)
+    def _at(self, t: float, value: Callable[[Sample], float]) -> float:
+        """``value`` at time t, linear between the samples around it."""
+        samples = self.samples
+        if t <= samples[0].t:
+            return value(samples[0])
+        for a, b in zip(samples, samples[1:]):
+            if t <= b.t:
+                share = (t - a.t) / (b.t - a.t) if b.t > a.t else 1.0
+                return value(a) + (value(b) - value(a)) * share
+        return value(samples[-1])
+
+    def origins(self, spec: LabSpec) -> dict[str, dict[str, float | None]]:
+        """Per origin: CPU-seconds, mean and peak cores against its quota; for one on a
+        capped link, the bytes it sent and their mean and peak share of the cap."""
+        first, last = self.samples[0], self.samples[-1]
+        wall = max(last.t - first.t, 1e-9)
         step = max(1, round(METER_WINDOW_S / METER_S))
-        windows = list(zip(self.samples, self.samples[step:])) or [(self.samples[0],
-                                                                    self.samples[-1])]
+        windows = list(zip(self.samples, self.samples[step:])) or [(first, last)]
         out: dict[str, dict[str, float | None]] = {}
-        for role in cpu0:
-            used = cpu1[role] - cpu0[role]
-            peak_cores = max((b[1][role] - a[1][role]) / (b[0] - a[0]) for a, b in windows)
+        for member in spec.members():
+            role = member.role
+            if role.startswith("node-"):
+                continue
+            used = last.cpu[role] - first.cpu[role]
             row: dict[str, float | None] = {
                 "cpu_s": round(used, 3), "cores_mean": round(used / wall, 3),
-                "cores_peak": round(peak_cores, 3), "quota_cores": spec.origin_cpu}
-            if role in sent0:
-                cap = (spec.datanode_link if role.startswith("datanode") else
-                       spec.origin_link).rate_bytes_per_s
-                peak_rate = max((b[2][role] - a[2][role]) / (b[0] - a[0]) for a, b in windows)
-                row.update(sent_bytes=sent1[role] - sent0[role],
-                           link_mean=round((sent1[role] - sent0[role]) / wall / cap, 3),
-                           link_peak=round(peak_rate / cap, 3))
+                "cores_peak": round(max((b.cpu[role] - a.cpu[role]) / (b.t - a.t)
+                                        for a, b in windows), 3),
+                "quota_cores": spec.origin_cpu}
+            if member.cap:
+                cap = member.cap.rate_bytes_per_s
+                sent = last.ports[role][0] - first.ports[role][0]
+                peak = max((b.ports[role][0] - a.ports[role][0]) / (b.t - a.t)
+                           for a, b in windows)
+                row.update(sent_bytes=sent, link_mean=round(sent / wall / cap, 3),
+                           link_peak=round(peak / cap, 3))
             out[role] = row
         return out
+
+    def node_phases(self, i: int, t0: float, marks: dict[str, float]
+                    ) -> dict[str, dict[str, float]]:
+        """Node i's CPU-seconds and received bytes in each phase of its start (as
+        :func:`phases` names them), read off the samples at its marks."""
+        role = f"node-{i}"
+
+        def cpu(sample: Sample) -> float:
+            return sample.cpu[role]
+
+        def received(sample: Sample) -> float:
+            return sample.ports[role][1]
+
+        out, last = {}, 0.0
+        for name, duration in phases(marks).items():
+            start, end = t0 + last, t0 + last + duration
+            out[name] = {"cpu_s": round(self._at(end, cpu) - self._at(start, cpu), 3),
+                         "received_bytes": round(self._at(end, received)
+                                                 - self._at(start, received))}
+            last += duration
+        return out
+
+
+#: A point's figures taken from its median run (by time-to-ready) rather than as medians
+#: over its runs: they describe one run's nodes, and medians of them would describe none.
+FROM_MEDIAN_RUN = ("nodes", "slowest_node", "slowest_phases_s")
+
+
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One point (a case at one N) from its repeated runs: every figure the median over the
+    runs, those of :data:`FROM_MEDIAN_RUN` from the median run; ``runs`` keeps each run's
+    headline figures, and ``ready_max_spread`` their spread ((max - min) / median)."""
+    ordered = sorted(runs, key=lambda r: r["ready_s"]["max"])
+    middle = ordered[(len(ordered) - 1) // 2]
+    point = {key: middle[key] if key in FROM_MEDIAN_RUN else
+             _median_of([r.get(key) for r in runs], middle[key]) for key in middle}
+    tops = [r["ready_s"]["max"] for r in runs]
+    point["runs"] = [{"ready_s": r["ready_s"], "node_cpu_s": r["node_cpu_s"],
+                      "origin_bytes_total": r["origin_bytes_total"],
+                      "cpu_busy": r["cpu_busy"]} for r in runs]
+    point["ready_max_spread"] = round((max(tops) - min(tops)) / statistics.median(tops), 3)
+    return point
+
+
+def _median_of(values: list[Any], model: Any) -> Any:
+    """The median of numbers, key by key for dicts that share their keys; else ``model``
+    (the median run's)."""
+    if values and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                      for v in values):
+        middle = statistics.median(values)
+        return int(middle) if all(isinstance(v, int) for v in values) and \
+            middle == int(middle) else round(middle, 3)
+    if values and all(isinstance(v, dict) and v.keys() == model.keys() for v in values):
+        return {k: _median_of([v[k] for v in values], model[k]) for k in model}
+    return model
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -267,8 +352,7 @@ class Bench:
                             datanode_link=parse_link(args.datanode_link),
                             origin_link=parse_link(args.origin_link), name="rst",
                             state_dir=Path(args.state_dir), hdfs_base_port=args.hdfs_base_port,
-                            engines=True, p2p=True, node_cpu=args.node_cpu,
-                            origin_cpu=args.origin_cpu)
+                            engines=True, p2p=True, origin_cpu=args.origin_cpu)
         self.lab = Lab(self.spec)
         self.job = self.spec.state_dir / "job"
         self.env_root = self.job / "envroot"        # every node's environment is here...
@@ -415,11 +499,26 @@ class Bench:
                 self.info.setdefault("warm", {})[n] = json.loads(results[0].stdout)
         drop_page_cache()
 
+    @contextlib.contextmanager
+    def node_budget(self, n: int) -> Iterator[None]:
+        """``--node-cpu`` on the n nodes' cgroups for the timed starts only: the setup, the
+        preparation and the warms before t0 are untimed, and would take minutes at a
+        production node's share of this machine."""
+        groups = [self.spec.node_cgroup(i) for i in range(n)]
+        for group in groups:
+            self.lab.cgroups.set_quota(group, self.args.node_cpu)
+        try:
+            yield
+        finally:
+            for group in groups:
+                self.lab.cgroups.set_quota(group, None)
+
     def origin_bytes(self) -> dict[str, int]:
         roles = [self.spec.datanode(j).role for j in range(self.spec.datanodes)]
         return {role: self.lab.link_bytes(role)[0] for role in [*roles, "registry", "index"]}
 
-    def run_case(self, case: str, n: int, key: str) -> dict[str, Any]:
+    def run_case(self, case: str, n: int, key: str, budget: bool = True) -> dict[str, Any]:
+        """One timed start of ``case`` on n cold nodes; ``budget``: under ``--node-cpu``."""
         self.prepare(case, n, key)
         # The lab's own load at rest (agents, engines, HDFS): wait for what the preparation
         # set going (restarted agents and their spares, an engine deleting an image) to settle.
@@ -431,7 +530,8 @@ class Bench:
             if idle <= QUIET_BUSY or time.monotonic() > deadline:
                 break
         before, cpu0, node_cpu0 = self.origin_bytes(), cpu_times(), self.lab.node_cpu_s()
-        with OriginMeter(self.lab, list(before)) as origins:
+        with (self.node_budget(n) if budget else contextlib.nullcontext()), \
+                LabMeter(self.lab, n) as meter:
             t0 = time.time()
             runs = parallel(list(range(n)), lambda i: self.node_start(i, case, n, key, t0))
             wall = time.time() - t0
@@ -453,6 +553,7 @@ class Bench:
             "slowest_node": slowest.node,
             "slowest_phases_s": phases(slowest.marks),
             "nodes": [{"node": r.node, "marks": r.marks, "cpu_s": round(node_cpu[r.node], 3),
+                       "phases": meter.node_phases(r.node, t0, r.marks),
                        **({"warm_parts": r.warm_parts} if r.warm_parts else {})}
                       for r in runs],
             "node_cpu_s": {"p50": round(statistics.median(node_cpu), 3),
@@ -464,7 +565,7 @@ class Bench:
             "origin_bytes_total": sum(served.values()),
             "datanode_max_over_mean": round(max(dns) / statistics.mean(dns), 3)
             if dns and statistics.mean(dns) > 0 else None,
-            "origins": origins.report(self.spec),
+            "origins": meter.origins(self.spec),
             "cpu_busy": round(busy_fraction(cpu0, cpu1), 3),
             "cpu_busy_idle": round(idle, 3),
             "wall_s": round(wall, 3),
@@ -601,28 +702,37 @@ class Bench:
             # one-time costs (JIT, first connections) that no later restart pays.
             key = self.env_key()
             for case in ("baseline", "bootseer_cold"):
-                self.run_case(case, 1, key)
-            cases: dict[str, dict[int, Any]] = {c: {} for c in self.cases}
+                self.run_case(case, 1, key, budget=False)
+            repeats: dict[str, dict[int, list[Any]]] = {c: {} for c in self.cases}
             for n in self.sizes:
-                self.round = f"n{n}"
-                key = self.env_key()
-                for case in self.cases:
-                    if case == "bootseer_fanout":
-                        continue
-                    cases[case][n] = self.run_case(case, n, key)
-                if "bootseer_fanout" in self.cases and n == max(self.sizes):
-                    setup["fanout"] = fanned = self.fan_out(n, key)
-                    try:
-                        cases["bootseer_fanout"][n] = self.run_case("bootseer_fanout", n, key)
-                    finally:
-                        if fanned["objects_changed"]:
-                            self.checked(self.lab.run(0, self.bootseer(
-                                "job", "restore", f"restart-{self.round}")), "job restore")
+                for k in range(self.args.repeats):
+                    # A round per repeat: its own snapshot key and workload, so that each
+                    # repeat's first start is cold again.
+                    self.round = f"n{n}r{k + 1}"
+                    for case, result in self.run_round(n, setup).items():
+                        repeats[case].setdefault(n, []).append(result)
+            cases = {case: {n: combine(runs) for n, runs in by_n.items()}
+                     for case, by_n in repeats.items()}
         finally:
             self.lab.down()
             if not self.args.keep_state:  # the engines' images, the caches, HDFS's blocks
                 shutil.rmtree(self.spec.state_dir, ignore_errors=True)
         return self.result(recording, setup, cases)
+
+    def run_round(self, n: int, setup: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Every case once on n nodes, in order, under this round's key."""
+        key = self.env_key()
+        out = {case: self.run_case(case, n, key) for case in self.cases
+               if case != "bootseer_fanout"}
+        if "bootseer_fanout" in self.cases and n == max(self.sizes):
+            setup["fanout"] = fanned = self.fan_out(n, key)
+            try:
+                out["bootseer_fanout"] = self.run_case("bootseer_fanout", n, key)
+            finally:
+                if fanned["objects_changed"]:
+                    self.checked(self.lab.run(0, self.bootseer(
+                        "job", "restore", f"restart-{self.round}")), "job restore")
+        return out
 
     def result(self, recording: Recording, setup: dict[str, Any],
                cases: dict[str, dict[int, Any]]) -> dict[str, Any]:
@@ -667,7 +777,7 @@ class Bench:
             return round(a / b, 3) if a is not None and b else None
 
         result: dict[str, Any] = {
-            **recording.header(runs=1, caps={
+            **recording.header(runs=self.args.repeats, caps={
                 "text": f"nodes {spec.node_link}, {spec.datanodes} DataNodes at "
                         f"{spec.datanode_link} each, registry and index {spec.origin_link} "
                         "each, both directions (tc htb)",
@@ -684,6 +794,10 @@ class Bench:
             "p2p_origin_bytes_over_node_bytes_n16":
                 cases.get("bootseer_p2p", {}).get(top, {}).get("fanout_factor"),
             "p2p_ready_n16_over_n1": ratio(ready("bootseer_p2p", top), ready("bootseer_p2p", 1)),
+            "prestaged_ready_n16_over_n1": ratio(ready("bootseer_prestaged", top),
+                                                 ready("bootseer_prestaged", 1)),
+            "cold_ready_n16_over_n1": ratio(ready("bootseer_cold", top),
+                                            ready("bootseer_cold", 1)),
             "p2p_p99_over_p50_n16": ratio(ready("bootseer_p2p", top, "p99"),
                                            ready("bootseer_p2p", top, "p50")),
             "datanode_max_over_mean_n16":
@@ -708,7 +822,7 @@ class Bench:
                 node_cpu("bootseer_prestaged_env_extracted").items()
                 if (mounted := node_cpu("bootseer_prestaged").get(n)) is not None},
             "node_cpu_note": NODE_CPU_NOTE,
-            "node_cpu_quota_cores": spec.node_cpu,
+            "node_cpu_quota_cores": self.args.node_cpu,
             "origin_cpu_quota_cores": spec.origin_cpu,
             "origins_note": ORIGINS_NOTE,
             "largest_n": top,
@@ -802,19 +916,21 @@ def table_rows(cases: dict[str, dict[int, Any]]) -> list[dict[str, Any]]:
                          "fanout_factor": r.get("fanout_factor"),
                          "datanode_max_over_mean": r["datanode_max_over_mean"],
                          "node_cpu_s": r["node_cpu_s"]["p50"],
-                         "cpu_busy": r["cpu_busy"]})
+                         "cpu_busy": r["cpu_busy"],
+                         "max_spread": r.get("ready_max_spread")})
     return rows
 
 
 def format_table(result: dict[str, Any]) -> str:
     lines = [f"{'case':20s} {'N':>3s} {'p50':>7s} {'p99':>7s} {'max':>7s} {'p99/p50':>7s} "
              f"{'originMB':>9s} {'fanout':>6s} {'DNmax/mean':>10s} {'nodeCPU':>7s} "
-             f"{'cpu':>5s}"]
+             f"{'cpu':>5s} {'spread':>6s}"]
     for r in result["table"]:
         lines.append(f"{r['case']:20s} {r['n']:3d} {r['p50_s']:7.2f} {r['p99_s']:7.2f} "
                      f"{r['max_s']:7.2f} {r['p99_over_p50']:7.2f} {r['origin_MB']:9.1f} "
                      f"{r['fanout_factor'] or 0:6.2f} {r['datanode_max_over_mean'] or 0:10.2f} "
-                     f"{r['node_cpu_s']:7.2f} {r['cpu_busy']:5.2f}")
+                     f"{r['node_cpu_s']:7.2f} {r['cpu_busy']:5.2f} "
+                     f"{r.get('max_spread') or 0:6.2f}")
     return "\n".join(lines)
 
 
@@ -828,9 +944,12 @@ def main() -> None:
     parser.add_argument("--node-link", default="25MB/s")
     parser.add_argument("--datanode-link", default="40MB/s")
     parser.add_argument("--origin-link", default="40MB/s")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of every case at every N (medians and spread)")
     parser.add_argument("--node-cpu", type=float, default=None,
-                        help="each node's CPU quota in cores (its cgroup's), the same at "
-                             "every N; default: none (each node's CPU is still counted)")
+                        help="each node's CPU quota in cores (its cgroup's) during the timed "
+                             "starts, the same at every N; default: none (each node's CPU "
+                             "is still counted)")
     parser.add_argument("--origin-cpu", type=float, default=None,
                         help="each origin's CPU quota in cores (NameNode, DataNodes, "
                              "registry, index); default: none (counted)")
@@ -844,6 +963,10 @@ def main() -> None:
                         help="Run no lab: recompute the simulator's section of --out from "
                              "the lab figures already in it.")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    if args.node_cpu is not None and not 0.01 <= args.node_cpu <= 1024:
+        parser.error("--node-cpu must be in 0.01..1024 cores")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     out = Path(args.out)
     if args.resimulate:

@@ -182,8 +182,10 @@ def test_hdfs_read_passes_the_node_and_datanode_caps(lab) -> None:
                       "data = os.urandom(int(sys.argv[2])); open_store(sys.argv[1]).put('f', "
                       "data); print(hashlib.sha256(data).hexdigest())", url, str(FILE_SIZE))
     before = {r: lab.link_bytes(r) for r in ("node-0", "node-1", "datanode-0")}
+    ports_before = lab.port_bytes()
     got = _in_node(lab, 1, "import hashlib, sys; from bootseer.store import open_store; "
                    "print(hashlib.sha256(open_store(sys.argv[1]).get('f')).hexdigest())", url)
+    ports_after = lab.port_bytes()
     after = {r: lab.link_bytes(r) for r in ("node-0", "node-1", "datanode-0")}
     assert got == digest and len(digest) == 64
     node1_in = after["node-1"][1] - before["node-1"][1]
@@ -193,6 +195,11 @@ def test_hdfs_read_passes_the_node_and_datanode_caps(lab) -> None:
     for moved in (node1_in, dn_out):
         assert FILE_SIZE <= moved <= FILE_SIZE * 1.05 + 256 * 1024, (moved, FILE_SIZE)
     assert after["node-0"][1] - before["node-0"][1] < 256 * 1024  # node 0 read nothing
+    # The switch ports' counters (what benchmarks sample) see the same bytes: node 1's
+    # port sent them to it, the DataNode's port received them from it.
+    for moved in (ports_after["node-1"][1] - ports_before["node-1"][1],
+                  ports_after["datanode-0"][0] - ports_before["datanode-0"][0]):
+        assert FILE_SIZE <= moved <= FILE_SIZE * 1.05 + 256 * 1024, (moved, FILE_SIZE)
 
 
 def _wheel(directory: Path, payload: bytes) -> Path:

@@ -223,6 +223,19 @@ class Lab:
         egress, ingress = self.ifaces(self.member(role))
         return shaping.sent_bytes(egress), shaping.sent_bytes(ingress)
 
+    def port_bytes(self) -> dict[str, tuple[int, int]]:
+        """(sent, received) bytes of every member so far, from its switch port's interface
+        counters (what it sent, the port received), all in one read: cheap enough to
+        sample while a benchmark runs (:func:`link_bytes` runs ``tc`` per link)."""
+        text = netns.call_in(self.spec.switch_netns,
+                             lambda: Path("/proc/thread-self/net/dev").read_text())
+        counters = {}
+        for line in text.splitlines()[2:]:
+            dev, _, fields = line.partition(":")
+            values = fields.split()
+            counters[dev.strip()] = (int(values[0]), int(values[8]))  # rx, tx bytes
+        return {m.role: counters[m.port] for m in self.spec.members()}
+
     def run(self, i: int, argv: list[str], timeout: float = 300,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         """argv "on node i": in its network namespace, with the store's client
