@@ -132,7 +132,7 @@ WHEELS = ("numpy==2.2.6", "nvidia-cuda-runtime==13.0.96")
 GROUPS, SHARDS, SHARD_BYTES = 2, 2, 16 * MIB
 PYTHON = "/usr/bin/python3"         # Debian's, as in the image: the venv runs in both
 LATENCY = "none added: kernel has no sch_netem"
-#: The origin meter's sampling period, and the window its peaks are taken over.
+#: The lab meter's sampling period, and the window its peaks are taken over.
 METER_S = 0.5
 METER_WINDOW_S = 2.0
 ORIGINS_NOTE = ("each origin's CPU (its cgroup's: cpu_s, cores_mean over the case, "
