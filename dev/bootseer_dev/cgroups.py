@@ -24,7 +24,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CgroupError", "Hierarchies", "PERIOD_US"]
+from bootseer_dev import netns
+
+__all__ = ["CgroupError", "Hierarchies", "PERIOD_US", "placed_argv"]
 
 #: The CPU quota's period (the kernel's default): a quota of q cores is q * PERIOD_US
 #: microseconds of CPU in every period.
@@ -126,6 +128,14 @@ class Hierarchies:
                                    key=lambda p: len(p.parts), reverse=True):
                     path.rmdir()
                 top.rmdir()
+
+
+def placed_argv(group: str | None, namespace: str | None) -> list[str]:
+    """A prefix that runs a command in cgroup ``group`` (made already), then in network
+    namespace ``namespace`` (:func:`bootseer_dev.netns.enter_argv`); either may be None.
+    How the lab places a node's commands and every server it starts."""
+    return [*(Hierarchies.find().enter_argv(group) if group else []),
+            *(netns.enter_argv(namespace) if namespace else [])]
 
 
 def _cgroup_mounts() -> dict[Path, set[str]]:

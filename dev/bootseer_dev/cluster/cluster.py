@@ -29,7 +29,7 @@ from pathlib import Path
 from bootseer.filelock import file_lock
 
 from .. import netns
-from ..cgroups import Hierarchies
+from ..cgroups import placed_argv
 from . import linkcap
 from .config import datanode_overrides, write_configs
 from .jars import ensure_jars, server_classpath
@@ -211,18 +211,11 @@ class Cluster:
 
     def _in_netns(self, role: str) -> list[str]:
         """The prefix that starts `role` in its network namespace (none on loopback)."""
-        name = self.spec.netns.get(role)
-        return netns.enter_argv(name) if name else []
-
-    def _placed(self, role: str) -> list[str]:
-        """The prefix that starts server `role` in its cgroup (if any), then its network
-        namespace: what the JVM starts is counted in the group too."""
-        group = self.spec.cgroups.get(role)
-        return [*(Hierarchies.find().enter_argv(group) if group else []),
-                *self._in_netns(role)]
+        return placed_argv(None, self.spec.netns.get(role))
 
     def _launch(self, role: str, main: str, args: list[str], heap_mb: int) -> ProcessRecord:
-        rec = launch(role, self._placed(role) + self._java(role, main, args, heap_mb),
+        placed = placed_argv(self.spec.cgroups.get(role), self.spec.netns.get(role))
+        rec = launch(role, placed + self._java(role, main, args, heap_mb),
                      self.log_path(role),
                      marker_for(self.state_dir, role), env=self._server_env())
         rec.save(self.pid_dir)

@@ -3,12 +3,12 @@
 Each node has a directory of its own in the lab's state dir (`nodes/n<i>/`): the agent's
 config file (the lab's store, the node's cache dir, its socket, /metrics on the node's
 address, with `--p2p` its peer-to-peer session there too), the socket, the cache and the
-log. The agent is started in the node's network namespace only (`netns.enter_argv`): its
-store traffic leaves through the node's capped link, while its FUSE mounts stay in the
-host's mount namespace, where `bootseer-runtime` and runc, started with the node's
-config, find them as on a production node. Everything of a node (agent, engine and its
-containers, commands run on it) is in the node's cgroup (:mod:`bootseer_dev.cgroups`): its CPU is
-counted apart, and capped with ``node_cpu``.
+log. The agent is started in the node's cgroup and network namespace only
+(`bootseer_dev.cgroups.placed_argv`): its store traffic leaves through the node's capped
+link, while its FUSE mounts stay in the host's mount namespace, where `bootseer-runtime`
+and runc, started with the node's config, find them as on a production node. Everything
+of a node (agent, engine and its containers, commands run on it) is in the node's cgroup:
+its CPU is counted apart, and capped with ``node_cpu``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootseer_dev import netns
-from bootseer_dev.cgroups import Hierarchies
+from bootseer_dev.cgroups import placed_argv
 from bootseer_dev.cluster.process import ProcessRecord, launch, log_tail, why_not_running
 
 from .spec import LAB_NET, METRICS_PORT, P2P_PORT, LabSpec
@@ -37,8 +36,7 @@ MAX_SOCKET_PATH = 107
 
 def on_node(spec: LabSpec, i: int) -> list[str]:
     """A prefix that runs a command on node i: in its cgroup and its network namespace."""
-    return [*Hierarchies.find().enter_argv(spec.node_cgroup(i)),
-            *netns.enter_argv(spec.node(i).netns)]
+    return placed_argv(spec.node_cgroup(i), spec.node(i).netns)
 
 
 class AgentStartError(RuntimeError):

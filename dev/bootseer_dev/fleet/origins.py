@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bootseer_dev import netns
-from bootseer_dev.cgroups import Hierarchies
+from bootseer_dev.cgroups import placed_argv
 from bootseer_dev.cluster.process import ProcessRecord, launch, log_tail, why_not_running
 from bootseer_dev.engines import registry_config
 
@@ -64,9 +64,8 @@ def start_origins(spec: LabSpec, state: LabState, timeout_s: float = 60.0) -> No
                "--directory", str(index_dir(spec)), str(INDEX_PORT)])]
     started: list[tuple[Member, int, ProcessRecord]] = []
     for member, port, log, marker, argv in plans:
-        group = Hierarchies.find().enter_argv(spec.origin_cgroup(member.role))
-        rec = launch(member.role, [*group, *netns.enter_argv(member.netns), *argv], log,
-                     marker)
+        placed = placed_argv(spec.origin_cgroup(member.role), member.netns)
+        rec = launch(member.role, [*placed, *argv], log, marker)
         state.add(state.processes, rec)
         started.append((member, port, rec))
     deadline = time.monotonic() + timeout_s
