@@ -579,7 +579,8 @@ def _extract_in_processes(streams: _ShardStreams, manifest: Manifest, order: lis
                 shard = manifest.shards[number]
                 try:
                     with streams.take(shard.digest) as raw:
-                        while chunk := raw.read(_PIPE_BYTES):
+                        # read1: what has crossed the link, at once (store.base._Ahead)
+                        while chunk := raw.read1(_PIPE_BYTES):
                             os.write(worker.data, _FRAME.pack(len(chunk)))
                             _write_all(worker.data, chunk)
                 except (EOFError, InvalidRangeError) as exc:

@@ -55,6 +55,14 @@ _READ_CHUNKS = 8  # chunks fetched per backend call when streaming a whole blob
 #: Bytes per backend call of :meth:`BlobStore.open`'s stream: a backend call and a copy per
 #: 1 MiB chunk cost a restore more CPU than its decompression.
 STREAM_READ = 8 << 20
+#: The first range of a stream opened before its reader is ready (``open(start=True)``):
+#: a restore opens six at once and its workers read two of them first, so a full
+#: STREAM_READ for every one would fill the link with bytes that wait in memory while the
+#: ones read first are late. A cold ``env run`` over bench-env's 100 MB/s link, 2 cores,
+#: medians of 3-4 runs: 2, 4 and 8 MiB took 1.03, 1.02 and 1.16 s for the jupyter preset,
+#: 3.94, 3.86 and 3.72 s for the full one (whose longer manifest decode leaves the link
+#: more time to fill).
+STREAM_START = 4 << 20
 _TABLE_MAGIC = b"BSCT"
 _TABLE_VERSION = 1
 _TABLE_HEADER = struct.Struct(">4sBIQ32s")  # magic, version, chunk size, blob size, digest
@@ -314,18 +322,19 @@ class BlobStore:
     def open(self, digest: str, *, start: bool = False) -> BinaryIO:
         """The blob as a sequential stream, for blobs too large to hold (snapshot shards),
         checked against its digest as a whole at its end (:class:`DigestCheckedStream`: a
-        reader must not act on the bytes for good before the end). Reads are
-        :data:`STREAM_READ` bytes each, straight into the stream's buffer, and the next is
-        fetched while the reader works through this one; with ``start``, the first is
-        fetched from now on, for a stream opened before its reader is ready. The chunk
+        reader must not act on the bytes for good before the end). The store is read
+        :data:`STREAM_READ` bytes ahead of the reader, who takes them as they arrive
+        (:class:`~bootseer.store.base.RangedFile`); with ``start``, the first
+        :data:`STREAM_START` bytes are fetched from now on, for a stream opened before its
+        reader is ready. The chunk
         table is not used: it would hash every byte a second time and cost a read per
         blob, and only the whole digest proves the bytes are the blob's (a table is
         checked for damage, not against the blob)."""
         key = self.blob_key(digest)
         raw = RangedFile(functools.partial(self.store.read_range_into, key),
-                         self.stat(digest).size, digest, read_ahead=True)
+                         self.stat(digest).size, digest, read_ahead=STREAM_READ)
         if start:
-            raw.start(STREAM_READ)
+            raw.start(STREAM_START)
         checked = DigestCheckedStream(raw, digest.removeprefix("sha256:"),
                                       f"blob {digest} is corrupt or was replaced in the "
                                       f"store {self.store.url}")

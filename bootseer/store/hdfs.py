@@ -33,7 +33,7 @@ from typing import TypeVar
 import hdfs_native  # missing: the registry's BackendUnavailableError says what to install
 
 from bootseer.errors import BackendUnavailableError, InvalidRangeError
-from bootseer.store.base import Perm, WriteInterrupted
+from bootseer.store.base import Perm, Progress, WriteInterrupted
 from bootseer.store.hadoop import HadoopStyleStore, OutputFile, PathInfo
 
 _T = TypeVar("_T")
@@ -91,7 +91,8 @@ class HdfsStore(HadoopStyleStore):
         self._read_chunks(path, offset, length, chunks.append)
         return b"".join(chunks)
 
-    def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
+    def read_range_into(self, key: str, offset: int, buffer: memoryview, *,
+                        progress: Progress | None = None) -> None:
         """A positional read straight into ``buffer``: the DataNode sends exactly the range
         (a stateful read asks it for the rest of the block, and what it pushed before the
         stream closed crossed its link for nothing: bench-ckpt's per-DataNode bytes)."""
@@ -104,6 +105,8 @@ class HdfsStore(HadoopStyleStore):
                                          f"the {len(buffer)} bytes asked for at {offset}")
             buffer[done:done + len(chunk)] = chunk
             done += len(chunk)
+            if progress is not None:
+                progress(done)
 
         self._read_chunks(self._path(key), offset, len(buffer), put)
         if done < len(buffer):

@@ -29,6 +29,7 @@ from bootseer.store.base import (
     ObjectInfo,
     ObjectWriter,
     Perm,
+    Progress,
     Store,
     check_key,
     check_prefix,
@@ -121,7 +122,8 @@ class LocalStore(Store):
         finally:
             os.close(fd)
 
-    def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
+    def read_range_into(self, key: str, offset: int, buffer: memoryview, *,
+                        progress: Progress | None = None) -> None:
         fd = self._open(key)
         try:
             done = 0
@@ -131,6 +133,8 @@ class LocalStore(Store):
                     raise InvalidRangeError(f"{key}: range {offset}+{len(buffer)} is past the "
                                             f"end of the object ({os.fstat(fd).st_size} bytes)")
                 done += n
+                if progress is not None:
+                    progress(done)
         finally:
             os.close(fd)
 

@@ -82,9 +82,10 @@ class SlowStore(LocalStore):
         self._stall(key)
         return super()._read_range(key, offset, length)
 
-    def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
+    def read_range_into(self, key: str, offset: int, buffer: memoryview, *,
+                        progress=None) -> None:
         self._stall(key)
-        super().read_range_into(key, offset, buffer)
+        super().read_range_into(key, offset, buffer, progress=progress)
 
     def open_local(self, key: str) -> None:
         """No descriptor: every read goes through the ranged reads above, which stall."""

@@ -25,7 +25,7 @@ import pytest
 
 from bootseer.errors import IntegrityError, InvalidRangeError
 from bootseer.store import BlobStore, Store, open_store
-from bootseer.store.blobs import CHUNK_SIZE, STREAM_READ, ChunkTable
+from bootseer.store.blobs import CHUNK_SIZE, STREAM_READ, STREAM_START, ChunkTable
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -305,21 +305,59 @@ class StoreContract:
 
     def test_a_started_stream_fetches_its_first_run_before_it_is_read(
             self, blobs: BlobStore, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-        data = ramp(0, STREAM_READ + 5)
+        """The first run is STREAM_START bytes, fetched before the first read; the runs
+        after it are STREAM_READ bytes each (the last: what is left)."""
+        data = ramp(0, STREAM_START + STREAM_READ + 5)
         info = blobs.put(data)
         fetched, first = [], threading.Event()
         read_range_into = store.read_range_into
 
-        def spy(key: str, offset: int, buffer: memoryview) -> None:
+        def spy(key: str, offset: int, buffer: memoryview, *, progress=None) -> None:
             fetched.append((offset, len(buffer)))
-            read_range_into(key, offset, buffer)
+            read_range_into(key, offset, buffer, progress=progress)
             first.set()
 
         monkeypatch.setattr(store, "read_range_into", spy)
         with blobs.open(info.digest, start=True) as f:
             assert first.wait(60), "the first run was not fetched before the first read"
             assert b"".join(iter(lambda: f.read(CHUNK_SIZE // 3), b"")) == data
-        assert fetched == [(0, STREAM_READ), (STREAM_READ, 5)]
+        assert fetched == [(0, STREAM_START), (STREAM_START, STREAM_READ),
+                           (STREAM_START + STREAM_READ, 5)]
+
+    def test_a_stream_hands_over_a_run_as_its_bytes_arrive(
+            self, blobs: BlobStore, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A reader takes the bytes of a run that are in place while the rest is still on
+        its way (a restore's worker starts on a shard's first packets), and the stream is
+        still checked as a whole at its end."""
+        data = ramp(0, STREAM_START)
+        info = blobs.put(data)
+        half, rest_may_come = STREAM_START // 2, threading.Event()
+        read_range_into = store.read_range_into
+
+        def arriving_in_two(key: str, offset: int, buffer: memoryview, *,
+                            progress=None) -> None:
+            read_range_into(key, offset, buffer)
+            assert progress is not None, "a stream reads ahead with progress"
+            progress(half)
+            assert rest_may_come.wait(60), "the reader waited for the whole run"
+            progress(len(buffer))
+
+        monkeypatch.setattr(store, "read_range_into", arriving_in_two)
+        with blobs.open(info.digest, start=True) as f:
+            got = f.read1(STREAM_START)
+            assert got == data[:half]
+            rest_may_come.set()
+            assert got + f.read() == data
+
+    def test_read_range_into_tells_its_progress(self, store: Store) -> None:
+        """``progress`` hears how much of the buffer is in place, never less than before,
+        the last time all of it."""
+        data = ramp(0, 3 * CHUNK_SIZE + 11)
+        store.put("progress.bin", data)
+        buffer, heard = bytearray(len(data) - 100), []
+        store.read_range_into("progress.bin", 100, memoryview(buffer), progress=heard.append)
+        assert bytes(buffer) == data[100:]
+        assert heard and heard[-1] == len(buffer) and heard == sorted(heard)
 
     def test_truncated_blob_is_detected(self, blobs: BlobStore, store: Store) -> None:
         info = blobs.put(ramp(0, 2 * CHUNK_SIZE))

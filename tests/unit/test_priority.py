@@ -85,9 +85,10 @@ class CountingStore(LocalStore):
         self.reads += 1
         return super()._read_range(key, offset, length)
 
-    def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
+    def read_range_into(self, key: str, offset: int, buffer: memoryview, *,
+                        progress=None) -> None:
         self.reads += 1
-        super().read_range_into(key, offset, buffer)
+        super().read_range_into(key, offset, buffer, progress=progress)
 
 
 def test_warm_fetches_nothing_while_a_container_starts(dirs) -> None:

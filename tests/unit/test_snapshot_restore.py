@@ -34,7 +34,7 @@ from bootseer.snapshot.manifest import (
 )
 from bootseer.snapshot.restore import CRASH_ENV, FirstShards, load_manifest, restore
 from bootseer.store import BlobStore, open_store
-from bootseer.store.blobs import STREAM_READ, ChunkTable
+from bootseer.store.blobs import STREAM_READ, STREAM_START, ChunkTable
 
 
 @pytest.fixture
@@ -166,16 +166,16 @@ def test_first_shards_that_are_not_the_manifests_cost_one_read_each_and_change_n
     reads: list[tuple[int, int]] = []
     real_read = blobs.store.read_range_into
 
-    def spy_read(key: str, offset: int, buffer: memoryview) -> None:
+    def spy_read(key: str, offset: int, buffer: memoryview, *, progress=None) -> None:
         if key == BlobStore.blob_key(stranger):
             reads.append((offset, len(buffer)))
-        real_read(key, offset, buffer)
+        real_read(key, offset, buffer, progress=progress)
 
     monkeypatch.setattr(blobs.store, "read_range_into", spy_read)
     with FirstShards(4) as first:
         restore(blobs, load_manifest(blobs, "k1", None, first), first=first)
     assert {t: tree_state(t) for t in targets} == expected
-    assert reads in ([], [(0, STREAM_READ)])  # none if the restore closed it first
+    assert reads in ([], [(0, STREAM_START)])  # none if the restore closed it first
     if hint != "stranger":
         assert reads == []
 

@@ -44,9 +44,10 @@ class FlakyStore(LocalStore):
         self._maybe_fail()
         return super()._read_range(key, offset, length)
 
-    def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
+    def read_range_into(self, key: str, offset: int, buffer: memoryview, *,
+                        progress=None) -> None:
         self._maybe_fail()
-        super().read_range_into(key, offset, buffer)
+        super().read_range_into(key, offset, buffer, progress=progress)
 
 
 @pytest.fixture(scope="module")

@@ -75,11 +75,12 @@ class CountingStore(LocalStore):
         super().__init__(url)
         self.bytes_read, self.fail_at = 0, None
 
-    def read_range_into(self, key: str, offset: int, buffer: memoryview) -> None:
+    def read_range_into(self, key: str, offset: int, buffer: memoryview, *,
+                        progress=None) -> None:
         if self.fail_at is not None and offset <= self.fail_at < offset + len(buffer):
             raise FileNotFoundError(f"{key}: gone")
         self.bytes_read += len(buffer)
-        super().read_range_into(key, offset, buffer)
+        super().read_range_into(key, offset, buffer, progress=progress)
 
 
 def open_reader(path: Path, how: str) -> LocalFileReader | StripedReader:
