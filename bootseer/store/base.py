@@ -578,7 +578,9 @@ class RangedFile(io.RawIOBase):
 
     def readall(self) -> bytes:
         out = bytearray(max(0, self._size - self._pos))
-        self.readinto(out)
+        view, done = memoryview(out), 0
+        while done < len(out):  # a read from a run read ahead may be short
+            done += self.readinto(view[done:])
         return bytes(out)
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ from anywhere can be checked without keeping the source around.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import signal
@@ -25,6 +26,7 @@ import pytest
 
 from bootseer.errors import IntegrityError, InvalidRangeError
 from bootseer.store import BlobStore, Store, open_store
+from bootseer.store.base import RangedFile
 from bootseer.store.blobs import CHUNK_SIZE, STREAM_READ, STREAM_START, ChunkTable
 
 GIB = 1 << 30
@@ -348,6 +350,16 @@ class StoreContract:
             assert got == data[:half]
             rest_may_come.set()
             assert got + f.read() == data
+
+    def test_a_stream_read_whole_from_a_run_still_arriving_has_every_byte(
+            self, blobs: BlobStore, store: Store) -> None:
+        """``RangedFile.readall`` goes on past a short read of a run read ahead."""
+        data = ramp(0, STREAM_START + 3)
+        info = blobs.put(data)
+        raw = RangedFile(functools.partial(store.read_range_into, BlobStore.blob_key(
+            info.digest)), len(data), "whole", read_ahead=STREAM_READ)
+        raw.start(STREAM_START)
+        assert raw.readall() == data
 
     def test_read_range_into_tells_its_progress(self, store: Store) -> None:
         """``progress`` hears how much of the buffer is in place, never less than before,
