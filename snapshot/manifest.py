@@ -2,7 +2,11 @@
 
 A snapshot is what one command changed under its target directories: new and modified
 entries (with their full metadata and content) and deleted paths. Its manifest is one blob
-(zstd-compressed JSON, format :data:`FORMAT`); the ref ``env/<key>`` names it.
+(zstd-compressed JSON, format :data:`FORMAT`); the ref ``env/<key>`` names it. The entries
+are columns, one list per field of :class:`SnapEntry` (a manifest is decoded on every cold
+restore's path, and tens of thousands of objects with a key per field took twice as long
+to parse and build: 0.066 s against 0.027 for the jupyter preset's 20,650 entries);
+format 1's list of objects is still read (:data:`FORMAT_V1`).
 
 An entry's path is relative to its target (``"."`` is the target itself); ``target``
 indexes :attr:`Manifest.targets`, the absolute directories the snapshot was captured
@@ -29,7 +33,9 @@ from bootseer import boundedjson
 from bootseer.errors import BootseerError, IntegrityError
 from bootseer.limits import decompress
 
-FORMAT = "bootseer-snapshot/1"
+FORMAT = "bootseer-snapshot/2"
+#: The format before entries became columns: still restored, never written.
+FORMAT_V1 = "bootseer-snapshot/1"
 REF_PREFIX = "env/"
 KINDS = ("file", "dir", "symlink", "hardlink")
 #: The largest decompressed manifest this format allows (checked before decompressing):
@@ -105,8 +111,8 @@ class Manifest:
         body = {"format": FORMAT, "key": self.key, "targets": list(self.targets),
                 "created": self.created, "shards": [asdict(s) for s in self.shards],
                 "deleted": [[d.target, d.path] for d in self.deleted],
-                "entries": [{k: v for k, v in e._asdict().items() if v is not None}
-                            for e in self.entries]}
+                "entries": {name: [e[i] for e in self.entries]
+                            for i, name in enumerate(SnapEntry._fields)}}
         return zstandard.ZstdCompressor(level=10).compress(json.dumps(body).encode())
 
     @classmethod
@@ -117,14 +123,16 @@ class Manifest:
                                      limit=MAX_MANIFEST_BYTES, what=what)
         except ValueError as exc:
             raise IntegrityError(f"snapshot manifest {origin} is unreadable: {exc}") from exc
-        if not isinstance(body, dict) or body.get("format") != FORMAT:
-            fmt = body.get("format") if isinstance(body, dict) else None
+        fmt = body.get("format") if isinstance(body, dict) else None
+        if fmt not in (FORMAT, FORMAT_V1):
             raise BootseerError(f"snapshot manifest {origin} has format {fmt!r}; this "
-                                f"Bootseer reads {FORMAT}")
+                                f"Bootseer reads {FORMAT} and {FORMAT_V1}")
         try:
+            entries = (_entries_of_columns(body["entries"]) if fmt == FORMAT
+                       else tuple(SnapEntry(**e) for e in body["entries"]))
             manifest = cls(
                 key=str(body["key"]), targets=tuple(str(t) for t in body["targets"]),
-                entries=tuple(SnapEntry(**e) for e in body["entries"]),
+                entries=entries,
                 deleted=tuple(Deletion(int(t), str(p)) for t, p in body["deleted"]),
                 shards=tuple(Shard(**s) for s in body["shards"]),
                 created=dict(body.get("created") or {}))
@@ -204,6 +212,26 @@ class Manifest:
                 raise bad(str(exc)) from None
             if d.path == ".":
                 raise bad("a deletion names a target itself")
+
+
+def _entries_of_columns(columns: object) -> tuple[SnapEntry, ...]:
+    """Format 2's entries: a list per field of :class:`SnapEntry`, all of one length; a
+    field with a default may be left out. What the values are is :meth:`Manifest.check`'s
+    to refuse, as for format 1."""
+    fields = SnapEntry._fields
+    if not isinstance(columns, dict) or not set(columns) <= set(fields):
+        raise ValueError("the entries are not columns named after their fields")
+    path = columns.get("path")
+    count = len(path) if isinstance(path, list) else -1
+    lists = []
+    for name in fields:
+        column = columns.get(name)
+        if column is None and name in SnapEntry._field_defaults:
+            column = [SnapEntry._field_defaults[name]] * count
+        if not isinstance(column, list) or len(column) != count:
+            raise ValueError(f"the entries' {name} column is missing or not {count} long")
+        lists.append(column)
+    return tuple(map(SnapEntry._make, zip(*lists)))
 
 
 def _ints_in(values: list[object], allowed: range) -> bool:

@@ -482,12 +482,12 @@ def _published_snapshot(store: Path, shard: bytes, entries: list[dict], key: str
     """A snapshot in the store whose shard and manifest are whoever wrote them."""
     import zstandard
 
-    from bootseer.snapshot.manifest import FORMAT
+    from bootseer.snapshot.manifest import FORMAT_V1
     from bootseer.store import BlobStore, open_store
 
     blobs = BlobStore(open_store(f"file://{store}"))
     info = blobs.put(shard)
-    manifest = {"format": FORMAT, "key": key, "targets": [str(store.parent / "venv")],
+    manifest = {"format": FORMAT_V1, "key": key, "targets": [str(store.parent / "venv")],
                 "created": {}, "shards": [{"digest": info.digest, "size": info.size,
                                            "input_bytes": 0}],
                 "deleted": [], "entries": entries}

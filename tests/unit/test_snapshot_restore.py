@@ -26,6 +26,7 @@ from bootseer.snapshot import restore as restore_module
 from bootseer.snapshot.config import SnapshotOptions
 from bootseer.snapshot.manifest import (
     FIRST_SHARDS,
+    FORMAT_V1,
     REF_PREFIX,
     Manifest,
     Shard,
@@ -483,9 +484,50 @@ def test_a_manifest_with_a_field_of_the_wrong_type_is_refused(field, message) ->
     good = Manifest("m", ("/t",), (_entry(".", b"", kind="dir", shard=None), _entry("a", b"x")),
                     (), (Shard("sha256:" + "0" * 64, 1, 1),))
     body = json.loads(zstandard.ZstdDecompressor().decompress(good.encode()))
-    body["entries"][1] |= field
+    for name, value in field.items():
+        body["entries"][name][1] = value
     data = zstandard.ZstdCompressor().compress(json.dumps(body).encode())
     with pytest.raises((IntegrityError, UnsafeSnapshotError), match=message):
+        Manifest.decode(data, "m")
+
+
+def _as_format_1(manifest: Manifest) -> bytes:
+    """``manifest`` as the previous format wrote it: a list with an object per entry."""
+    body = json.loads(zstandard.ZstdDecompressor().decompress(manifest.encode()))
+    body["format"] = FORMAT_V1
+    body["entries"] = [{k: v for k, v in e._asdict().items() if v is not None}
+                       for e in manifest.entries]
+    return zstandard.ZstdCompressor().compress(json.dumps(body).encode())
+
+
+def test_a_snapshot_published_in_the_previous_format_restores(env) -> None:
+    """Format 1's manifest (an object per entry) decodes to the same manifest and
+    restores the same tree."""
+    blobs, targets = env
+    manifest = capture(blobs, targets)
+    expected = {t: tree_state(t) for t in targets}
+    old = _as_format_1(manifest)
+    assert Manifest.decode(old, "k1") == manifest
+    ref = blobs.get_ref(REF_PREFIX + "k1")
+    blobs.set_ref(ref.name, blobs.put(old).digest, ref.meta)
+    reset(targets)
+    restore(blobs, load_manifest(blobs, "k1"))
+    assert {t: tree_state(t) for t in targets} == expected
+
+
+@pytest.mark.parametrize(("columns", "message"), [
+    (lambda c: c | {"owner": c["uid"]}, "not columns named after their fields"),
+    (lambda c: c | {"mode": c["mode"][:-1]}, "mode column is missing or not 2 long"),
+    (lambda c: {k: v for k, v in c.items() if k != "kind"}, "kind column is missing"),
+    (lambda c: c | {"path": "a"}, "target column is missing or not -1 long"),
+    (lambda c: list(c), "not columns")])
+def test_entries_that_are_not_equal_columns_are_refused(columns, message) -> None:
+    good = Manifest("m", ("/t",), (_entry(".", b"", kind="dir", shard=None), _entry("a", b"x")),
+                    (), (Shard("sha256:" + "0" * 64, 1, 1),))
+    body = json.loads(zstandard.ZstdDecompressor().decompress(good.encode()))
+    body["entries"] = columns(body["entries"])
+    data = zstandard.ZstdCompressor().compress(json.dumps(body).encode())
+    with pytest.raises(IntegrityError, match=message):
         Manifest.decode(data, "m")
 
 
