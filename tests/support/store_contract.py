@@ -20,13 +20,14 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from bootseer.errors import IntegrityError, InvalidRangeError
 from bootseer.store import BlobStore, Store, open_store
-from bootseer.store.base import RangedFile
+from bootseer.store.base import HANDOFF, RangedFile
 from bootseer.store.blobs import CHUNK_SIZE, STREAM_READ, STREAM_START, ChunkTable
 
 GIB = 1 << 30
@@ -350,6 +351,30 @@ class StoreContract:
             assert got == data[:half]
             rest_may_come.set()
             assert got + f.read() == data
+
+    def test_a_run_arriving_packet_by_packet_is_taken_in_handoffs_not_packets(
+            self, blobs: BlobStore, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A reader waits for HANDOFF bytes of a run (or its end) before it takes a piece:
+        a run told packet by packet (64 KiB) is read in a few large pieces."""
+        data = ramp(0, STREAM_START)
+        info = blobs.put(data)
+        read_range_into = store.read_range_into
+
+        def packet_by_packet(key: str, offset: int, buffer: memoryview, *,
+                             progress=None) -> None:
+            read_range_into(key, offset, buffer)
+            for done in range(64 << 10, len(buffer), 64 << 10):
+                progress(done)
+                time.sleep(0.002)  # the next packet is on its way
+            progress(len(buffer))
+
+        monkeypatch.setattr(store, "read_range_into", packet_by_packet)
+        pieces = []
+        with blobs.open(info.digest, start=True) as f:
+            while piece := f.read1(STREAM_READ):
+                pieces.append(piece)
+        assert b"".join(pieces) == data
+        assert len(pieces) <= STREAM_START // HANDOFF, [len(p) for p in pieces]
 
     def test_a_stream_read_whole_from_a_run_still_arriving_has_every_byte(
             self, blobs: BlobStore, store: Store) -> None:
