@@ -448,7 +448,7 @@ class DigestCheckedStream(io.RawIOBase):
         super().close()
 
 
-#: What a reader of a run read ahead waits for before it takes a piece (or the run's end):
+#: What a reader of a range read ahead waits for before it takes a piece (or its end):
 #: taken at every DataNode packet (64 KiB), a CUDA restore's workers, waiting on the link,
 #: cost it 30% more CPU (19.1 CPU-s against 14.7) in handoffs.
 HANDOFF = 1 << 20
@@ -493,7 +493,7 @@ class _Ahead:
 
     def take(self, view: memoryview) -> int:
         """Copy into ``view`` what has arrived and was not taken yet, at most
-        ``len(view)``, once :data:`HANDOFF` bytes of it are in (or the run's end, or as
+        ``len(view)``, once :data:`HANDOFF` bytes of it are in (or the range's end, or as
         much as ``view`` holds); the fetch's error if it failed before a byte came."""
         want = min(len(view), len(self.data) - self.taken, HANDOFF)
         with self._arrived:
@@ -586,7 +586,7 @@ class RangedFile(io.RawIOBase):
     def readall(self) -> bytes:
         out = bytearray(max(0, self._size - self._pos))
         view, done = memoryview(out), 0
-        while done < len(out):  # a read from a run read ahead may be short
+        while done < len(out):  # a read from a range read ahead may be short
             done += self.readinto(view[done:])
         return bytes(out)
 
