@@ -776,6 +776,13 @@ class Bench:
         def ratio(a: float | None, b: float | None) -> float | None:
             return round(a / b, 3) if a is not None and b else None
 
+        # The job's unique bytes: one hot pack, one snapshot, one checkpoint per group.
+        need = lab["per_node_bytes"]
+        parts = [need["image_hot"], need["env_snapshot"], need["checkpoint"]]
+        job_bytes = (parts[0] + parts[1] + parts[2] * min(GROUPS, top)
+                     if None not in parts else None)
+        p2p_top = cases.get("bootseer_p2p", {}).get(top)
+
         result: dict[str, Any] = {
             **recording.header(runs=self.args.repeats, caps={
                 "text": f"nodes {spec.node_link}, {spec.datanodes} DataNodes at "
@@ -793,6 +800,12 @@ class Bench:
                 cases.get("bootseer_fanout", {}).get(top, {}).get("datanode_max_over_mean"),
             "p2p_origin_bytes_over_node_bytes_n16":
                 cases.get("bootseer_p2p", {}).get(top, {}).get("fanout_factor"),
+            "p2p_origin_bytes_over_job_bytes_n16":
+                ratio(p2p_top["origin_bytes_total"], job_bytes) if p2p_top else None,
+            "job_bytes": job_bytes,
+            "job_bytes_note": "hot pack + snapshot + one checkpoint per group (payload); "
+                              "origin bytes are what the origins' links carried, TCP/IP "
+                              "and HDFS framing included (about 5% more than payload)",
             "p2p_ready_n16_over_n1": ratio(ready("bootseer_p2p", top), ready("bootseer_p2p", 1)),
             "prestaged_ready_n16_over_n1": ratio(ready("bootseer_prestaged", top),
                                                  ready("bootseer_prestaged", 1)),

@@ -30,6 +30,15 @@ the store), as before. On top of that, a fetch counts a member gone that is bann
 has gained no piece for ``piece_grace`` (it fetches the whole blob, so it must progress;
 a demand read's peers progress only as their own reads ask), and a fetch that gained
 nothing for ``piece_grace`` reads all it still misses from the store (:attr:`View.stalled`).
+
+**Claims as reads free up** (:meth:`FetchPolicy.store_share`'s ``room``): a fetch claims
+from its share only as many pieces as it can read at once, and picks the next ones when
+those are done, so that a piece a peer has meanwhile comes from that peer. It reads its
+own pieces first, lowest first, and a gone member's last, highest first: a member that
+was only late reads its own from the lowest, and it and its heirs meet once. Claiming the
+whole share at once queued pieces behind the store reads, where they stayed claimed after
+a late member, or a peer that had inherited them, had them: in the fleet lab's 16 nodes,
+the checkpoint's late members read 22 MB from the store again.
 """
 
 from __future__ import annotations
@@ -139,6 +148,11 @@ class FetchPolicy:
         self._mark, self._gained_at = (-1, -1), began
         self._view: View | None = None
 
+    @property
+    def view(self) -> View | None:
+        """Who reads what as of the last look; None until the fetch settled."""
+        return self._view
+
     def look(self, tick: Tick) -> View | None:
         """Take in one look; the new view if who reads what changed, else None."""
         now = tick.now
@@ -180,17 +194,23 @@ class FetchPolicy:
                  or now - self.progress[m.address][1] < self.grace)])
 
     def store_share(self, view: View, have: Sequence[bool], claimed: Collection[int],
-                    available: Sequence[int]) -> list[int]:
-        """The pieces this node now reads from the store: every one it misses (and has not
-        claimed already) after a stall; else those no connected peer has (``available``:
-        how many do, per piece) that it owns, the gone members' shares dealt out again
-        among those still there."""
+                    available: Sequence[int], room: int | None = None) -> list[int]:
+        """The pieces this node now reads from the store, the first ``room`` of them (all,
+        if None): every one it misses (and has not claimed already) after a stall; else
+        those no connected peer has (``available``: how many do, per piece) that it owns,
+        the gone members' shares dealt out again among those still there."""
         missing = [p for p, had in enumerate(have) if not had and p not in claimed]
         if view.stalled:
-            return missing
+            return missing[:room]
         gone = set(self.members) - set(view.alive)
-        return [p for p in missing
+        mine = [p for p in missing
                 if not available[p] and owner(p, self.members, gone) == self.me]
+        # Its own pieces first, from the lowest; a gone member's from the highest, so
+        # that if it comes back (a late start) and reads its share from the lowest,
+        # the two meet once, not piece by piece.
+        own = [p for p in mine if owner(p, self.members) == self.me]
+        inherited = [p for p in reversed(mine) if owner(p, self.members) != self.me]
+        return (own + inherited)[:room]
 
 
 # -- a demand read ---------------------------------------------------------------------------

@@ -17,7 +17,16 @@ from pathlib import Path
 import libtorrent as lt
 
 from .blobfetch import FetchResult
-from .engine import READY, Engine, ReadRange, SwarmError, Transfer, availability, check_digest
+from .engine import (
+    READY,
+    STORE_READS,
+    Engine,
+    ReadRange,
+    SwarmError,
+    Transfer,
+    availability,
+    check_digest,
+)
 from .peer import Peer
 from .policy import FetchPolicy, Tick, View
 from .torrents import Torrent
@@ -76,17 +85,20 @@ def _download(engine: Engine, transfer: Transfer, members: list[Peer],
             engine.dial(transfer, policy.others, connected, dialing)
         with engine.lock:
             banned = frozenset(engine.banned)
-        view = policy.look(Tick(now, status.state in READY, connected, dialing, banned,
-                                (status.num_pieces, status.total_payload_download)))
-        if view is not None:  # who reads what changes only then
-            for piece in _store_share(policy, view, handle, claimed):
+        changed = policy.look(Tick(now, status.state in READY, connected, dialing, banned,
+                                   (status.num_pieces, status.total_payload_download)))
+        view = policy.view
+        room = STORE_READS - sum(not read.done() for read in reads)
+        if view is not None and room > 0:  # claimed as reads free up (policy.py)
+            for piece in _store_share(policy, view, handle, claimed, room):
                 claimed.add(piece)
                 handle.piece_priority(piece, 0)  # peers need not send it
                 reads.append(engine.read_from_store(transfer, piece, read_range))
+        if changed is not None:
             log.debug("p2p: %s after %.2f s: %d of %d members up, %sconnected to %s; "
                       "%d pieces claimed from the store", torrent.digest, now - began,
-                      len(view.alive), len(members), "stalled, " if view.stalled else "",
-                      sorted(connected), len(claimed))
+                      len(changed.alive), len(members), "stalled, " if changed.stalled
+                      else "", sorted(connected), len(claimed))
         for read in reads:
             if read.done():
                 read.result()  # a failed store read fails the fetch
@@ -101,7 +113,8 @@ def _download(engine: Engine, transfer: Transfer, members: list[Peer],
 
 
 def _store_share(policy: FetchPolicy, view: View, handle: lt.torrent_handle,
-                 claimed: set[int]) -> list[int]:
-    """The missing pieces this node now reads from the store (:meth:`FetchPolicy.store_share`)."""
+                 claimed: set[int], room: int) -> list[int]:
+    """The missing pieces this node reads from the store next, ``room`` at most
+    (:meth:`FetchPolicy.store_share`)."""
     have = handle.status(lt.status_flags_t.query_pieces).pieces
-    return policy.store_share(view, have, claimed, availability(handle, len(have)))
+    return policy.store_share(view, have, claimed, availability(handle, len(have)), room)

@@ -132,6 +132,25 @@ def test_a_piece_a_connected_peer_has_is_not_read_from_the_store() -> None:
     assert policy.store_share(view, [False, False, True, False], {0}, [0] * 4) == []
 
 
+def test_a_fetch_claims_what_it_has_room_for_and_not_what_a_peer_gained_meanwhile() -> None:
+    policy = FetchPolicy([A, B], A, 0.0, GRACE, 8)
+    view = View((A, B), False)
+    assert policy.store_share(view, [False] * 8, set(), [0] * 8, room=2) == [0, 2]
+    # B got piece 4 meanwhile: A's next two are 6 alone
+    assert policy.store_share(view, [False] * 8, {0, 2}, [0, 0, 0, 0, 1, 0, 0, 0],
+                              room=2) == [6]
+    stalled = View((A, B), True)
+    assert policy.store_share(stalled, [True] + [False] * 7, {1}, [1] * 8, room=3) == [2, 3, 4]
+
+
+def test_own_pieces_come_first_and_a_gone_members_from_its_highest() -> None:
+    """B is gone: A reads its own (0, 2, 4, 6) lowest first, then B's (7, 5, 3, 1) highest
+    first, so that B, back late and reading its own lowest first, meets A once."""
+    policy = FetchPolicy([A, B], A, 0.0, GRACE, 8)
+    assert policy.store_share(View((A,), False), [False] * 8, set(), [0] * 8) == \
+        [0, 2, 4, 6, 7, 5, 3, 1]
+
+
 def test_one_member_reads_everything_and_zero_pieces_read_nothing() -> None:
     alone = FetchPolicy([A], A, 0.0, GRACE, 3)
     view = alone.look(_tick(0.0, {}))  # every member (none other) connected
@@ -171,7 +190,7 @@ def test_a_member_that_never_comes_costs_its_share_once_re_split_among_those_the
         views[me] = policy.look(_tick(GRACE, here(2), gained=(2, 2)))
         assert views[me] is not None and D not in views[me].alive
     shares = _shares(policies, views, pieces)
-    assert shares == {A: [0, 3, 4], B: [1, 5, 7], C: [2, 6]}
+    assert shares == {A: [0, 4, 3], B: [1, 5, 7], C: [2, 6]}
     assert sorted(itertools.chain(*shares.values())) == list(range(pieces))
 
 
@@ -184,8 +203,8 @@ def test_a_member_that_leaves_mid_fetch_is_gone_a_grace_after_it_was_first_misse
     assert policy.look(_tick(2.9, {B: 3}, gained=(3, 3))) is None
     view = policy.look(_tick(3.0, {B: 4}, gained=(4, 4)))
     assert view == View((A, B), False)
-    # C's 2 and 8 go to A, its 5 to B
-    assert policy.store_share(view, [False] * 9, set(), [0] * 9) == [0, 2, 3, 6, 8]
+    # C's 2 and 8 go to A (after its own, highest first), its 5 to B
+    assert policy.store_share(view, [False] * 9, set(), [0] * 9) == [0, 3, 6, 8, 2]
 
 
 def test_a_slow_owner_that_gains_no_piece_for_the_grace_is_gone_unless_it_is_done() -> None:
