@@ -102,6 +102,7 @@ from bootseer.nodecache import NodeCaches
 from bootseer.p2p import Fanout
 from bootseer.p2p.demand import NotShared
 from bootseer.p2p.sharedfile import SharedFile
+from bootseer.prefetch.blockformat import MAX_MANIFEST_BYTES
 from bootseer.prefetch.lazyimage import LazyImage, resolve_image
 from bootseer.store import BlobStore, open_configured_store
 from bootseer.stripedfs.files import CheckpointSource
@@ -185,13 +186,17 @@ class Agent:
         threading.Thread(target=connect, name="store-connect", daemon=True).start()
 
     @contextmanager
-    def image(self, name: str) -> Iterator[LazyImage]:
+    def image(self, name: str, fanout: Fanout | None = None) -> Iterator[LazyImage]:
         """The image for a warm, shared with the warms of it running meanwhile (their
-        fetches then never overlap); released, with its memory, when the last one ends."""
+        fetches then never overlap); released, with its memory, when the last one ends.
+        With ``fanout``, a manifest not in the cache comes through the job's swarm."""
         image_id = resolve_image(self.blobs, name)
         with self._lock:
             lazy, users = self._images.get(image_id, (None, 0))
         if lazy is None:  # outside the lock: loading a manifest reads the store
+            if fanout is not None:
+                fanout.cache_blob(self.blobs, image_id, self.cache,
+                                  max_size=MAX_MANIFEST_BYTES)
             lazy = LazyImage(self.blobs, image_id, self.cache, prefetch_memory=0)
         with self._lock:
             lazy, users = self._images.get(image_id, (lazy, 0))
@@ -420,7 +425,7 @@ class Agent:
             fanout = None
             try:
                 fanout = self._fanout(warm_request)
-                with self._lazy(warm_request.image) as lazy:
+                with self._lazy(warm_request.image, fanout) as lazy:
                     summary = warm(self.blobs, self.config, warm_request,
                                    image_cache=self.cache, lazy=lazy, fanout=fanout,
                                    before_fetch=before_fetch,
@@ -469,11 +474,11 @@ class Agent:
             self.p2p.close()
 
     @contextmanager
-    def _lazy(self, name: str | None) -> Iterator[LazyImage | None]:
+    def _lazy(self, name: str | None, fanout: Fanout | None) -> Iterator[LazyImage | None]:
         if name is None:
             yield None
         else:
-            with self.image(name) as lazy:
+            with self.image(name, fanout) as lazy:
                 yield lazy
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import zstandard
 
-from bootseer.p2p.publish import leaf_hasher, publish_layer
+from bootseer.p2p.publish import leaf_hasher, publish_layer, publish_torrent
 from bootseer.prefetch.blockformat import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_PACK_TARGET,
@@ -204,7 +204,9 @@ def convert(
                          "manifest_digest": source.manifest_digest,
                          "config_digest": source.config_digest},
                         entries, block_table, pack_keys)
-    info = blobs.put(manifest.encode())
+    data = manifest.encode()
+    info = blobs.put(data)
+    publish_torrent(blobs.store, info.digest, data)  # a job's nodes share it too
     if name:
         blobs.set_ref(IMAGE_REF_PREFIX + name, info.digest, {"source": origin or source.location})
     return ConvertResult(

@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass, field
 
 from bootseer import boundedjson
-from bootseer.nodecache import NodeCache
+from bootseer.nodecache import NodeCache, NotCached
+from bootseer.p2p import Fanout, publish_torrent
 from bootseer.prefetch.blockformat import Manifest
 from bootseer.store import BlobStore
 
@@ -185,17 +186,23 @@ def save(blobs: BlobStore, recording: HotList, manifest: Manifest | None = None,
                                     local)
         merged = HotList(merged.image_id, merged.workload, merged.blocks, merged.recordings,
                          merged.samples, layout)
-    info = blobs.put(merged.encode())
+    data = merged.encode()
+    info = blobs.put(data)
+    publish_torrent(blobs.store, info.digest, data)  # a job's nodes share it too
     blobs.set_ref(ref_name(merged.image_id, merged.workload), info.digest,
                   {"recordings": merged.recordings, "blocks": len(merged.blocks)})
     return merged
 
 
 def load(blobs: BlobStore, image_id: str, workload: str = DEFAULT_WORKLOAD,
-         manifest: Manifest | None = None) -> HotList | None:
+         manifest: Manifest | None = None, *, cache: NodeCache | None = None,
+         fanout: Fanout | None = None) -> HotList | None:
     """The stored hot list, or None if there is none or it cannot be used (with a warning).
 
     With ``manifest``, blocks the image does not have are dropped (:meth:`HotList.within`).
+    The list's bytes are kept in ``cache``, the node's block cache, and found there again
+    (a warm's copy serves the start after it); with ``fanout`` they come through the job's
+    swarm.
     """
     try:
         ref = blobs.get_ref(ref_name(image_id, workload))
@@ -206,8 +213,27 @@ def load(blobs: BlobStore, image_id: str, workload: str = DEFAULT_WORKLOAD,
                     exc)
         return None
     try:
-        hot = HotList.decode(blobs.get(ref.digest, MAX_HOTLIST_BYTES))
+        hot = HotList.decode(_list_bytes(blobs, ref.digest, cache, fanout))
     except Exception as exc:
         log.warning("ignoring the hot list of image %s (%s): %s", image_id, workload, exc)
         return None
     return hot if manifest is None else hot.within(manifest)
+
+
+def _list_bytes(blobs: BlobStore, digest: str, cache: NodeCache | None,
+                fanout: Fanout | None) -> bytes:
+    """A hot list's bytes: from ``cache`` (through ``fanout`` into it first), else the
+    store's, kept in ``cache`` if it can take them."""
+    hexd = digest.removeprefix("sha256:")
+    if cache is None:
+        return blobs.get(digest, MAX_HOTLIST_BYTES)
+    if fanout is not None:
+        fanout.cache_blob(blobs, digest, cache, max_size=MAX_HOTLIST_BYTES)
+    data = cache.get(hexd)
+    if data is None:
+        data = blobs.get(digest, MAX_HOTLIST_BYTES)
+        try:
+            cache.put(hexd, data)
+        except (OSError, NotCached) as exc:
+            log.debug("hot list %s not cached: %s", digest, exc)
+    return data

@@ -232,9 +232,10 @@ def serve(spec: ImageServerSpec, peer_read: PeerRead | None = None) -> None:
     image_id = spec.image_id or resolve_image(blobs, spec.image)
     with ThreadPoolExecutor(1, thread_name_prefix="hot-list") as pool:
         # Two store reads that need not wait for each other: the hot list, the manifest.
-        stored_hot = pool.submit(hotlist.load, blobs, image_id, spec.workload) \
+        blocks = NodeCaches.for_config(spec.config).blocks()
+        stored_hot = pool.submit(hotlist.load, blobs, image_id, spec.workload, cache=blocks) \
             if spec.prefetch or spec.record_auto else None
-        image = LazyImage(blobs, image_id, NodeCaches.for_config(spec.config).blocks())
+        image = LazyImage(blobs, image_id, blocks)
         if spec.record is None:  # nothing left to decide: the caller goes on meanwhile
             by_key = _announce(spec, image, record=False)
         loaded = stored_hot.result() if stored_hot is not None else None

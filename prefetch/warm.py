@@ -40,10 +40,10 @@ from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
 from bootseer.p2p import Fanout, FetchResult
 from bootseer.prefetch import hotlist
-from bootseer.prefetch.blockformat import PACK_PREFIX, FileEntry
+from bootseer.prefetch.blockformat import MAX_MANIFEST_BYTES, PACK_PREFIX, FileEntry
 from bootseer.prefetch.config import PrefetchConfig
 from bootseer.prefetch.hotlist import HotBlock, HotList
-from bootseer.prefetch.lazyimage import LazyImage
+from bootseer.prefetch.lazyimage import LazyImage, resolve_image
 from bootseer.prefetch.metaimage import MetaImage, unsupported
 from bootseer.prefetch.prefetcher import Prefetcher
 from bootseer.prefetch.rootfs import Kind
@@ -100,8 +100,13 @@ def warm_image(blobs: BlobStore, cache: NodeCache, image: str, workload: str, *,
     node can mount one) and the seconds that took (``metadata_image_s``).
     """
     started = time.monotonic()
-    lazy = lazy or LazyImage(blobs, image, cache)  # also caches the manifest
-    hot = hotlist.load(blobs, lazy.image_id, workload, lazy.manifest)
+    if lazy is None:
+        image_id = resolve_image(blobs, image)
+        if fanout is not None:  # the manifest through the job's swarm, into the cache
+            fanout.cache_blob(blobs, image_id, cache, max_size=MAX_MANIFEST_BYTES)
+        lazy = LazyImage(blobs, image_id, cache)  # also caches the manifest
+    hot = hotlist.load(blobs, lazy.image_id, workload, lazy.manifest, cache=cache,
+                       fanout=fanout)
     wanted = hot
     if all_blocks:  # in pack order: the cheapest order to read them in
         order = sorted(range(len(lazy.manifest.blocks)),

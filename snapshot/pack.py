@@ -178,7 +178,9 @@ def creation_info(argv: list[str], material: dict[str, Any] | None) -> dict[str,
 
 def publish(blobs: BlobStore, manifest: Manifest) -> bool:
     """Store the manifest, then the ref, create-only; False when another publisher won."""
-    info = blobs.put(manifest.encode())
+    data = manifest.encode()
+    info = blobs.put(data)
+    publish_torrent(blobs.store, info.digest, data)  # a job's nodes share it too
     meta = {"files": len(manifest.entries), "bytes": manifest.content_bytes,
             "shards": len(manifest.shards), "targets": list(manifest.targets),
             "host": manifest.created.get("host"),

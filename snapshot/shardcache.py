@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
+from bootseer.p2p import Fanout
 from bootseer.snapshot.manifest import MAX_MANIFEST_BYTES, REF_PREFIX, Manifest
 from bootseer.store import BlobStore, Ref
 
@@ -35,12 +36,17 @@ def _key_record(cache: NodeCache, key: str) -> Path | None:
     return cache.directory / "keys" / key if _CACHEABLE_KEY.fullmatch(key) else None
 
 
-def store_manifest(blobs: BlobStore, key: str) -> tuple[Ref, bytes]:
-    """Snapshot ``key``'s reference and manifest bytes, from the store."""
+def manifest_ref(blobs: BlobStore, key: str) -> Ref:
+    """Snapshot ``key``'s reference (its manifest's digest), from the store."""
     try:
-        ref = blobs.get_ref(REF_PREFIX + key)
+        return blobs.get_ref(REF_PREFIX + key)
     except FileNotFoundError:
         raise FileNotFoundError(f"no snapshot {key} in the store {blobs.store.url}") from None
+
+
+def store_manifest(blobs: BlobStore, key: str) -> tuple[Ref, bytes]:
+    """Snapshot ``key``'s reference and manifest bytes, from the store."""
+    ref = manifest_ref(blobs, key)
     return ref, blobs.get(ref.digest, MAX_MANIFEST_BYTES)
 
 
@@ -55,11 +61,20 @@ def cached_manifest(cache: NodeCache, key: str) -> Manifest | None:
     return None
 
 
-def stage_manifest(blobs: BlobStore, cache: NodeCache, key: str) -> Manifest:
-    """Snapshot ``key``'s manifest from the store, kept in ``cache`` like a shard (under
-    its digest, verified on every read) with ``keys/<key>`` naming that digest, for
-    :func:`cached_manifest`. A cache this process cannot write is left as it is."""
-    ref, data = store_manifest(blobs, key)
+def stage_manifest(blobs: BlobStore, cache: NodeCache, key: str,
+                   fanout: Fanout | None = None) -> Manifest:
+    """Snapshot ``key``'s manifest from the store (through the job's swarm with a
+    ``fanout``), kept in ``cache`` like a shard (under its digest, verified on every read)
+    with ``keys/<key>`` naming that digest, for :func:`cached_manifest`. A cache this
+    process cannot write is left as it is (without a fanout)."""
+    if fanout is None:
+        ref, data = store_manifest(blobs, key)
+    else:
+        ref = manifest_ref(blobs, key)
+        fanout.cache_blob(blobs, ref.digest, cache, max_size=MAX_MANIFEST_BYTES)
+        data = cache.get(ref.digest.removeprefix("sha256:"))
+        if data is None:  # evicted or damaged since: the store's copy
+            data = blobs.get(ref.digest, MAX_MANIFEST_BYTES)
     manifest = Manifest.decode(data, key)
     record = _key_record(cache, key)
     if record is not None:

@@ -12,7 +12,8 @@ not fill the cache: the restored environment is the copy a node keeps.
 Staged as one of a job's nodes with peer-to-peer on (a :class:`~bootseer.p2p.Fanout`),
 each shard comes through the job's swarm (this node's share of it from the store, the
 rest from peers) into a temporary of the cache, verified against its digest before it
-becomes an entry, and the entry is seeded at once for the nodes still fetching it.
+becomes an entry, and the entry is seeded at once for the nodes still fetching it; the
+manifest comes the same way (:meth:`~bootseer.p2p.Fanout.cache_blob`).
 
 :class:`SnapshotWarmer` is this stage as a :class:`~bootseer.warming.Warmer`, the way
 ``bootseer warm`` and the agent run it.
@@ -28,7 +29,7 @@ from typing import Any
 
 from bootseer.errors import BootseerError
 from bootseer.nodecache import NodeCache
-from bootseer.p2p import Fanout, FetchResult
+from bootseer.p2p import Fanout
 from bootseer.snapshot.config import SnapshotOptions
 from bootseer.snapshot.manifest import Manifest
 from bootseer.snapshot.shardcache import stage_manifest
@@ -70,7 +71,7 @@ def stage_snapshot(blobs: BlobStore, cache: NodeCache, key: str, *,
     started = time.monotonic()
     concurrency = (options or SnapshotOptions()).concurrency
     on_progress = hooks.on_progress
-    manifest = stage_manifest(blobs, cache, key)
+    manifest = stage_manifest(blobs, cache, key, fanout)
     total = sum(s.size for s in manifest.shards)
     if hooks.on_plan:
         hooks.on_plan(total)
@@ -87,10 +88,10 @@ def stage_snapshot(blobs: BlobStore, cache: NodeCache, key: str, *,
             cache.put_stream(digest.removeprefix("sha256:"), blobs.iter_chunks(digest),
                              verified=True)
             store_bytes.append(size)
-        else:
-            result = _fetch_shared(blobs, cache, digest, fanout)
-            store_bytes.append(result.store_bytes)
-            peer_bytes.append(result.peer_bytes)
+        else:  # None: a concurrent warm of the snapshot staged it meanwhile
+            result = fanout.cache_blob(blobs, digest, cache)
+            store_bytes.append(result.store_bytes if result else 0)
+            peer_bytes.append(result.peer_bytes if result else 0)
         fetched.append(size)
         if on_progress:
             on_progress(size)
@@ -100,7 +101,7 @@ def stage_snapshot(blobs: BlobStore, cache: NodeCache, key: str, *,
     if fanout is not None:  # what this node has already, for the nodes still fetching it
         for shard in manifest.shards:
             if shard not in wanted:
-                _seed(blobs, cache, shard.digest, fanout)
+                fanout.cache_blob(blobs, shard.digest, cache)
     with ThreadPoolExecutor(max(1, concurrency)) as pool:
         for shard, future in [(s, pool.submit(fetch, s.digest, s.size)) for s in wanted]:
             try:
@@ -130,24 +131,3 @@ def _unpack(blobs: BlobStore, cache: NodeCache, manifest: Manifest,
         log.warning("snapshot %s: not unpacked on the node: %s", manifest.key, exc)
         return {"tree": False}
     return {"tree": True, "tree_s": round(time.monotonic() - started, 3)}
-
-
-def _fetch_shared(blobs: BlobStore, cache: NodeCache, digest: str,
-                  fanout: Fanout) -> FetchResult:
-    """Shard ``digest`` through the job's swarm into the cache, then seeded from there."""
-    hexd = digest.removeprefix("sha256:")
-    tmp = cache.new_temporary(hexd)  # a crash leaves it to the next sweep, never an entry
-    try:
-        result = fanout.fetch_blob(blobs, digest, tmp)  # checked against the digest
-        os.chmod(tmp, cache.mode)
-        cache.add_file(tmp, hexd)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _seed(blobs, cache, digest, fanout)
-    return result
-
-
-def _seed(blobs: BlobStore, cache: NodeCache, digest: str, fanout: Fanout) -> None:
-    path = cache.path(digest.removeprefix("sha256:"))
-    if path.is_file():
-        fanout.seed(blobs.store, digest, path)

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 
 from bootseer.config import P2PConfig
 from bootseer.errors import BootseerError, IntegrityError
+from bootseer.limits import check_size
+from bootseer.nodecache import NodeCache
 from bootseer.store import BlobStore, Store
 
 from .peer import Peer
@@ -113,6 +115,30 @@ class Fanout:
         result = self._through_swarm(blobs.store, digest, size, dest,
                                      lambda offset, n: blobs.store.read_range(key, offset, n))
         return self._kept(result or read_plain(blobs, digest, dest))
+
+    def cache_blob(self, blobs: BlobStore, digest: str, cache: NodeCache, *,
+                   max_size: int | None = None) -> FetchResult | None:
+        """Blob ``digest`` into ``cache`` through the swarm (into a temporary of the cache,
+        checked against the digest, then made an entry), then seeded from there; None if
+        the cache had it already (seeded all the same: the job's later nodes may need it).
+        ``max_size`` refuses a larger blob before any of it is read. Shards, manifests and
+        hot lists come this way, so that each leaves the store about once per job."""
+        hexd = digest.removeprefix("sha256:")
+        result = None
+        if hexd not in cache:
+            if max_size is not None:
+                check_size(blobs.stat(digest).size, max_size, f"blob {digest}")
+            tmp = cache.new_temporary(hexd)  # a crash leaves it to the next sweep
+            try:
+                result = self.fetch_blob(blobs, digest, tmp)
+                os.chmod(tmp, cache.mode)
+                cache.add_file(tmp, hexd)
+            finally:
+                tmp.unlink(missing_ok=True)
+        path = cache.path(hexd)
+        if path.is_file():
+            self.seed(blobs.store, digest, path)
+        return result
 
     def fetch_object(self, store: Store, key: str, digest: str, dest: Path) -> FetchResult:
         """Like :func:`fetch_object`, through this fanout's swarm and peers."""

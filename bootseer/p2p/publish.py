@@ -17,6 +17,7 @@ read that object from the store.
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,9 +29,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def publish_torrent(store: Store, digest: str, path: Path) -> bool:
-    """Build the torrent of object ``digest`` from its bytes in ``path`` and publish it
-    (create-only); False, logged, if there was one already or it could not be done."""
+def publish_torrent(store: Store, digest: str, source: Path | bytes) -> bool:
+    """Build the torrent of object ``digest`` from its bytes (in the file ``source``, or
+    ``source`` itself: a manifest, a hot list, which libtorrent's builder reads from a
+    temporary file) and publish it (create-only); False, logged, if there was one already
+    or it could not be done."""
     try:
         from . import torrents  # libtorrent: loaded by publishers, never by readers
     except ImportError as exc:
@@ -39,8 +42,14 @@ def publish_torrent(store: Store, digest: str, path: Path) -> bool:
     try:
         if store.exists(torrents.key(digest)):
             return False
-        return torrents.publish(store, digest,
-                                torrents.build(digest, path.stat().st_size, path))
+        if isinstance(source, Path):
+            return torrents.publish(store, digest,
+                                    torrents.build(digest, source.stat().st_size, source))
+        with tempfile.NamedTemporaryFile(prefix="bootseer-torrent-") as spool:
+            spool.write(source)
+            spool.flush()
+            return torrents.publish(store, digest,
+                                    torrents.build(digest, len(source), Path(spool.name)))
     except Exception as exc:  # an optimisation: never the object's publish
         log.warning("p2p: could not publish the torrent of %s: %s", digest, exc)
         return False

@@ -83,22 +83,27 @@ def test_a_published_snapshot_is_staged_through_a_fanout_verified_and_seeded(
     blobs = BlobStore(open_store(store_dir.as_uri()))
     shards = _shards(blobs, "k")
     assert len(shards) == 2  # one ends inside a torrent piece
-    for shard in shards:  # published with the snapshot, beside each shard
-        assert torrents.load(blobs.store, shard.digest, shard.size).size == shard.size
+    manifest = blobs.get_ref("env/k")
+    # published with the snapshot, beside each shard and beside the manifest
+    for digest, size in [(s.digest, s.size) for s in shards] + [(manifest.digest,
+                                                                  manifest.size)]:
+        assert torrents.load(blobs.store, digest, size).size == size
     cache = NodeCache(tmp_path / "cache" / "snapshots", 1 << 30)
     with local_swarm() as swarm:
         fanout = Fanout(swarm, ())
         staged = stage_snapshot(blobs, cache, "k", fanout=fanout)
         assert staged.complete and staged.fetched == 2 and staged.peer_bytes == 0
         assert staged.store_bytes == staged.bytes  # no peers: all from the store
-        assert sorted(r.store_bytes for r in fanout.results) == sorted(s.size for s in shards)
-        for shard in shards:
-            hexd = shard.digest.removeprefix("sha256:")
+        # the manifest came through the swarm too
+        assert sorted(r.store_bytes for r in fanout.results) == \
+            sorted([*(s.size for s in shards), manifest.size])
+        for digest in [s.digest for s in shards] + [manifest.digest]:
+            hexd = digest.removeprefix("sha256:")
             assert hashlib.sha256(cache.path(hexd).read_bytes()).hexdigest() == hexd
         assert not list((cache.directory / "tmp").iterdir())
-        assert swarm.stats().seeding == 2
+        assert swarm.stats().seeding == 3
         cache.drop(shards[0].digest.removeprefix("sha256:"))  # evicted: no longer seeded
-        wait_until(lambda: swarm.stats().seeding == 1)
+        wait_until(lambda: swarm.stats().seeding == 2)
         again = stage_snapshot(blobs, cache, "k", fanout=Fanout(swarm, ()))
         assert (again.already_local, again.fetched) == (1, 1)
 
@@ -118,14 +123,22 @@ def test_a_recorded_hot_pack_is_warmed_whole_through_a_fanout(tmp_path: Path, lo
     hexd = layout.pack.removeprefix("packs/")
     assert hexd in recorder_cache  # the recorder keeps its copy, to seed
     assert torrents.load(blobs.store, "sha256:" + hexd, layout.size).size == layout.size
+    image_id = blobs.get_ref("images/big").digest
+    hot_id = blobs.get_ref(hotlist.ref_name(image_id, "train")).digest
+    small = [image_id, hot_id]  # the image's manifest and its hot list
+    for digest in small:  # published with a torrent, like the pack
+        assert torrents.load(blobs.store, digest, blobs.stat(digest).size)
     cache = NodeCache(cache_dir / "node", 1 << 30)
     with local_swarm() as swarm:
-        result = warm_image(blobs, cache, "big", "train", fanout=Fanout(swarm, ()))
+        fanout = Fanout(swarm, ())
+        result = warm_image(blobs, cache, "big", "train", fanout=fanout)
         assert result.complete and result.items == 3 and result.fetched == 3
         # The pack whole through the swarm (its pieces from the store: no peers), then
         # the blocks from that copy: no ranged read of the store.
         assert (result.store_bytes, result.detail["fetch_requests"]) == (layout.size, 0)
-        assert hexd in cache and swarm.stats().seeding == 1
+        # the manifest and the hot list came through the swarm too, and are seeded
+        assert sorted(r.digest for r in fanout.results) == sorted([*small, "sha256:" + hexd])
+        assert hexd in cache and swarm.stats().seeding == 3
         # A pack without a torrent (recorded before they were published): ranged reads.
         blobs.store.delete(torrents.key("sha256:" + hexd))
         other = NodeCache(cache_dir / "other", 1 << 30)
@@ -138,6 +151,10 @@ def test_a_recorded_hot_pack_is_warmed_whole_through_a_fanout(tmp_path: Path, lo
     for n in (1, 3, 4):
         assert warmed.read(entry, n * MIB, MIB) == BIG[n * MIB : (n + 1) * MIB]
     assert warmed.stats.blocks_fetched == 0
+    # The start after the warm (its image server) finds the hot list in the node's cache.
+    blobs.store.delete(blobs.blob_key(hot_id))
+    assert hotlist.load(blobs, image_id, "train", cache=cache) == \
+        hotlist.HotList.decode(cache.get(hot_id.removeprefix("sha256:")))
 
 
 def test_a_torrent_that_cannot_be_published_does_not_fail_the_publish(
