@@ -37,6 +37,7 @@ from support.wait import wait_until
 
 from bootseer.agents.mountapi import PeerFileRead, PeerRead
 from bootseer.agents.warm import WarmRequest
+from bootseer.errors import SizeLimitError
 from bootseer.nodecache import NodeCache
 from bootseer.p2p import Fanout, Peer, publish_torrent, rendezvous, torrents
 from bootseer.p2p.trust import Networks, PeerKey, Trust
@@ -155,6 +156,26 @@ def test_a_recorded_hot_pack_is_warmed_whole_through_a_fanout(tmp_path: Path, lo
     blobs.store.delete(blobs.blob_key(hot_id))
     assert hotlist.load(blobs, image_id, "train", cache=cache) == \
         hotlist.HotList.decode(cache.get(hot_id.removeprefix("sha256:")))
+
+
+def test_a_small_object_over_its_limit_is_refused_before_a_byte_is_read(
+        tmp_path: Path, local_swarm) -> None:
+    """A manifest or hot list comes through the swarm only within its size limit: a
+    larger one (a store writer's) is refused from its size alone, nothing is cached."""
+    blobs = BlobStore(open_store((tmp_path / "store").as_uri()))
+    data = os.urandom(100_000)
+    digest = blobs.put(data).digest
+    assert publish_torrent(blobs.store, digest, data)  # from the bytes in memory
+    cache = NodeCache(tmp_path / "cache", 1 << 30)
+    with local_swarm() as swarm:
+        fanout = Fanout(swarm, ())
+        with pytest.raises(SizeLimitError):
+            fanout.cache_blob(blobs, digest, cache, max_size=len(data) - 1)
+        assert digest.removeprefix("sha256:") not in cache and fanout.results == []
+        result = fanout.cache_blob(blobs, digest, cache, max_size=len(data))
+        assert result is not None and result.store_bytes == len(data)
+        assert cache.get(digest.removeprefix("sha256:")) == data
+        assert fanout.cache_blob(blobs, digest, cache) is None  # cached: seeded, not read
 
 
 def test_a_torrent_that_cannot_be_published_does_not_fail_the_publish(
