@@ -191,6 +191,18 @@ class NodeCache:
         """Add an entry whose digest the caller has verified."""
         self.put_many([(digest, data)])
 
+    def get_or_fetch(self, digest: str, fetch: Callable[[], bytes]) -> bytes:
+        """The entry's bytes, else what ``fetch`` returns (verified by the caller), kept
+        here if the cache can take them: a manifest or hot list read once per node."""
+        data = self.get(digest)
+        if data is None:
+            data = fetch()
+            try:
+                self.put(digest, data)
+            except (OSError, NotCached) as exc:
+                log.warning("could not cache %s: %s", digest, exc)
+        return data
+
     def put_many(self, entries: Iterable[tuple[str, bytes]]) -> None:
         """Add entries whose digests the caller has verified, under one lock and one
         update of the count. A prefetch adds hundreds of blocks a second; alone, each add

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from bootseer import boundedjson
-from bootseer.nodecache import NodeCache, NotCached
+from bootseer.nodecache import NodeCache
 from bootseer.p2p import Fanout, publish_torrent
 from bootseer.prefetch.blockformat import Manifest
 from bootseer.store import BlobStore
@@ -224,16 +224,9 @@ def _list_bytes(blobs: BlobStore, digest: str, cache: NodeCache | None,
                 fanout: Fanout | None) -> bytes:
     """A hot list's bytes: from ``cache`` (through ``fanout`` into it first), else the
     store's, kept in ``cache`` if it can take them."""
-    hexd = digest.removeprefix("sha256:")
     if cache is None:
         return blobs.get(digest, MAX_HOTLIST_BYTES)
     if fanout is not None:
         fanout.cache_blob(blobs, digest, cache, max_size=MAX_HOTLIST_BYTES)
-    data = cache.get(hexd)
-    if data is None:
-        data = blobs.get(digest, MAX_HOTLIST_BYTES)
-        try:
-            cache.put(hexd, data)
-        except (OSError, NotCached) as exc:
-            log.debug("hot list %s not cached: %s", digest, exc)
-    return data
+    return cache.get_or_fetch(digest.removeprefix("sha256:"),
+                              lambda: blobs.get(digest, MAX_HOTLIST_BYTES))

@@ -96,14 +96,8 @@ def load_manifest_timed(blobs: BlobStore, image_id: str,
     """:func:`load_manifest`, and what it cost."""
     started = time.perf_counter()
     digest = image_id.removeprefix("sha256:")
-    data = cache.get(digest)
-    cached = data is not None
-    if data is None:
-        data = blobs.get(image_id, MAX_MANIFEST_BYTES)  # verified against its digest
-        try:
-            cache.put(digest, data)
-        except (OSError, NotCached) as exc:
-            log.warning("could not cache the manifest of %s: %s", image_id, exc)
+    cached = digest in cache
+    data = cache.get_or_fetch(digest, lambda: blobs.get(image_id, MAX_MANIFEST_BYTES))
     fetched = time.perf_counter()
     manifest = Manifest.decode(data)
     decoded = time.perf_counter()
