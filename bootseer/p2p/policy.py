@@ -37,8 +37,10 @@ those are done, so that a piece a peer has meanwhile comes from that peer. It re
 own pieces first, lowest first, and a gone member's last, highest first: a member that
 was only late reads its own from the lowest, and it and its heirs meet once. Claiming the
 whole share at once queued pieces behind the store reads, where they stayed claimed after
-a late member, or a peer that had inherited them, had them: in the fleet lab's 16 nodes,
-the checkpoint's late members read 22 MB from the store again.
+a peer had them: four nodes of a LAN, one starting after the grace, 1 MiB pieces read from
+the store in 0.3 s, took 1.25x the blob from the store in every run, 1.06-1.19x so (a
+member still connecting cannot see what its peers hold; the lab's 16 nodes on 2 cores
+showed no difference).
 """
 
 from __future__ import annotations

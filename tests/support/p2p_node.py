@@ -3,10 +3,9 @@
 ``python p2p_node.py SPEC_JSON``; the spec's ``role``:
 
 * ``fetch``: a Swarm on ``listen``; announce in the job; print ``{"ready": ADDRESS}``;
-  wait for the file ``go`` (and ``start_delay`` seconds); fetch the blob from the job's
-  members (store reads counted at ``read_range``, each delayed by ``store_delay``),
-  keep it where a cache would and seed it from there; print the result; wait for
-  ``stop``.
+  wait for the file ``go``; fetch the blob from the job's members (store reads counted
+  at ``read_range``, each delayed by ``store_delay``), keep it where a cache would and
+  seed it from there; print the result; wait for ``stop``.
 * ``seed``: the blob read plainly from the store, seeded; announce; ready; wait for stop.
 * ``attacker``: a bare libtorrent session with hash checks off seeding a corrupted copy
   (every byte flipped) in seed mode, so it serves bad pieces; it holds the cluster's key
@@ -100,7 +99,6 @@ def main(spec: dict) -> None:
     say(ready=str(swarm.address))
     if spec["role"] == "fetch":
         wait_for(spec["go"])
-        time.sleep(spec.get("start_delay", 0.0))  # a member that starts late
         peers = rendezvous.members(store, swarm.trust, spec["job"])
         counted = [0]
         lock = threading.Lock()

@@ -52,6 +52,7 @@ def test_a_warm_sharing_its_image_ends_when_the_blocks_are_on_disk(dirs, monkeyp
     blobs = BlobStore(open_store(str(dirs["store"])))
     cache = NodeCache(dirs["cache"] / "blocks", 1 << 30)
     lazy = LazyImage(blobs, "big", cache, prefetch_memory=0)
+    hotlist.load(blobs, lazy.image_id, "train", cache=cache)  # cached: only blocks go slow
     fetched, write = threading.Event(), threading.Event()
     put_many = cache.put_many
 
