@@ -72,9 +72,8 @@ def stage_manifest(blobs: BlobStore, cache: NodeCache, key: str,
     else:
         ref = manifest_ref(blobs, key)
         fanout.cache_blob(blobs, ref.digest, cache, max_size=MAX_MANIFEST_BYTES)
-        data = cache.get(ref.digest.removeprefix("sha256:"))
-        if data is None:  # evicted or damaged since: the store's copy
-            data = blobs.get(ref.digest, MAX_MANIFEST_BYTES)
+        data = cache.get_or_fetch(ref.digest.removeprefix("sha256:"),  # evicted since?
+                                  lambda: blobs.get(ref.digest, MAX_MANIFEST_BYTES))
     manifest = Manifest.decode(data, key)
     record = _key_record(cache, key)
     if record is not None:
