@@ -3,12 +3,18 @@
 A :class:`Recorder` notes the first access of each block while a container starts from a
 lazy mount (block digest, the file it was read for, seconds since the start). The result
 is a :class:`HotList`, kept in the store per image and per workload (the same image
-started with another entry point reads other blocks) under the ref
-``hot/<image hex>/<workload>``. Several recordings merge into one: the union of their
-blocks, ordered by the median of their first-access times, so the list converges to what
-starts have in common and stays small. A hot list is only advice: one that does not
-decode, or that names blocks the image does not have (the image changed), is ignored
-with a warning, never an error.
+started with another entry point reads other blocks). Several recordings merge into one:
+the union of their blocks, ordered by the median of their first-access times, so the list
+converges to what starts have in common and stays small.
+
+Many nodes end their recordings at once (a job's restart), so a save is a merge into the
+latest list that must not lose another node's merge. Each save writes a new *generation*,
+the create-only ref ``hot/<image hex>/<workload>/<n>``: a writer that finds ``n`` taken
+merges that list and tries ``n + 1``. Every generation then holds every recording of the
+ones before it; readers take the highest. Old generations are pruned, keeping two.
+
+A hot list is only advice: one that does not decode, or that names blocks the image does
+not have (the image changed), is ignored with a warning, never an error.
 
 Saving a recording also lays the hot blocks out again (:mod:`bootseer.prefetch.hotpack`): their
 compressed bytes, copied in hot-list order into one *hot pack*, so that a prefetch is a
@@ -29,7 +35,7 @@ from bootseer import boundedjson
 from bootseer.nodecache import NodeCache
 from bootseer.p2p import Fanout, publish_torrent
 from bootseer.prefetch.blockformat import Manifest
-from bootseer.store import BlobStore
+from bootseer.store import BlobStore, Ref
 
 log = logging.getLogger(__name__)
 
@@ -162,42 +168,111 @@ class Recorder:
                        {d: [t] for d, (_, t) in order})
 
 
-def ref_name(image_id: str, workload: str) -> str:
-    return f"hot/{image_id.removeprefix('sha256:')}/{workload}"
+#: How many times a save merges a newer generation and tries again before it gives its
+#: recording up (with a warning): a hot list is advice, and every try may write a pack.
+SAVE_ATTEMPTS = 8
+#: Generations kept: the newest, and the one before it for readers that listed just
+#: before the newest appeared.
+KEEP_GENERATIONS = 2
+
+
+def ref_prefix(image_id: str, workload: str) -> str:
+    """The refs of every generation of one image's and workload's list sit under this."""
+    return f"hot/{image_id.removeprefix('sha256:')}/{workload}/"
+
+
+def ref_name(image_id: str, workload: str, generation: int) -> str:
+    return f"{ref_prefix(image_id, workload)}{generation}"
+
+
+def generations(blobs: BlobStore, image_id: str, workload: str) -> list[int]:
+    """The stored generations of a list, oldest first."""
+    prefix = ref_prefix(image_id, workload)
+    names = (name.removeprefix(prefix) for name in blobs.list_refs(prefix))
+    return sorted(int(name) for name in names if name.isdigit())
+
+
+def latest_ref(blobs: BlobStore, image_id: str, workload: str) -> tuple[int, Ref] | None:
+    """The newest generation and its ref, or None if there is none. A generation pruned
+    between the listing and the read is listed again."""
+    for _ in range(KEEP_GENERATIONS + 1):
+        found = generations(blobs, image_id, workload)
+        if not found:
+            return None
+        try:
+            return found[-1], blobs.get_ref(ref_name(image_id, workload, found[-1]))
+        except FileNotFoundError:
+            continue
+    raise RuntimeError(f"the hot list of image {image_id} ({workload}) changed faster than it "
+                       f"could be read")
 
 
 def save(blobs: BlobStore, recording: HotList, manifest: Manifest | None = None,
          local: NodeCache | None = None) -> HotList:
-    """Merge ``recording`` into the stored list of its image and workload; store the result.
+    """Merge ``recording`` into the newest stored list of its image and workload and store
+    the result as the next generation. Returns the merge, or the recording alone, not
+    stored, if other saves kept winning (:data:`SAVE_ATTEMPTS`).
 
     With the image's ``manifest``, the hot blocks are also laid out in a hot pack — again
     only when the merge changed which blocks are hot (a new order of the same blocks keeps
     the pack: a prefetch reads it in list order anyway, only in more pieces) — and a copy
     of a new pack kept in ``local``, the node's block cache (for its torrent and seeding).
     """
+    image_id, workload = recording.image_id, recording.workload
+    for _ in range(SAVE_ATTEMPTS):
+        latest = latest_ref(blobs, image_id, workload)
+        stored = _decoded(blobs, latest[1].digest, image_id, workload, manifest) \
+            if latest is not None else None
+        merged = _merged_and_laid_out(blobs, stored, recording, manifest, local)
+        data = merged.encode()
+        info = blobs.put(data)
+        publish_torrent(blobs.store, info.digest, data)  # a job's nodes share it too
+        generation = latest[0] + 1 if latest is not None else 1
+        try:
+            blobs.set_ref(ref_name(image_id, workload, generation), info.digest,
+                          {"recordings": merged.recordings, "blocks": len(merged.blocks)},
+                          overwrite=False)
+        except FileExistsError:
+            continue  # another node saved first: merge into its list
+        _prune(blobs, image_id, workload, generation)
+        return merged
+    log.warning("the hot list of image %s (%s) was saved by others %d times while this "
+                "node merged its recording; the recording is dropped", image_id, workload,
+                SAVE_ATTEMPTS)
+    return recording
+
+
+def _merged_and_laid_out(blobs: BlobStore, stored: HotList | None, recording: HotList,
+                         manifest: Manifest | None, local: NodeCache | None) -> HotList:
     from bootseer.prefetch.hotpack import write_hot_pack
 
-    stored = load(blobs, recording.image_id, recording.workload, manifest)
     merged = merge([stored, recording]) if stored is not None else recording
-    if manifest is not None:
-        layout = stored.layout if stored is not None else None
-        if layout is None or set(layout.pieces) != {b.digest for b in merged.blocks}:
-            layout = write_hot_pack(blobs, manifest, [b.digest for b in merged.blocks],
-                                    local)
-        merged = HotList(merged.image_id, merged.workload, merged.blocks, merged.recordings,
-                         merged.samples, layout)
-    data = merged.encode()
-    info = blobs.put(data)
-    publish_torrent(blobs.store, info.digest, data)  # a job's nodes share it too
-    blobs.set_ref(ref_name(merged.image_id, merged.workload), info.digest,
-                  {"recordings": merged.recordings, "blocks": len(merged.blocks)})
-    return merged
+    if manifest is None:
+        return merged
+    layout = stored.layout if stored is not None else None
+    if layout is None or set(layout.pieces) != {b.digest for b in merged.blocks}:
+        layout = write_hot_pack(blobs, manifest, [b.digest for b in merged.blocks], local)
+    return HotList(merged.image_id, merged.workload, merged.blocks, merged.recordings,
+                   merged.samples, layout)
+
+
+def _prune(blobs: BlobStore, image_id: str, workload: str, newest: int) -> None:
+    """Remove the generations older than the :data:`KEEP_GENERATIONS` newest: each holds
+    every recording of the ones before it."""
+    for old in generations(blobs, image_id, workload):
+        if old > newest - KEEP_GENERATIONS:
+            break
+        try:
+            blobs.delete_ref(ref_name(image_id, workload, old))
+        except FileNotFoundError:
+            pass  # another saver pruned it
 
 
 def load(blobs: BlobStore, image_id: str, workload: str = DEFAULT_WORKLOAD,
          manifest: Manifest | None = None, *, cache: NodeCache | None = None,
          fanout: Fanout | None = None) -> HotList | None:
-    """The stored hot list, or None if there is none or it cannot be used (with a warning).
+    """The newest stored hot list, or None if there is none or it cannot be used (with a
+    warning).
 
     With ``manifest``, blocks the image does not have are dropped (:meth:`HotList.within`).
     The list's bytes are kept in ``cache``, the node's block cache, and found there again
@@ -205,15 +280,22 @@ def load(blobs: BlobStore, image_id: str, workload: str = DEFAULT_WORKLOAD,
     swarm.
     """
     try:
-        ref = blobs.get_ref(ref_name(image_id, workload))
-    except FileNotFoundError:
-        return None
+        latest = latest_ref(blobs, image_id, workload)
     except Exception as exc:  # the store failed: a start goes on without advice
         log.warning("could not read the hot list of image %s (%s): %s", image_id, workload,
                     exc)
         return None
+    if latest is None:
+        return None
+    return _decoded(blobs, latest[1].digest, image_id, workload, manifest, cache, fanout)
+
+
+def _decoded(blobs: BlobStore, digest: str, image_id: str, workload: str,
+             manifest: Manifest | None, cache: NodeCache | None = None,
+             fanout: Fanout | None = None) -> HotList | None:
+    """The list stored as ``digest``, or None (with a warning) if it cannot be used."""
     try:
-        hot = HotList.decode(_list_bytes(blobs, ref.digest, cache, fanout))
+        hot = HotList.decode(_list_bytes(blobs, digest, cache, fanout))
     except Exception as exc:
         log.warning("ignoring the hot list of image %s (%s): %s", image_id, workload, exc)
         return None

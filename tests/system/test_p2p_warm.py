@@ -125,7 +125,7 @@ def test_a_recorded_hot_pack_is_warmed_whole_through_a_fanout(tmp_path: Path, lo
     assert hexd in recorder_cache  # the recorder keeps its copy, to seed
     assert torrents.load(blobs.store, "sha256:" + hexd, layout.size).size == layout.size
     image_id = blobs.get_ref("images/big").digest
-    hot_id = blobs.get_ref(hotlist.ref_name(image_id, "train")).digest
+    hot_id = hotlist.latest_ref(blobs, image_id, "train")[1].digest
     small = [image_id, hot_id]  # the image's manifest and its hot list
     for digest in small:  # published with a torrent, like the pack
         assert torrents.load(blobs.store, digest, blobs.stat(digest).size)

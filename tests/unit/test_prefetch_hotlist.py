@@ -4,6 +4,8 @@ stale and corrupt lists are ignored with a warning."""
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,34 @@ def test_saved_recordings_merge_in_the_store(image: LazyImage) -> None:
     assert hotlist.load(image.blobs, image.image_id, "other") is None
 
 
+def test_concurrent_saves_lose_no_recording(image: LazyImage) -> None:
+    """A job's nodes end their recordings at once: each save merges into the newest
+    generation, and one that finds its next generation taken merges that one and tries
+    again, so the last list holds every recording (the store used to keep the last
+    writer's merge only)."""
+    digests = [block.digest for block in image.manifest.blocks]
+    savers = hotlist.SAVE_ATTEMPTS  # each loses at most once to every other saver
+    recordings = [HotList(image.image_id, "w", (HotBlock(digests[i % len(digests)], "/f",
+                                                         0.1 * i),), 1, {})
+                  for i in range(savers)]
+    start = threading.Barrier(savers)
+
+    def save(recording: HotList) -> HotList:
+        start.wait()
+        return hotlist.save(image.blobs, recording, image.manifest)
+
+    with ThreadPoolExecutor(savers) as pool:
+        saved = list(pool.map(save, recordings))
+    stored = hotlist.load(image.blobs, image.image_id, "w", image.manifest)
+    assert stored is not None and stored.recordings == savers
+    assert {b.digest for b in stored.blocks} == {r.blocks[0].digest for r in recordings}
+    assert max(hot.recordings for hot in saved) == savers
+    assert stored.layout is not None and set(stored.layout.pieces) == \
+        {b.digest for b in stored.blocks}
+    found = hotlist.generations(image.blobs, image.image_id, "w")
+    assert found == [savers - 1, savers]  # older generations pruned
+
+
 def test_stale_and_corrupt_lists_are_ignored_with_a_warning(image: LazyImage, caplog) -> None:
     caplog.set_level(logging.WARNING)
     stale = HotList(image.image_id, "w",
@@ -78,6 +108,6 @@ def test_stale_and_corrupt_lists_are_ignored_with_a_warning(image: LazyImage, ca
     assert kept is not None and [b.path for b in kept.blocks] == ["/data/big.bin"]
     assert "not in the image" in caplog.text
     junk = image.blobs.put(b"not json")
-    image.blobs.set_ref(hotlist.ref_name(image.image_id, "w"), junk.digest)
+    image.blobs.set_ref(hotlist.ref_name(image.image_id, "w", 2), junk.digest)
     assert hotlist.load(image.blobs, image.image_id, "w") is None
     assert "ignoring the hot list" in caplog.text
