@@ -235,6 +235,12 @@ class P2PConfig:
     #: waits before this node reads it from the store. Shorter: a dead peer costs less
     #: time; longer: a slow peer costs fewer extra store reads.
     piece_grace: float = 2.0
+    #: Seconds a whole-object fetch waits for a member that is up (connected to this node
+    #: for another of the job's objects) but has not opened this object yet, before its
+    #: share of the store reads goes to the others (a piece_grace later): a job's nodes
+    #: reach each object at different times. Longer: fewer pieces read twice from the
+    #: store; shorter: an early node waits less for a late one's share.
+    late_member_wait: float = 10.0
     #: The cluster's peer key, the same on every node (root's alone, mode 0600, at least
     #: 32 random bytes: ``head -c 32 /dev/urandom``): only holders connect to a node's
     #: swarm, and only records it authenticates (members, piece hashes) are believed.

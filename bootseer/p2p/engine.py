@@ -318,6 +318,18 @@ class Engine:
                 connected[address] = max(connected.get(address, 0), info.num_pieces)
         return connected, dialing
 
+    def in_session(self) -> set[str]:
+        """The addresses connected to this node for any of its transfers: a job's members
+        that are up, whichever of its objects they are on (a fetch waits for such a
+        member's share: :class:`bootseer.p2p.policy.FetchPolicy`)."""
+        with self.lock:
+            handles = [transfer.handle for transfer in self.transfers.values()]
+        up: set[str] = set()
+        for handle in handles:
+            with contextlib.suppress(RuntimeError):  # left the session meanwhile
+                up |= self.connected(handle)[0].keys()
+        return up
+
     def dial(self, transfer: Transfer, peers: Sequence[Peer], connected: dict[str, int],
              dialing: set[str]) -> None:
         """Connect ``transfer`` to the ``peers`` it is not connected to (nor banned, nor

@@ -31,6 +31,14 @@ has gained no piece for ``piece_grace`` (it fetches the whole blob, so it must p
 a demand read's peers progress only as their own reads ask), and a fetch that gained
 nothing for ``piece_grace`` reads all it still misses from the store (:attr:`View.stalled`).
 
+**A member late, not gone**: a member that has not opened this fetch's torrent yet but
+is connected to this node for another of the job's objects (``Tick.in_session``) is up
+and on its way: a job's nodes reach each object at different times (10 s apart among 16
+lab nodes on 2 cores). Its share waits for it for ``late_wait`` seconds from the fetch's
+start, and the fetch does not count itself stalled meanwhile; then it is missing, and
+gone a ``piece_grace`` later, like any other. Without that wait, the early members read
+a late one's share after ``piece_grace`` and the late one read some of it again.
+
 **Claims as reads free up** (:meth:`FetchPolicy.store_share`'s ``room``): a fetch claims
 from its share only as many pieces as it can read at once, and picks the next ones when
 those are done, so that a piece a peer has meanwhile comes from that peer. It reads its
@@ -113,6 +121,9 @@ class Tick:
     dialing: Collection[str]  # addresses still handshaking
     banned: Collection[str]  # addresses banned for bad data
     gained: tuple[int, int]  # this node's (pieces, payload bytes): grows while it gains
+    #: Addresses connected to this node for any of its transfers (a member up, if not on
+    #: this torrent yet).
+    in_session: Collection[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -135,16 +146,19 @@ class FetchPolicy:
     """
 
     def __init__(self, members: Sequence[Peer], me: Peer, began: float, grace: float,
-                 pieces: int) -> None:
+                 pieces: int, late_wait: float = 0.0) -> None:
         self.members = list(members)
         self.me = me
         self.began = began
         self.grace = grace
         self.pieces = pieces
+        self.late_wait = late_wait
         self.others = [m for m in members if m != me]
         self.absence = Absence({m.address: began for m in self.others})
-        #: Per member: its piece count and when it last grew.
-        self.progress = {m.address: (0, began) for m in self.others}
+        #: Per member that has been connected on this torrent: its piece count and when
+        #: it last grew (from when it was first connected).
+        self.progress: dict[str, tuple[int, float]] = {}
+        self._late: frozenset[str] = frozenset()  # up, not on this torrent yet, waited for
         self.settled_at: float | None = None
         self._before: Collection[str] = {}  # connected at the previous look
         self._mark, self._gained_at = (-1, -1), began
@@ -160,10 +174,14 @@ class FetchPolicy:
         now = tick.now
         if tick.gained != self._mark:
             self._mark, self._gained_at = tick.gained, now
+        waiting = now - self.began < self.late_wait
+        self._late = frozenset(
+            m.address for m in self.others
+            if waiting and m.address not in self.progress and m.address in tick.in_session)
         for m in self.others:
             count = tick.connected.get(m.address)
-            self.absence.observe(m.address, count is not None, now)
-            if count is not None and count > self.progress[m.address][0]:
+            self.absence.observe(m.address, count is not None or m.address in self._late, now)
+            if count is not None and count > self.progress.get(m.address, (-1, now))[0]:
                 self.progress[m.address] = (count, now)
         if self.settled_at is None and tick.ready and self._settled(tick):
             self.settled_at = now
@@ -171,7 +189,7 @@ class FetchPolicy:
         if self.settled_at is None:
             return None
         view = View(self.alive(now, tick.banned),
-                    now - max(self._gained_at, self.settled_at) >= self.grace)
+                    not self._late and now - max(self._gained_at, self.settled_at) >= self.grace)
         if view == self._view:
             return None
         self._view = view
@@ -186,14 +204,20 @@ class FetchPolicy:
                 or waited >= self.grace)
 
     def alive(self, now: float, banned: Collection[str]) -> tuple[Peer, ...]:
-        """This node and the members not gone: connected within ``piece_grace``, not
-        banned, and done or gaining pieces within ``piece_grace``."""
+        """This node and the members not gone: connected within ``piece_grace`` (or late,
+        waited for), not banned, and done or gaining pieces within ``piece_grace`` once
+        connected."""
         return tuple([self.me] + [
             m for m in self.others
             if not self.absence.gone(m.address, now, self.grace)
             and m.address not in banned
-            and (self.progress[m.address][0] == self.pieces
-                 or now - self.progress[m.address][1] < self.grace)])
+            and self._progressing(m.address, now)])
+
+    def _progressing(self, address: str, now: float) -> bool:
+        if address not in self.progress:
+            return True  # never connected: its absence decides
+        count, grew_at = self.progress[address]
+        return count == self.pieces or now - grew_at < self.grace
 
     def store_share(self, view: View, have: Sequence[bool], claimed: Collection[int],
                     available: Sequence[int], room: int | None = None) -> list[int]:

@@ -63,11 +63,13 @@ def fetch(engine: Engine, torrent: Torrent, dest: Path, peers: Sequence[Peer],
 def _download(engine: Engine, transfer: Transfer, members: list[Peer],
               read_range: ReadRange, began: float) -> FetchResult:
     torrent, handle, me = transfer.torrent, transfer.handle, engine.address
-    policy = FetchPolicy(members, me, began, engine.config.piece_grace, torrent.num_pieces)
+    policy = FetchPolicy(members, me, began, engine.config.piece_grace, torrent.num_pieces,
+                         engine.config.late_member_wait)
     claimed: set[int] = set()
     retried: dict[int, int] = {}
     reads = transfer.reads
     seen: set[str] = set()
+    in_session: set[str] = set()
     dialed_at = 0.0
     while True:
         now = time.monotonic()
@@ -83,10 +85,14 @@ def _download(engine: Engine, transfer: Transfer, members: list[Peer],
         if now - dialed_at >= REDIAL:
             dialed_at = now
             engine.dial(transfer, policy.others, connected, dialing)
+            if now - began < policy.late_wait and \
+                    any(m.address not in connected for m in policy.others):
+                in_session = engine.in_session()  # who is up, if not here yet
         with engine.lock:
             banned = frozenset(engine.banned)
         changed = policy.look(Tick(now, status.state in READY, connected, dialing, banned,
-                                   (status.num_pieces, status.total_payload_download)))
+                                   (status.num_pieces, status.total_payload_download),
+                                   in_session))
         view = policy.view
         room = STORE_READS - sum(not read.done() for read in reads)
         if view is not None and room > 0:  # claimed as reads free up (policy.py)

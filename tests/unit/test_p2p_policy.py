@@ -100,9 +100,10 @@ def test_with_no_grace_every_member_is_gone_at_once() -> None:
 
 def _tick(now: float, connected: dict[Peer, int], *, gained: tuple[int, int] = (0, 0),
           dialing: tuple[Peer, ...] = (), banned: tuple[Peer, ...] = (),
-          ready: bool = True) -> Tick:
+          ready: bool = True, in_session: tuple[Peer, ...] = ()) -> Tick:
     return Tick(now, ready, {p.address: n for p, n in connected.items()},
-                {p.address for p in dialing}, {p.address for p in banned}, gained)
+                {p.address for p in dialing}, {p.address for p in banned}, gained,
+                {p.address for p in in_session})
 
 
 def _shares(policies: dict[Peer, FetchPolicy], views: dict[Peer, View], pieces: int,
@@ -192,6 +193,48 @@ def test_a_member_that_never_comes_costs_its_share_once_re_split_among_those_the
     shares = _shares(policies, views, pieces)
     assert shares == {A: [0, 4, 3], B: [1, 5, 7], C: [2, 6]}
     assert sorted(itertools.chain(*shares.values())) == list(range(pieces))
+
+
+LATE = 10.0
+
+
+def test_a_member_up_on_another_object_is_late_not_gone_until_late_wait() -> None:
+    """C is connected to A for another of the job's objects but has not opened this one:
+    its share (2, 5) waits for it, and A is not stalled once it has all the rest, until
+    late_wait has passed."""
+    policy = FetchPolicy([A, B, C], A, 0.0, GRACE, 6, late_wait=LATE)
+    policy.look(_tick(0.0, {B: 0}, in_session=(B, C)))
+    view = policy.look(_tick(CONNECT_WAIT, {B: 0}, in_session=(B, C)))
+    assert view == View((A, B, C), False)
+    assert policy.store_share(view, [False] * 6, set(), [0] * 6) == [0, 3]
+    # A has its own and B's; nothing more comes, for longer than the grace: still waiting
+    assert policy.look(_tick(1.0, {B: 6}, gained=(4, 4), in_session=(B, C))) is None
+    assert policy.look(_tick(LATE - 0.1, {B: 6}, gained=(4, 4), in_session=(B, C))) is None
+    # late_wait over: A, which gained nothing for longer than the grace, stalls and
+    # reads C's share; C is missing from then, gone a grace later
+    view = policy.look(_tick(LATE, {B: 6}, gained=(4, 4), in_session=(B, C)))
+    assert view == View((A, B, C), True)
+    have = [True, True, False, True, True, False]
+    assert policy.store_share(view, have, {0, 3}, [0] * 6) == [2, 5]
+    assert policy.look(_tick(LATE + GRACE, {B: 6}, gained=(4, 4), in_session=(B, C))) == \
+        View((A, B), True)
+
+
+def test_a_late_member_that_comes_is_timed_like_any_other_and_one_not_up_is_not_waited_for(
+) -> None:
+    policy = FetchPolicy([A, B, C], A, 0.0, GRACE, 6, late_wait=LATE)
+    policy.look(_tick(0.0, {B: 0}, in_session=(B, C)))
+    policy.look(_tick(CONNECT_WAIT, {B: 0}, in_session=(B, C)))
+    # C arrives at 5.0 and gains nothing for a grace: slow, hence gone
+    assert policy.look(_tick(5.0, {B: 1, C: 0}, gained=(1, 1), in_session=(B, C))) is None
+    view = policy.look(_tick(5.0 + GRACE, {B: 2, C: 0}, gained=(2, 2), in_session=(B, C)))
+    assert view == View((A, B), False)
+    # not connected for anything: gone after the grace, as without late_wait
+    absent = FetchPolicy([A, B, C], A, 0.0, GRACE, 6, late_wait=LATE)
+    absent.look(_tick(0.0, {B: 0}, in_session=(B,)))
+    assert absent.look(_tick(CONNECT_WAIT, {B: 0}, in_session=(B,))) == View((A, B, C), False)
+    assert absent.look(_tick(GRACE, {B: 1}, gained=(1, 1), in_session=(B,))) == \
+        View((A, B), False)
 
 
 def test_a_member_that_leaves_mid_fetch_is_gone_a_grace_after_it_was_first_missed() -> None:
