@@ -751,6 +751,7 @@ class Bench:
                      "registry_Bps": spec.origin_link.rate_bytes_per_s,
                      "index_Bps": spec.origin_link.rate_bytes_per_s,
                      "datanodes": spec.datanodes, "cpus": os_cpus(),
+                     "node_cpu_quota_cores": self.args.node_cpu,
                      "hdfs_block_size": spec.block_size, "replication": 1},
             "per_node_bytes": self.per_node_bytes(setup, cases, first_warm),
             "checkpoint_groups": GROUPS,  # node i reads group i % GROUPS
@@ -984,6 +985,9 @@ def main() -> None:
     out = Path(args.out)
     if args.resimulate:
         result = json.loads(out.read_text())
+        # a lab run before its caps named the node budget had it at the top level only
+        result["lab"]["caps"].setdefault("node_cpu_quota_cores",
+                                         result.get("node_cpu_quota_cores"))
         add_simulation(result, Path(args.png))
     else:
         result = Bench(args).run()

@@ -129,6 +129,22 @@ def test_a_node_keeps_its_cores_busy_and_nodes_share_the_pool(nodes: int, done: 
         [pytest.approx(1.0)] * nodes
 
 
+@pytest.mark.parametrize("nodes", [1, 4, 16])
+def test_a_node_budget_is_each_nodes_own_whatever_the_others_do(nodes: int) -> None:
+    """A quota of 0.5 core per node: 1 s of one core's work takes 2 s on every node at
+    any N; a start and a warm of 1 core each on a node of 1 core share it (2 s each, as one
+    task of 2 core-seconds), where without a budget each takes 1 s."""
+    work = [Phase("work", 1.0)]
+    budget = simulate(Fleet(nodes, MB, (), node_cpus=0.5), work)
+    assert budget.ready() == [pytest.approx(2.0)] * nodes
+    assert budget.summary()["limited_by"] == "node_cpu"
+    both = simulate(Fleet(nodes, MB, (), node_cpus=1.0), work, Warm(1.0, ()))
+    assert [m["work"] for m in both.marks] == [pytest.approx(2.0)] * nodes
+    assert [m["warm"] for m in both.marks] == [pytest.approx(2.0)] * nodes
+    apart = simulate(Fleet(nodes, MB, ()), work, Warm(1.0, ()))
+    assert [m["warm"] for m in apart.marks] == [pytest.approx(1.0)] * nodes
+
+
 def test_an_idle_load_of_half_the_cores_leaves_the_nodes_the_other_half() -> None:
     """Of 2 cores, 0.5 busy with other work leaves 1: 2 core-seconds on 2 threads take 2 s,
     1 s on one thread still 1 s; the machine reads fully busy."""
@@ -380,6 +396,28 @@ def test_a_runs_idle_load_leaves_its_nodes_less_of_the_cores(idle, ready) -> Non
     (row,) = (r for r in validate(lab)["rows"]
               if r["case"] == "bootseer_prestaged" and r["nodes"] == 4)
     assert row["sim_max_s"] == pytest.approx(ready)
+
+
+def test_under_a_node_budget_a_start_is_calibrated_from_its_nodes_cgroup() -> None:
+    """A lab at 0.1 core per node: the prestaged start's work is its node's cgroup CPU
+    (0.26 core-seconds in 2.9 own seconds: 0.09 core, not the machine's busy share), its
+    nodes do not share the machine's cores, so 16 take what one takes; a step the run
+    has no mark for (``env``: the agent's mount) ends inside the next one."""
+    lab = synthetic_lab(counts=(1, 16))
+    lab["caps"]["node_cpu_quota_cores"] = 0.1
+    for run in lab["cases"]["bootseer_prestaged"].values():
+        for node in run["nodes"]:
+            node["cpu_s"] = 0.26
+            del node["marks"]["env"]
+        run["cpu_busy"] = 1.0  # the machine's: not the node's
+    own = own_seconds(lab, "bootseer_prestaged")
+    assert own["env"][0] == pytest.approx(1.2 + 0.5) and own["started"] == (0.0, 0.0)
+    assert cores(lab, "bootseer_prestaged", own) == pytest.approx(0.26 / 2.9)
+    fleet = lab_fleet(lab, 16)
+    assert fleet.cpus is None and fleet.node_cpus == 0.1
+    rows = {r["nodes"]: r for r in validate(lab)["rows"] if r["case"] == "bootseer_prestaged"}
+    assert rows[16]["sim_max_s"] == pytest.approx(rows[1]["sim_max_s"])
+    assert rows[1]["sim_max_s"] == pytest.approx(2.6)
 
 
 def test_the_fanout_case_is_bootseers_start_on_more_replicas() -> None:

@@ -159,17 +159,25 @@ def shared(lab: dict) -> frozenset[str]:
     return frozenset(lab.get("p2p_shared") or P2P_SHARED)
 
 
+def node_budget(lab: dict) -> float | None:
+    """The cores each lab node had to itself (``caps.node_cpu_quota_cores``, its cgroup's
+    quota: ``bench-restart --node-cpu``), or None: every node shared the machine's."""
+    return lab["caps"].get("node_cpu_quota_cores")
+
+
 def lab_fleet(lab: dict, nodes: int, cpu_idle: float = 0.0, seed: int = SEED) -> Fleet:
     """The lab's fleet of ``nodes``: its caps, DataNodes (and HDFS placement), its
-    cores shared by all (of which ``cpu_idle`` was busy before the run: the idle load),
-    and its nodes' upload cap to peers (``p2p_upload_Bps``; absent: none)."""
-    caps = lab["caps"]
+    cores shared by all (of which ``cpu_idle`` was busy before the run: the idle load) or,
+    under a node budget, each node's own, and its nodes' upload cap to peers
+    (``p2p_upload_Bps``; absent: none)."""
+    caps, budget = lab["caps"], node_budget(lab)
     return Fleet(nodes, caps["node_Bps"],
                  (Origin(HDFS, caps["datanodes"], caps["datanode_Bps"],
                          lab_placement(lab, seed)),
                   Origin(REGISTRY, 1, caps["registry_Bps"]),
                   Origin(INDEX, 1, caps["index_Bps"])),
-                 cpus=caps["cpus"], cpu_idle=cpu_idle, peer_upload=caps.get("p2p_upload_Bps"))
+                 cpus=None if budget else caps["cpus"], cpu_idle=0.0 if budget else cpu_idle,
+                 node_cpus=budget, peer_upload=caps.get("p2p_upload_Bps"))
 
 
 def idle(run: dict) -> float:
@@ -182,13 +190,26 @@ def runs(lab: dict, case: str) -> dict[int, dict]:
     return {int(n): run for n, run in lab["cases"].get(case, {}).items()}
 
 
-def complete(run: dict, case: str) -> tuple[list[dict[str, float]], list[int]]:
+def lab_case(lab: dict, case: str) -> Case:
+    """``case`` as the lab ran it: a step whose mark its N = 1 run does not have (the
+    prestaged start's ``env`` since its environment is the agent's mount, not a restore
+    on the node) ends inside the next mark's interval."""
+    spec = CASES[case]
+    first = runs(lab, spec.calibrated_from or case).get(1, {"nodes": []})["nodes"]
+    if not first:
+        return spec
+    seen = first[0]["marks"]
+    return replace(spec, steps=tuple(
+        replace(s, mark=False) if s.mark and s.name not in seen else s for s in spec.steps))
+
+
+def complete(run: dict, spec: Case) -> tuple[list[dict[str, float]], list[int]]:
     """The marks of the run's nodes that have all of the case's, and the nodes left out
     (a step failed: a mark is missing or null)."""
     kept, left_out = [], []
     for node in run["nodes"]:
         marks = node["marks"]
-        if all(marks.get(m) is not None for m in CASES[case].marks):
+        if all(marks.get(m) is not None for m in spec.marks):
             kept.append(marks)
         else:
             left_out.append(node["node"])
@@ -201,9 +222,9 @@ Own = dict[str, tuple[float, float]]
 
 def own_seconds(lab: dict, case: str) -> Own:
     """Each step's own seconds (and ``warm``'s), calibrated from the N = 1 run."""
-    spec = CASES[case]
+    spec = lab_case(lab, case)
     source = spec.calibrated_from or case
-    kept, _ = complete(runs(lab, source).get(1, {"nodes": []}), source)
+    kept, _ = complete(runs(lab, source).get(1, {"nodes": []}), spec)
     if not kept:
         raise CalibrationError(f"{source}: no complete N = 1 run to calibrate from")
     marks = kept[0]
@@ -243,9 +264,12 @@ def own_seconds(lab: dict, case: str) -> Own:
 
 
 def core_seconds(lab: dict, case: str) -> float:
-    """The CPU work of a node's start, from the N = 1 run: the core-seconds the machine
-    used beyond its idle load, (cpu_busy - cpu_busy_idle) x cpus x wall (0: unrecorded)."""
+    """The CPU work of a node's start, from the N = 1 run: under a node budget, the
+    node's own (its cgroup's ``cpu_s``); else the core-seconds the machine used beyond its
+    idle load, (cpu_busy - cpu_busy_idle) x cpus x wall (0: unrecorded)."""
     run = runs(lab, CASES[case].calibrated_from or case)[1]
+    if node_budget(lab):
+        return sum(node.get("cpu_s") or 0.0 for node in run["nodes"][:1])
     fleet = lab_fleet(lab, 1, idle(run))
     return max(0.0, (run.get("cpu_busy", 0.0) - fleet.cpu_idle) * fleet.cpus
                * run.get("wall_s", 0.0))
@@ -260,8 +284,9 @@ def cores(lab: dict, case: str, own: Own) -> float:
     work, seconds = core_seconds(lab, case), sum(a + b for a, b in own.values())
     if work <= 0 or seconds <= 0:
         return 1.0
-    pool = lab_fleet(lab, 1, idle(runs(lab, spec.calibrated_from or case)[1])).pool
-    return min(pool / (2 if spec.warm else 1), work / seconds)
+    fleet = lab_fleet(lab, 1, idle(runs(lab, spec.calibrated_from or case)[1]))
+    cap = fleet.node_cpus or fleet.pool
+    return min(cap / (2 if spec.warm else 1), work / seconds)
 
 
 def _fetch(step: Step, nbytes: dict[str, float], fleet: Fleet, case: str,
@@ -325,7 +350,7 @@ def validate(lab: dict) -> dict:
                 "the rest ran while its bytes moved or was not the node's (an idle load, a "
                 f"server's warm-up): cores capped at {ncores:.2f}")
         for nodes, run in sorted(runs(lab, case).items()):
-            kept, left_out = complete(run, case)
+            kept, left_out = complete(run, lab_case(lab, case))
             if left_out:
                 warnings.append(f"{case} N={nodes}: nodes {left_out} lack a mark (a step "
                                 "failed): left out")
@@ -336,7 +361,7 @@ def validate(lab: dict) -> dict:
                                 shared(lab))
             outcome = simulate(fleet, phases, warm)
             sim = outcome.summary()
-            ready = [max(m[k] for k in CASES[case].ready_marks) for m in kept]
+            ready = [max(m[k] for k in lab_case(lab, case).ready_marks) for m in kept]
             lab_p50, lab_max = statistics.median(ready), max(ready)
             rows.append({
                 "case": case, "nodes": nodes,

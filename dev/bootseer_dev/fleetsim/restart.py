@@ -19,6 +19,11 @@ turn, as a balancer spreads clients.
   progressive filling. Alone, a phase takes its seconds; two nodes of 2 core-seconds on
   2 threads each, on 2 cores, take 2 s (tested). Without a pool (production) each task
   has its cores to itself and takes its seconds.
+* **A node's own cores** (``Fleet.node_cpus``): a CPU budget per node (the lab's
+  cgroup quota, ``--node-cpu``; a production node's cores): every task of the node (its
+  start, its warm) crosses one link of that many core-seconds per second, whatever the
+  other nodes do (tested: a start and a warm of 1 core each on a node of 1 core take twice
+  as long as alone).
 * **Teardown** (``Phase.teardown``): a phase after the node is ready (the container's
   removal once the job exits): its work loads the cores, its mark is not time to ready.
 * **Warm overlap** (:class:`Warm`): a background task started at t = 0 on every node (the
@@ -118,6 +123,7 @@ class Fleet:
     nic_rate: float  # bytes per second, each node's NIC, either way
     origins: tuple[Origin, ...]
     cpus: float | None = None  # cores all nodes share (the lab); None: each has its own
+    node_cpus: float | None = None  # cores each node has to itself (a quota); None: any
     cpu_idle: float = 0.0  # of the shared cores, the share busy with other work (idle load)
     peer_upload: float | None = None  # bytes/s a node sends its peers at most; None: its NIC
 
@@ -135,7 +141,7 @@ class Fleet:
     def alone_s(self, fetch: Fetch) -> float:
         """Seconds one node alone takes for ``fetch``: its bytes over its NIC and the
         uplinks it reads them from (node 0's, as placed), no other work."""
-        alone = replace(self, nodes=1, cpus=None, cpu_idle=0.0)
+        alone = replace(self, nodes=1, cpus=None, cpu_idle=0.0, node_cpus=None)
         return simulate(alone, [Phase("alone", 0.0, fetch)]).marks[0]["alone"]
 
 
@@ -166,6 +172,7 @@ class Outcome:
         the restart: the
         resource whose busiest link was full for the largest share of the run, teardowns
         included (``own``: a task's cores, i.e. own work; ``cpu``: the shared pool;
+        ``node_cpu``: a node's own cores;
         ``nic``/``nic_up``; an origin's uplinks; ``ORIGIN_in``: its downlinks, for
         uploads)."""
         ready = self.ready()
@@ -217,6 +224,10 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
         resources[f"{origin}_in" if upload else origin] = links
     if pool:
         resources["cpu"] = [pool]
+    node_cpus = [Link(f"node_cpu{index}", len(members) * fleet.node_cpus)
+                 for index, members in enumerate(classes)] if fleet.node_cpus else None
+    if node_cpus:
+        resources["node_cpu"] = node_cpus
     nics = [{up: Link(f"nic{'_up' if up else ''}{index}", len(members) * fleet.nic_rate)
              for up in (False, True)} for index, members in enumerate(classes)]
     resources["nic"] = [nic[False] for nic in nics]
@@ -242,7 +253,8 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
             """``seconds`` of work on ``cores`` cores: that many core-seconds, at most
             ``cores`` at a time (the task's link has no other flow: its phases are in turn)."""
             mine.capacity = cores * weight
-            return network.transfer(seconds * cores, [mine, pool] if pool else [mine], weight)
+            shared = [link for link in (pool, node_cpus[index] if node_cpus else None) if link]
+            return network.transfer(seconds * cores, [mine, *shared], weight)
 
         def arrived(artifact: str) -> None:
             class_marks[index][f"fetched:{artifact}"] = env.now
