@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast test-gpu lint system-deps venv clean bench-ckpt bench-ckpt-gpu bench-fuse bench-hdfs bench-blocksize \
-	bench-image bench-image-cuda bench-env bench-env-cuda bench-restart bench-restart-env bench-restart-budget \
+	bench-image bench-image-cuda bench-env bench-env-cuda bench-restart bench-restart-env \
 	bench-p2p-read
 
 $(STAMP): pyproject.toml dev/pyproject.toml agents/bootseer-runtime  # the sh front is copied in
@@ -93,12 +93,14 @@ bench-env-jupyter: system-deps venv
 bench-p2p-read: system-deps venv
 	$(BIN)/python benchmarks/bench_p2p_read.py --out bench-results/p2p-read.json
 
-# A job restarting on 1, 4 and 16 nodes of the fleet lab (network namespaces, tc caps,
-# a cgroup per node and origin; root), each case 3 times: baseline vs Bootseer cases,
-# origin bytes and CPU, and the fleet simulator calibrated from it.
+# A job restarting on 1, 4 and 16 nodes of the fleet lab (network namespaces, tc caps; root),
+# each case 3 times, every node at one fixed CPU budget, the same at every N (a cgroup
+# quota of 0.1 core: 16 nodes fit in 2 cores), every origin at 0.5: baseline vs Bootseer
+# cases, origin bytes, each node's CPU; the fleet simulator calibrated from it (~60 min).
 bench-restart: system-deps venv
-	$(BIN)/python benchmarks/bench_restart.py --nodes 1,4,16 --out bench-results/restart.json \
-		--png bench-results/restart.png
+	$(BIN)/python benchmarks/bench_restart.py --nodes 1,4,16 --node-cpu 0.1 --origin-cpu 0.5 \
+		--cases baseline,bootseer_cold,bootseer_prestaged,bootseer,bootseer_p2p,bootseer_fanout \
+		--out bench-results/restart.json --png bench-results/restart.png
 
 # What the node agent's mount of a warmed environment saves each lab node (~40 min): the
 # prestaged start with it and with the environment extracted on the node, at N = 1, 4, 16.
@@ -106,14 +108,6 @@ bench-restart-env: system-deps venv
 	$(BIN)/python benchmarks/bench_restart.py --nodes 1,4,16 --no-simulate \
 		--cases bootseer_cold,bootseer_prestaged,bootseer_prestaged_env_extracted \
 		--out bench-results/restart-env.json --png bench-results/restart-env.png
-
-# Every lab node at one fixed CPU budget, the same at every N (0.1 core: 16 nodes fit in 2
-# cores), every origin at 0.5: are a cold and a prestaged restart flat in N once each node
-# has CPU of its own, as in production? (~50 min)
-bench-restart-budget: system-deps venv
-	$(BIN)/python benchmarks/bench_restart.py --nodes 1,4,16 --no-simulate \
-		--node-cpu 0.1 --origin-cpu 0.5 --cases bootseer_cold,bootseer_prestaged \
-		--out bench-results/restart-budget.json --png bench-results/restart-budget.png
 
 # bench-results/ is tracked (the measured figures, and the fleet simulator's calibration):
 # clean never deletes it.

@@ -45,8 +45,9 @@ Cases (each on cold nodes: fresh agent caches, fresh environments, a dropped pag
   the start; a node is ready when both are done;
 * ``bootseer_p2p``: the warm issued at t0 as one job's (``--job --nodes N``), the start
   once it returned (a start racing its warm reads what is not yet local from the store
-  itself): the nodes' agents share the hot pack and the snapshot shards peer-to-peer
-  (libtorrent; each piece from the store about once); checkpoints still come from HDFS;
+  itself): the nodes' agents share the hot pack, the snapshot shards and the checkpoint
+  peer-to-peer (libtorrent; each piece from the store about once), and the container gets
+  the environment the warm unpacked from the node agent, as ``bootseer_prestaged``'s;
 * ``bootseer_fanout`` (largest N only): ``bootseer job fanout`` raised the replication of
   everything the job reads (HDFS ``setReplication``, waited for), then as ``bootseer``.
 
@@ -117,9 +118,10 @@ EXTRA_CASES = ("bootseer_prestaged_env_extracted",)
 PRESTAGED = ("bootseer_prestaged", "bootseer_prestaged_served",
              "bootseer_prestaged_env_extracted")
 #: Cases whose containers get the environment from the node agent (``BOOTSEER_ENVS``): the
-#: snapshot's tree, unpacked on the node by the warm before t0, laid in their root; nothing
-#: is restored on the node at the start. The others restore it with ``bootseer env run``.
-ENV_FROM_AGENT = ("bootseer_prestaged", "bootseer_prestaged_served")
+#: snapshot's tree, unpacked on the node by the warm before the start (before t0, or, for
+#: bootseer_p2p, the job's warm the start waits for), laid in their root; nothing is
+#: restored on the node at the start. The others restore it with ``bootseer env run``.
+ENV_FROM_AGENT = ("bootseer_prestaged", "bootseer_prestaged_served", "bootseer_p2p")
 #: What bootseer_p2p's nodes fetch through their swarm (all of its warm), in the lab dict
 #: for the simulator.
 P2P_SHARED = ("image_hot", "env_snapshot", "checkpoint")
