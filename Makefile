@@ -96,10 +96,16 @@ bench-p2p-read: system-deps venv
 # A job restarting on 1, 4 and 16 nodes of the fleet lab (network namespaces, tc caps; root),
 # each case 3 times, every node at one fixed CPU budget, the same at every N (a cgroup
 # quota of 0.1 core: 16 nodes fit in 2 cores), every origin at 0.5: baseline vs Bootseer
-# cases, origin bytes, each node's CPU; the fleet simulator calibrated from it (~60 min).
+# cases, origin bytes, each node's CPU. First the same lab at twice the artifacts' size,
+# N = 1 (restart-scale2.json): the fleet simulator fits each step's fixed and per-byte CPU
+# on both, validates against every lab point and prices production with it (~80 min).
+RESTART_LAB = --node-cpu 0.1 --origin-cpu 0.5 \
+	--cases baseline,bootseer_cold,bootseer_prestaged,bootseer,bootseer_p2p
 bench-restart: system-deps venv
-	$(BIN)/python benchmarks/bench_restart.py --nodes 1,4,16 --node-cpu 0.1 --origin-cpu 0.5 \
-		--cases baseline,bootseer_cold,bootseer_prestaged,bootseer,bootseer_p2p,bootseer_fanout \
+	$(BIN)/python benchmarks/bench_restart.py --nodes 1 $(RESTART_LAB) --artifact-scale 2 \
+		--no-simulate --out bench-results/restart-scale2.json
+	$(BIN)/python benchmarks/bench_restart.py --nodes 1,4,16 $(RESTART_LAB),bootseer_fanout \
+		--fit-with bench-results/restart-scale2.json \
 		--out bench-results/restart.json --png bench-results/restart.png
 
 # What the node agent's mount of a warmed environment saves each lab node (~40 min): the

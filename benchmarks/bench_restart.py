@@ -72,6 +72,7 @@ every N and extrapolated to production scale (its section of the JSON, and a PNG
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import hashlib
 import json
@@ -87,6 +88,7 @@ import sys
 import threading
 import time
 import urllib.request
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,10 +104,12 @@ from benchlib import (
 )
 
 from bootseer.agents.client import AgentClient
+from bootseer.prefetch.image_source import open_image
 from bootseer_dev import netns
 from bootseer_dev.cluster import parse_link
 from bootseer_dev.fleet import Lab, LabSpec, index_dir
-from bootseer_dev.image import build_image, read_build_info
+from bootseer_dev.image import build_image, place, read_build_info
+from bootseer_dev.image.oci import append_layer
 
 log = logging.getLogger("bench-restart")
 MB, MIB = 1e6, 1 << 20
@@ -132,6 +136,12 @@ STUB = "bootseer/job:1"             # its stub in each node's engine
 REGISTRY_REF = "job/python:1"       # the same image in the lab's registry
 WHEELS = ("numpy==2.2.6", "nvidia-cuda-runtime==13.0.96")
 GROUPS, SHARDS, SHARD_BYTES = 2, 2, 16 * MIB
+#: At ``--artifact-scale K`` every artifact grows by K - 1 times these (random bytes: they
+#: compress to themselves): a file in the image the job reads whole at its start (about
+#: the hot pack), a wheel in the environment (about its snapshot); the checkpoint's shards
+#: are K times SHARD_BYTES.
+IMAGE_BALLAST, ENV_BALLAST = 8 * MIB, 20 * MIB
+BALLAST_FILE, BALLAST_WHEEL = "/opt/bench-ballast.bin", "bench_ballast"
 PYTHON = "/usr/bin/python3"         # Debian's, as in the image: the venv runs in both
 LATENCY = "none added: kernel has no sch_netem"
 #: The lab meter's sampling period, and the window its peaks are taken over.
@@ -156,6 +166,10 @@ QUIET_BUSY = 0.2
 QUIET_WAIT_S = 120.0
 JOB_PY = '''\
 import hashlib, json, os, sys, time, urllib.request
+if os.path.exists("/opt/bench-ballast.bin"):  # --artifact-scale: the image's extra bytes
+    with open("/opt/bench-ballast.bin", "rb") as f:
+        while f.read(1 << 20):
+            pass
 marks = {"started": time.time()}
 import numpy  # from the job's environment
 marks["imported"] = time.time()
@@ -380,7 +394,9 @@ class Bench:
         """The job's requirements; the comment names the round, so each round's first
         start is cold (its own snapshot key) while every node of the round shares one."""
         path = self.job / f"requirements-{self.round}.txt"
-        path.write_text(f"# bench-restart, round {self.round}\n" + "\n".join(WHEELS) + "\n")
+        ballast = [f"{BALLAST_WHEEL.replace('_', '-')}==1"] if self.args.artifact_scale > 1 else []
+        path.write_text(f"# bench-restart, round {self.round}\n"
+                        + "\n".join([*WHEELS, *ballast]) + "\n")
         return path
 
     def install_command(self) -> list[str]:
@@ -614,11 +630,55 @@ class Bench:
             raise RunFailed(f"{what}: exit {result.returncode}: {result.stderr[-2000:]}")
         return result.stdout
 
+    def ballast(self, nbytes: int, seed: int) -> bytes:
+        return random.Random(seed).randbytes(nbytes)
+
+    def scaled_image(self, layout: Path) -> Path:
+        """The job's image; at ``--artifact-scale`` K > 1, with a layer of K - 1 times
+        IMAGE_BALLAST random bytes the job reads at its start."""
+        scale = self.args.artifact_scale
+        if scale <= 1:
+            return layout
+        image, extra = place(layout, self.job / "image"), self.job / "image-extra"
+        (extra / "opt").mkdir(parents=True, exist_ok=True)
+        (extra / BALLAST_FILE.lstrip("/")).write_bytes(
+            self.ballast(round((scale - 1) * IMAGE_BALLAST), 1))
+        append_layer(image, extra, f"COPY {BALLAST_FILE} (bench-restart --artifact-scale "
+                     f"{scale})", "2026-11-28T00:00:00Z")
+        shutil.rmtree(extra)
+        return image
+
+    def ballast_wheel(self) -> list[Path]:
+        """At ``--artifact-scale`` K > 1, a wheel of K - 1 times ENV_BALLAST random bytes
+        for the environment (none otherwise)."""
+        scale = self.args.artifact_scale
+        if scale <= 1:
+            return []
+        name = f"{BALLAST_WHEEL}-1"
+        path = self.job / "wheels" / f"{name}-py3-none-any.whl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files = {f"{BALLAST_WHEEL}/__init__.py": b"",
+                 f"{BALLAST_WHEEL}/data.bin": self.ballast(round((scale - 1) * ENV_BALLAST), 2),
+                 f"{name}.dist-info/METADATA":
+                     f"Metadata-Version: 2.1\nName: {BALLAST_WHEEL}\nVersion: 1\n".encode(),
+                 f"{name}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: bench-restart\n"
+                                            b"Root-Is-Purelib: true\nTag: py3-none-any\n"}
+        record = "".join(
+            f"{arc},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip('=')},{len(data)}\n"
+            for arc, data in files.items()) + f"{name}.dist-info/RECORD,,\n"
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as wheel:
+            for arc, data in [*files.items(), (f"{name}.dist-info/RECORD", record.encode())]:
+                wheel.writestr(arc, data)
+        return [path]
+
     def setup(self) -> dict[str, Any]:
         t = time.perf_counter()
-        layout = build_image(with_python=True)
-        info = read_build_info(layout)
-        wheels = self.wheels()
+        self.job.mkdir(parents=True, exist_ok=True)
+        base = build_image(with_python=True)
+        layout = self.scaled_image(base)
+        info = read_build_info(base)
+        wheels = self.wheels() + self.ballast_wheel()
+        shard_bytes = round(SHARD_BYTES * self.args.artifact_scale)
         self.lab.up(timeout_s=180)
         self.job.mkdir(parents=True, exist_ok=True)
         self.env_root.mkdir(exist_ok=True)
@@ -633,7 +693,7 @@ class Bench:
         for g in range(GROUPS):
             (local / f"g{g}").mkdir(parents=True, exist_ok=True)
             for k in range(SHARDS):
-                data = rng.randbytes(SHARD_BYTES)
+                data = rng.randbytes(shard_bytes)
                 (local / f"g{g}" / f"shard{k}.bin").write_bytes(data)
                 self.shards.setdefault(g, []).append(
                     (f"shard{k}.bin", hashlib.sha256(data).hexdigest()))
@@ -654,12 +714,14 @@ class Bench:
                 "image", "docker-stub", IMAGE, "--tag", STUB, "--docker-host",
                 self.lab.node_files(i).docker_host)), f"docker-stub on node {i}")
         log.info("setup in %.1f s", time.perf_counter() - t)
-        return {"image": {"layout": str(layout), "rootfs_bytes": info.rootfs_bytes,
-                          "layer_bytes": info.compressed_bytes},
+        ballast = round((self.args.artifact_scale - 1) * IMAGE_BALLAST)
+        return {"image": {"layout": str(layout), "rootfs_bytes": info.rootfs_bytes + ballast,
+                          "layer_bytes": sum(layer.size for layer in open_image(layout).layers)},
                 "wheels": {w.name: w.stat().st_size for w in wheels},
                 "checkpoint": {"groups": GROUPS, "shards_per_group": SHARDS,
-                               "shard_bytes": SHARD_BYTES,
-                               "bytes_per_node": SHARDS * SHARD_BYTES}}
+                               "shard_bytes": shard_bytes,
+                               "bytes_per_node": SHARDS * shard_bytes},
+                "artifact_scale": self.args.artifact_scale}
 
     def env_key(self) -> str:
         argv = self.bootseer("env", "key", "--path", str(self.venv), "--key-file",
@@ -757,6 +819,7 @@ class Bench:
                      "hdfs_block_size": spec.block_size, "replication": 1},
             "per_node_bytes": self.per_node_bytes(setup, cases, first_warm),
             "checkpoint_groups": GROUPS,  # node i reads group i % GROUPS
+            "artifact_scale": self.args.artifact_scale,
             "p2p_shared": list(P2P_SHARED),
             "cases": {case: {str(n): r for n, r in runs.items()}
                       for case, runs in cases.items()},
@@ -847,7 +910,7 @@ class Bench:
             "lab": lab,
         }
         if self.args.simulate:
-            add_simulation(result, Path(self.args.png))
+            add_simulation(result, Path(self.args.png), self.args.fit_with)
         return result
 
     def per_node_bytes(self, setup: dict[str, Any], cases: dict[str, dict[int, Any]],
@@ -868,16 +931,21 @@ class Bench:
                 "checkpoint": ckpt}
 
 
-def add_simulation(result: dict[str, Any], png: Path) -> None:
+def add_simulation(result: dict[str, Any], png: Path, fit_with: list[str]) -> None:
     """The fleet simulator calibrated from the lab's N = 1 runs, validated against every
-    N, extrapolated to production scale (a PNG at ``png``): its section and summary keys."""
+    N, extrapolated to production scale from each step's CPU fitted on the lab and on
+    ``fit_with`` (the same lab at other artifact scales; a PNG at ``png``): its section
+    and summary keys."""
     from bootseer_dev import fleetsim
 
-    sim = fleetsim.report(result["lab"], png)
+    sizes = [json.loads(Path(path).read_text())["lab"] for path in fit_with]
+    sim = fleetsim.report(result["lab"], png, sizes=sizes)
     result["sim"] = sim
-    result["sim_max_validation_error"] = sim["sim_max_validation_error"]
-    result["sim_bootseer_vs_baseline_n1000"] = sim["sim_bootseer_vs_baseline_n1000"]
-    result["sim_p2p_ready_n1000_over_n1"] = sim["sim_p2p_ready_n1000_over_n1"]
+    result["sim_fit_with"] = {path: lab.get("artifact_scale") for path, lab in
+                              zip(fit_with, sizes, strict=True)}
+    for key in ("sim_max_validation_error", "sim_bootseer_vs_baseline_n1000",
+                "sim_p2p_ready_n1000_over_n1", "sim_p2p_ready_n1000_s", "node_limit_n1000_s"):
+        result[key] = sim[key]
 
 
 def os_cpus() -> int:
@@ -975,12 +1043,22 @@ def main() -> None:
                         help="Keep the lab's state dir (logs, engines' images, caches).")
     parser.add_argument("--no-simulate", dest="simulate", action="store_false",
                         help="Leave out the simulator's calibration and extrapolation.")
+    parser.add_argument("--artifact-scale", type=float, default=1.0,
+                        help="Every artifact about this many times as big (random ballast "
+                             "in the image and the environment, larger checkpoint shards): "
+                             "the second size the simulator's cost fit needs.")
+    parser.add_argument("--fit-with", action="append", default=[], metavar="JSON",
+                        help="A bench-restart result of the same lab at another "
+                             "--artifact-scale (its N = 1 runs): the simulator fits each "
+                             "step's fixed and per-byte CPU on both.")
     parser.add_argument("--resimulate", action="store_true",
                         help="Run no lab: recompute the simulator's section of --out from "
                              "the lab figures already in it.")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if not 1 <= args.artifact_scale <= 16:
+        parser.error("--artifact-scale must be in 1..16")
     if args.node_cpu is not None and not 0.01 <= args.node_cpu <= 1024:
         parser.error("--node-cpu must be in 0.01..1024 cores")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -990,7 +1068,7 @@ def main() -> None:
         # a lab run before its caps named the node budget had it at the top level only
         result["lab"]["caps"].setdefault("node_cpu_quota_cores",
                                          result.get("node_cpu_quota_cores"))
-        add_simulation(result, Path(args.png))
+        add_simulation(result, Path(args.png), args.fit_with)
     else:
         result = Bench(args).run()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import stat
 import subprocess
@@ -34,7 +35,13 @@ from bootseer_dev.image import (
     unpack_image,
 )
 from bootseer_dev.image import layers as layer_mod
-from bootseer_dev.image.oci import LAYER_GZIP_TYPE, History, blob_path, write_layout
+from bootseer_dev.image.oci import (
+    LAYER_GZIP_TYPE,
+    History,
+    append_layer,
+    blob_path,
+    write_layout,
+)
 from bootseer_dev.image.unpack import UnpackError
 
 # --- mirror discovery ----------------------------------------------------------------------
@@ -178,6 +185,31 @@ def test_layers_and_unpack_round_trip_every_kind_of_change(tmp_path: Path) -> No
     assert index["/dev/null"].kind is Kind.CHAR and index["/dev/null"].devminor == 3
     assert index["/suid"].mode == 0o4755 and index["/suid"].uid == 1000
     assert index["/swap"].kind is Kind.FILE and index["/flip/child"].kind is Kind.FILE
+
+
+def test_append_layer_adds_a_layer_the_image_source_reads_on_top(tmp_path: Path) -> None:
+    base, extra, layout = tmp_path / "base", tmp_path / "extra", tmp_path / "image"
+    (base / "etc").mkdir(parents=True)
+    (base / "etc/conf").write_text("v1\n")
+    (extra / "opt").mkdir(parents=True)
+    (extra / "opt/ballast.bin").write_bytes(os.urandom(4096))
+    states = layer_mod.snapshot(base)
+    (layout / "blobs/sha256").mkdir(parents=True)
+    layer = layer_mod.write_layer(base, layer_mod.full(states), states, tmp_path / "l.tmp")
+    os.replace(layer.path, blob_path(layout, layer.digest))
+    first = write_layout(layout, [layer], [History("2026-01-01T00:00:00Z", "base")],
+                         cmd=["sh"], ref_name="t", created="2026-01-01T00:00:00Z")
+    second = append_layer(layout, extra, "COPY extra /", "2026-01-02T00:00:00Z")
+    assert second != first
+    image = open_image(layout)
+    assert image.manifest_digest == second and len(image.layers) == 2
+    assert image.config["config"]["Cmd"] == ["sh"]
+    assert [h["created_by"] for h in image.config["history"]] == ["base", "COPY extra /"]
+    with image.layers[1].open() as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
+        names = [m.name for m in tar]
+    assert names == ["opt", "opt/ballast.bin"]
+    index = json.loads((layout / "index.json").read_text())
+    assert index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"] == "t"
 
 
 def test_unpack_refuses_to_write_through_a_symlink(tmp_path: Path) -> None:

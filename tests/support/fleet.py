@@ -66,3 +66,37 @@ def synthetic_lab(counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
              for case in ("baseline", "bootseer_cold", "bootseer_prestaged", "bootseer",
                           "bootseer_p2p")}
     return {"caps": caps, "per_node_bytes": size, "cases": cases}
+
+
+#: What each phase's work grows with, per case (the marks' intervals): our own table, not
+#: the simulator's ``scales_with``.
+GROWS = {
+    "baseline": {"image": ("image_layers",), "env": ("wheels",), "checkpoint": ("checkpoint",)},
+    "bootseer_cold": {"env": ("wheels",), "started": ("image_lazy",),
+                      "checkpoint": ("checkpoint",)},
+    "bootseer_prestaged": {"env": ("env_snapshot",), "started": ("image_hot",),
+                           "checkpoint": ("checkpoint",)},
+    "bootseer": {"env": ("env_snapshot",), "started": ("image_hot",),
+                 "checkpoint": ("checkpoint",)},
+    "bootseer_p2p": {"staged": ("image_hot", "env_snapshot", "checkpoint"),
+                     "env": ("env_snapshot",), "started": ("image_hot",),
+                     "checkpoint": ("checkpoint",)},
+}
+
+
+def with_costs(lab: dict, scale: float = 1.0, fixed: float = 0.5,
+               per_mb: float = 0.1) -> dict:
+    """``lab`` with every artifact ``scale`` times as big and each node's phases (every
+    mark but the teardown's) costing ``fixed`` core-seconds plus ``per_mb`` per MB of what
+    the phase's work grows with (:data:`GROWS`), as a lab at a fixed CPU budget records
+    them."""
+    lab["per_node_bytes"] = {a: b * scale for a, b in lab["per_node_bytes"].items()}
+    for case, by_n in lab["cases"].items():
+        grows = GROWS[case]
+        for run in by_n.values():
+            for node in run["nodes"]:
+                node["phases"] = {
+                    mark: {"cpu_s": fixed + per_mb * sum(lab["per_node_bytes"][a]
+                                                         for a in grows.get(mark, ())) / 1e6}
+                    for mark in node["marks"] if mark not in ("exited", "warm")}
+    return lab

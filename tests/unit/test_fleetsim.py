@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import simpy
-from support.fleet import synthetic_lab
+from support.fleet import synthetic_lab, with_costs
 
 from bootseer_dev.fleetsim import Link, Network, report
 from bootseer_dev.fleetsim.calibrate import (
@@ -453,12 +453,15 @@ def test_a_node_without_a_mark_is_left_out_with_a_warning() -> None:
 
 
 def test_report_validates_extrapolates_and_plots(tmp_path: Path) -> None:
-    lab = json.loads(json.dumps(synthetic_lab()))  # as the benchmark's JSON gives it
-    result = report(lab, tmp_path / "fleet.png",
-                    Production(node_counts=(1, 100, 1000)))
+    # 0.5 core-seconds fixed a phase, 500 MB/s a core: origins, not own work, bound N = 1000
+    lab = json.loads(json.dumps(with_costs(synthetic_lab(), per_mb=0.002)))
+    twice = with_costs(synthetic_lab(counts=(1,)), 2.0, per_mb=0.002)
+    result = report(lab, tmp_path / "fleet.png", Production(node_counts=(1, 100, 1000)),
+                    [twice])
     assert set(result) == {"validation", "extrapolation", "sim_max_validation_error",
                            "sim_bootseer_vs_baseline_n1000", "sim_p2p_ready_n1000_over_n1",
-                           "png"}
+                           "sim_p2p_ready_n1000_s", "node_limit_n1000_s", "png"}
+    assert result["node_limit_n1000_s"] < result["sim_p2p_ready_n1000_s"]
     rows = result["validation"]["rows"]
     assert len(rows) == 5 * 5 and all(r["calibration_run"] == (r["nodes"] == 1) for r in rows)
     assert max(max(r["error_p50"], r["error_max"]) for r in rows if r["nodes"] == 1) < 0.01

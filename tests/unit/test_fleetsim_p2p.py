@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import simpy
-from support.fleet import synthetic_lab
+from support.fleet import synthetic_lab, with_costs
 
 from bootseer_dev.fleetsim import Link, Network, validate
 from bootseer_dev.fleetsim.placement import Placement
@@ -146,7 +146,8 @@ def test_production_p2p_reads_each_part_once_and_stays_flat() -> None:
     """At 1,000 nodes the store serves the hot pack, the snapshot and each of the 8
     checkpoint parts once, and the job is ready about when one node is."""
     params = Production(node_counts=(1, 1000))
-    result = extrapolate(synthetic_lab(counts=(1,)), params)
+    result = extrapolate(with_costs(synthetic_lab(counts=(1,))), params,
+                         [with_costs(synthetic_lab(counts=(1,)), 2.0)])
     one, many = result["cases"]["bootseer_p2p"]["runs"]
     size = params.per_node_bytes()
     assert one["served_bytes"]["hdfs"] == pytest.approx(sum(

@@ -11,6 +11,7 @@ three for ``bench-restart`` (docs/SIMULATOR.md).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from .calibrate import validate
@@ -22,14 +23,18 @@ __all__ = ["Flow", "Link", "Network", "Placement", "Production", "extrapolate", 
            "report", "validate"]
 
 
-def report(lab: dict, png: Path, params: Production | None = None) -> dict:
-    """The simulator's part of ``bench-results/restart.json``, from its ``lab`` section:
-    the validation against the lab, the extrapolation to ``params`` (default: the stated
-    production assumptions), their headline figures, and the plot written to ``png``."""
+def report(lab: dict, png: Path, params: Production | None = None,
+           sizes: Sequence[dict] = ()) -> dict:
+    """The simulator's part of ``bench-results/restart.json``, from its ``lab`` section
+    and the same lab at other artifact sizes (``sizes``: their N = 1 runs): the validation
+    against the lab, the extrapolation to ``params`` (default: the stated production
+    assumptions), their headline figures, and the plot written to ``png``."""
     validation = validate(lab)
-    extrapolation = extrapolate(lab, params or Production())
+    extrapolation = extrapolate(lab, params or Production(), sizes)
     return {"validation": validation, "extrapolation": extrapolation,
             "sim_max_validation_error": validation["max_error"],
             "sim_bootseer_vs_baseline_n1000": extrapolation["bootseer_vs_baseline_n1000"],
             "sim_p2p_ready_n1000_over_n1": extrapolation["p2p_ready_n1000_over_n1"],
+            "sim_p2p_ready_n1000_s": extrapolation["p2p_ready_n1000_s"],
+            "node_limit_n1000_s": extrapolation["node_limit_n1000_s"],
             "png": str(plot(extrapolation, Path(png)))}

@@ -16,12 +16,15 @@ from . import report
 @click.argument("result", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--png", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Where to write the extrapolation's plot.")
-def main(result: Path, png: Path) -> None:
+@click.option("--fit-with", "fit_with", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A bench-restart result of the same lab at another artifact size.")
+def main(result: Path, png: Path, fit_with: tuple[Path, ...]) -> None:
     """Validate the simulator against RESULT's lab runs and extrapolate it to production."""
     lab = json.loads(result.read_text()).get("lab")
     if not lab:
         sys.exit(f"{result} has no 'lab' section")
-    out = report(lab, png)
+    out = report(lab, png, sizes=[json.loads(path.read_text())["lab"] for path in fit_with])
     validation, extrapolation = out["validation"], out["extrapolation"]
     click.echo("validation: the lab's fleet simulated, against the lab (time to ready, s)")
     placement = validation["placement"]
@@ -55,7 +58,7 @@ def main(result: Path, png: Path) -> None:
     click.echo("  per node: " + ", ".join(
         f"{k} {v / 1e9:.2f} GB" for k, v in extrapolation["parameters"]["per_node_bytes"].items()))
     click.echo(f"  own seconds: {extrapolation['rules']['own_seconds']}")
-    click.echo(f"  MAIN ASSUMPTION: {extrapolation['rules']['main_assumption']}")
+    click.echo(f"  node limit: {extrapolation['rules']['node_limit']}")
     click.echo(f"  placement: {extrapolation['rules']['placement']}")
     click.echo(f"{'case':20} {'N':>5} {'p50 s':>9} {'p99 s':>9} {'max s':>9} {'repl':>4} "
                f"{'DN max/mean':>11} {'origin GB':>10} {'peer GB':>9}  limited by")
@@ -66,6 +69,11 @@ def main(result: Path, png: Path) -> None:
                        f"{_ratio(r['datanode_max_over_mean']):>11} "
                        f"{sum(r['served_bytes'].values()) / 1e9:>10.1f} "
                        f"{r['peer_bytes'] / 1e9:>9.1f}  {r['limited_by']}")
+    for case, data in extrapolation["cases"].items():
+        click.echo(f"{case}: a node's limit {data['node_limit_s']:.1f} s; costs (fixed core-s, "
+                   "per-byte core-s/GB): " + ", ".join(
+                       f"{step} {c['fixed']:.2f} + {c['per_byte'] * 1e9:.2f}"
+                       for step, c in data["costs"].items()))
     ratio, p2p = out["sim_bootseer_vs_baseline_n1000"], out["sim_p2p_ready_n1000_over_n1"]
     click.echo(f"bootseer / baseline at 1,000 nodes: {'n/a' if ratio is None else f'{ratio:.3f}'}"
                f"; bootseer_p2p at 1,000 nodes / 1: {'n/a' if p2p is None else f'{p2p:.3f}'}"

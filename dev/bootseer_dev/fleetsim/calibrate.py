@@ -66,6 +66,9 @@ class Step:
     striped: bool = True  # over every uplink of the origin; False: one stream (spread 1)
     upload: bool = False
     scales_with: tuple[str, ...] = ()  # artifacts whose size its own work grows with
+    #: Its per-byte work spreads over a node's cores (Bootseer's swarm, restore, image
+    #: server, checkpoint reader); False: one core (pip, docker's gunzip, one stream).
+    spreads: bool = False
     mark: bool = True
     teardown: bool = False  # after ready (the container's removal): not time to ready
 
@@ -107,17 +110,23 @@ CASES: dict[str, Case] = {
     "bootseer_cold": Case((
         Step("pip", "wheels", INDEX, striped=False, scales_with=("wheels",), mark=False),
         Step("env", "env_snapshot", upload=True),
-        Step("started", "image_lazy"), Step("imported"),
-        Step("checkpoint", "checkpoint", scales_with=("checkpoint",)), Step("ready"), EXITED)),
+        Step("started", "image_lazy", scales_with=("image_lazy",), spreads=True),
+        Step("imported"),
+        Step("checkpoint", "checkpoint", scales_with=("checkpoint",), spreads=True),
+        Step("ready"), EXITED)),
     # Every byte staged before t = 0: own work only.
     "bootseer_prestaged": Case((
-        Step("env", scales_with=("env_snapshot",)), Step("started"), Step("imported"),
-        Step("checkpoint", scales_with=("checkpoint",)), Step("ready"), EXITED)),
+        Step("env", scales_with=("env_snapshot",), spreads=True),
+        Step("started", scales_with=("image_hot",), spreads=True), Step("imported"),
+        Step("checkpoint", scales_with=("checkpoint",), spreads=True), Step("ready"),
+        EXITED)),
     # The same start, its bytes from a warm begun at t = 0 beside it.
     "bootseer": Case((
-        Step("env", "env_snapshot", scales_with=("env_snapshot",)),
-        Step("started", "image_hot"), Step("imported"),
-        Step("checkpoint", "checkpoint", scales_with=("checkpoint",)), Step("ready"), EXITED),
+        Step("env", "env_snapshot", scales_with=("env_snapshot",), spreads=True),
+        Step("started", "image_hot", scales_with=("image_hot",), spreads=True),
+        Step("imported"),
+        Step("checkpoint", "checkpoint", scales_with=("checkpoint",), spreads=True),
+        Step("ready"), EXITED),
         warm=("image_hot", "env_snapshot", "checkpoint")),
 }
 # Bootseer after ``bootseer job fanout``: every object the job reads kept on more DataNodes
@@ -130,10 +139,12 @@ CASES["bootseer_fanout"] = replace(CASES["bootseer"], calibrated_from="bootseer"
 # staging's own seconds, before the hot pack.
 CASES["bootseer_p2p"] = Case((
     Step("hot", "image_hot", mark=False,
-         scales_with=("image_hot", "env_snapshot", "checkpoint")),
+         scales_with=("image_hot", "env_snapshot", "checkpoint"), spreads=True),
     Step("snapshot", "env_snapshot", mark=False), Step("staged", "checkpoint"),
-    Step("env", scales_with=("env_snapshot",)), Step("started"), Step("imported"),
-    Step("checkpoint", scales_with=("checkpoint",)), Step("ready"), EXITED), peers=True)
+    Step("env", scales_with=("env_snapshot",), spreads=True),
+    Step("started", scales_with=("image_hot",), spreads=True), Step("imported"),
+    Step("checkpoint", scales_with=("checkpoint",), spreads=True), Step("ready"), EXITED),
+    peers=True)
 #: What bench-restart's p2p case shares between its nodes when its lab dict does not say
 #: (``p2p_shared``): the hot pack and the snapshot's shards; checkpoints from HDFS.
 P2P_SHARED = ("image_hot", "env_snapshot")

@@ -1,24 +1,20 @@
-"""The lab's calibrated restarts, extrapolated to a production fleet of 1 to 4,000 nodes.
+"""The lab's measured per-node costs, extrapolated to a production fleet of 1 to 4,000 nodes.
 
 The fleet (:class:`Production`) is stated, not measured: every default below is an
-**assumption**, reported beside the results. Each node has its own cores (no shared CPU
-pool). A step's own seconds are the lab's calibrated ones scaled by its artifact:
+**assumption**, reported beside the results. Each node has its own cores (``cores``; no
+shared CPU pool). A step's own seconds come from its **measured CPU work**, split into a
+fixed and a per-byte part (:mod:`.costs`: the lab's node cgroups at a fixed CPU budget,
+at two artifact sizes), priced at production's bytes and cores:
 
-    production own seconds = lab own seconds x production bytes / lab bytes
+    own seconds = fixed core-seconds (on one core: process, container and interpreter
+                  starts are serial)
+                + per-byte core-seconds x production bytes / cores it spreads over
 
-of the artifact the step's work grows with (``Step.scales_with``: layers a pull
-unpacks, wheels pip installs, the snapshot a restore unpacks, the checkpoint a node
-loads; the warm's with all it fetches). Steps whose work does not grow with bytes
-(starting a container, importing, the teardown) keep their lab seconds.
-
-This is the extrapolation's **main assumption**, and its absolute levels rest on it: all of
-a scaled step's own seconds are taken to grow with bytes, none to be fixed (an interpreter,
-JVM or container start). The lab cannot tell the two apart: it measures every artifact at
-one size, and its cases differ in where a step's bytes come from (the network, or a local
-copy), not in how many bytes the step's work handles. So the levels are upper estimates:
-lab steps of a few seconds, scaled 100-400 fold, give minutes (the baseline's one-node
-start is ~1,500 s, against the paper's ~45 s at < 10 GPUs), and the warm's own seconds
-(its process and requests as much as its bytes) are scaled with all it fetches.
+where a step spreads over the node's ``cores`` when its per-byte work is Bootseer's swarm,
+restore, image server or checkpoint reader (``Step.spreads``), and over one core when it
+is pip, docker's gunzip or a one-stream read. The bytes still cross the network as flows
+(:mod:`.restart`), after the step's own work (no overlap: an upper estimate where the two
+pipeline).
 
 HDFS keeps what the job reads in blocks of ``block_size`` with ``replication`` replicas on
 DataNodes drawn at random (:mod:`.placement`); ``bootseer_fanout`` is Bootseer after
@@ -34,20 +30,12 @@ checkpoint part (and, for one-stream reads, per replica turn) whatever N.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .calibrate import (
-    CASES,
-    HDFS,
-    INDEX,
-    REGISTRY,
-    SEED,
-    CalibrationError,
-    Own,
-    own_seconds,
-    plan,
-)
+from .calibrate import CASES, HDFS, INDEX, REGISTRY, SEED, Own, lab_case, plan
+from .costs import Cost, step_costs
 from .placement import Placement
 from .restart import Fleet, Origin, simulate
 
@@ -69,6 +57,7 @@ class Production:
     """A production fleet. Every default is an assumption: state yours."""
 
     nic_gbit_s: float = 25.0  # each node's NIC (the issue's 25 Gb/s)
+    cores: float = 32.0  # a GPU node's cores a restart may use (its own: no shared pool)
     datanodes: int = 200  # HDFS DataNodes serving the job
     datanode_gbit_s: float = 10.0  # each DataNode's uplink
     registry_frontends: int = 4  # the image registry's frontends (baseline pulls)
@@ -119,36 +108,57 @@ class Production:
             peer_upload=self.p2p_upload_gbit_s * GBIT if self.p2p_upload_gbit_s else None)
 
 
-def scaled(case: str, own: Own, lab_bytes: dict[str, float],
-           prod_bytes: dict[str, float]) -> Own:
-    """The lab's own seconds of ``case`` at production bytes (the module's rule)."""
-    def ratio(artifacts: list[str]) -> float:
-        return sum(prod_bytes[a] for a in artifacts) / sum(lab_bytes[a] for a in artifacts)
+def priced(case: str, costs: dict[str, Cost], lab: dict, prod_bytes: dict[str, float],
+           cores: float) -> Own:
+    """``case``'s own seconds at production bytes on nodes of ``cores`` (the module's rule):
+    each marked interval's (as the lab ran the case) on its first step."""
+    spec = lab_case(lab, case)
+    own: Own = dict.fromkeys([s.name for s in spec.steps] + (["warm"] if spec.warm else []),
+                             (0.0, 0.0))
+    interval: list = []
+    for step in spec.steps:
+        interval.append(step)
+        if not step.mark:
+            continue
+        cost = costs.get(step.name, Cost(0.0, 0.0))  # the teardown: no phase of the start
+        grows = {a for s in interval for a in s.scales_with}
+        spread = cores if any(s.spreads for s in interval if s.scales_with) else 1.0
+        per_byte = cost.per_byte * sum(prod_bytes[a] for a in grows) / spread
+        own[interval[0].name] = (cost.fixed + per_byte, 0.0)
+        interval = []
+    return own
 
-    spec = CASES[case]
-    factors = {s.name: ratio(list(s.scales_with)) if s.scales_with else 1.0
-               for s in spec.steps}
-    if spec.warm:
-        factors["warm"] = ratio(list(spec.warm))
-    return {name: (before * factors[name], after * factors[name])
-            for name, (before, after) in own.items()}
+
+def node_limit(case: str, costs: dict[str, Cost], prod_bytes: dict[str, float],
+               params: Production) -> float:
+    """A node's physical limit for ``case``: the bytes its steps fetch over its NIC, plus
+    its measured fixed costs (on one core each, one after another)."""
+    fetched = {s.artifact for s in CASES[case].steps if s.artifact} | set(CASES[case].warm)
+    return (sum(prod_bytes[a] for a in fetched) / (params.nic_gbit_s * GBIT)
+            + sum(cost.fixed for cost in costs.values()))
 
 
-def extrapolate(lab: dict, params: Production = Production()) -> dict:
+def extrapolate(lab: dict, params: Production = Production(),
+                sizes: Sequence[dict] = ()) -> dict:
     """Baseline, Bootseer, Bootseer prestaged, Bootseer after a fan-out and Bootseer with
-    peers on ``params`` at each node count: time to ready (p50, p99, max), what limited
-    each run, the busiest DataNode's bytes over their mean and the replication read, the
-    bytes the nodes had from each other; Bootseer / baseline at 1,000, and the p2p job's
-    time to ready at 1,000 nodes over 1."""
+    peers on ``params`` at each node count, priced from the costs fitted on ``lab`` and
+    the same lab at other artifact sizes (``sizes``): time to ready (p50, p99, max), what
+    limited each run, the busiest DataNode's bytes over their mean and the replication
+    read, the bytes the nodes had from each other; Bootseer / baseline at 1,000, the p2p
+    job's time to ready at 1,000 nodes (and over 1), and a node's physical limit."""
     began = time.monotonic()
     prod_bytes = params.per_node_bytes()
-    cases, warnings = {}, []
+    cases, warnings, limits = {}, [], {}
     for case in EXTRAPOLATED:
         try:
-            own = scaled(case, own_seconds(lab, case), lab["per_node_bytes"], prod_bytes)
-        except CalibrationError as error:
-            warnings.append(f"{error}: not extrapolated")
+            costs = step_costs([lab, *sizes], CASES[case].calibrated_from or case)
+        except ValueError as error:
+            warnings.append(f"{case}: {error}: not extrapolated")
             continue
+        if not costs:
+            warnings.append(f"{case}: no N = 1 run with its node's phases: not extrapolated")
+            continue
+        own = priced(case, costs, lab, prod_bytes, params.cores)
         phases, warm = plan(case, own, prod_bytes, params.fleet(1), parts=params.parts(),
                             shared=frozenset(params.p2p_shared))
         runs = []
@@ -160,19 +170,20 @@ def extrapolate(lab: dict, params: Production = Production()) -> dict:
                 "datanode_max_over_mean": summary["max_over_mean"].get(HDFS),
                 "replication": params.placement().replicas(nodes, params.datanodes,
                                                            CASES[case].fanout)})
-        cases[case] = {"own_s": own, "runs": runs}
+        limits[case] = node_limit(case, costs, prod_bytes, params)
+        cases[case] = {"costs": {step: asdict(cost) for step, cost in costs.items()},
+                       "own_s": own, "node_limit_s": limits[case], "runs": runs}
+    p2p_n1000 = _job(cases, "bootseer_p2p", 1000)
     return {
         "parameters": asdict(params) | {"per_node_bytes": prod_bytes, "cpu_pool": None,
                                         "placement_seed": SEED},
         "rules": {
-            "own_seconds": "lab own seconds x production bytes / lab bytes of the artifact "
-                           "the step's work grows with (pull: image_layers, pip: wheels, "
-                           "restore: env_snapshot, load: checkpoint, warm: all it fetches); "
-                           "container start, imports and teardown keep their lab seconds",
-            "main_assumption": "a scaled step's own seconds all grow with bytes, none is "
-                               "fixed (process, JVM, container starts): the lab measures "
-                               "each artifact at one size, so it cannot separate the two; "
-                               "absolute levels are upper estimates",
+            "own_seconds": "a step's measured CPU work, fitted as fixed + per byte on the "
+                           "lab's node cgroups at two artifact sizes: the fixed part on "
+                           "one core, the per-byte part at production bytes over the node's "
+                           "cores (Bootseer's swarm, restore, image server, checkpoint "
+                           "reader) or one core (pip, docker's gunzip, a one-stream read)",
+            "node_limit": "a node's bytes over its NIC plus its measured fixed costs",
             "placement": "HDFS: blocks of block_size, replication replicas each on "
                          "DataNodes drawn at random (placement_seed), every reader reading a "
                          "block from a replica drawn at random (beyond 16 nodes: each block's "
@@ -182,26 +193,33 @@ def extrapolate(lab: dict, params: Production = Production()) -> dict:
                          "min(max_replicas or datanodes, ceil(N / readers_per_replica)). "
                          "Registry and index: pulls and installs on one uplink each, "
                          "round-robin over the nodes",
-            "links": "NICs and origin uplinks capped, shared max-min fairly; no latency",
-            "status": "every parameter is an assumption, not a measurement"},
+            "links": "NICs and origin uplinks capped, shared max-min fairly; no latency; "
+                     "a step's bytes move after its own work (no pipelining: an upper "
+                     "estimate)",
+            "status": "every parameter is an assumption, not a measurement; the costs are "
+                      "measurements"},
         "cases": cases,
         "bootseer_vs_baseline_n1000": _ratio(cases, ("bootseer", 1000), ("baseline", 1000)),
         "p2p_ready_n1000_over_n1": _ratio(cases, ("bootseer_p2p", 1000), ("bootseer_p2p", 1)),
+        "p2p_ready_n1000_s": p2p_n1000,
+        "node_limit_n1000_s": limits.get("bootseer_p2p"),
         "note": "bootseer_vs_baseline_n1000: Bootseer's job time to ready (max) over the "
                 "baseline's at 1,000 nodes (< 1: Bootseer is faster); "
                 "p2p_ready_n1000_over_n1: bootseer_p2p's job time to ready at 1,000 nodes "
-                "over one node's",
+                "over one node's; node_limit_n1000_s: one p2p node's bytes over its NIC "
+                "plus its fixed costs, whatever N",
         "runtime_s": time.monotonic() - began,
         "warnings": warnings}
 
 
+def _job(cases: dict, case: str, nodes: int) -> float | None:
+    """Job time to ready (max) of ``case`` at ``nodes`` (None: not run)."""
+    return {r["nodes"]: r["max_s"] for r in cases.get(case, {}).get("runs", [])}.get(nodes)
+
+
 def _ratio(cases: dict, top: tuple[str, int], bottom: tuple[str, int]) -> float | None:
     """Job time to ready (max) of one (case, nodes) over another's (None: not run)."""
-    def job(case: str, nodes: int) -> float | None:
-        runs = cases.get(case, {}).get("runs", [])
-        return {r["nodes"]: r["max_s"] for r in runs}.get(nodes)
-
-    over, under = job(*top), job(*bottom)
+    over, under = _job(cases, *top), _job(cases, *bottom)
     return over / under if over is not None and under else None
 
 
@@ -220,6 +238,10 @@ def plot(extrapolated: dict, path: Path) -> Path:
                         label=f"{case}: job (max)")
         ax.plot(nodes, [r["p50_s"] for r in data["runs"]], linestyle="--",
                 color=line.get_color(), label=f"{case}: p50")
+    limit = extrapolated["cases"].get("bootseer_p2p", {}).get("node_limit_s")
+    if limit:
+        ax.axhline(limit, color="grey", linestyle=":",
+                   label="a p2p node's limit: its bytes over its NIC + its fixed costs")
     for nodes, seconds, label in PAPER:
         ax.scatter([nodes], [seconds], marker="*", s=140, color="black", zorder=3)
         ax.annotate(label, (nodes, seconds), textcoords="offset points", xytext=(6, 4),
@@ -228,8 +250,8 @@ def plot(extrapolated: dict, path: Path) -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("nodes (8 GPUs each)")
     ax.set_ylabel("time to ready (s)")
-    ax.set_title("Restart time, simulated at production scale (assumed fleet; own seconds "
-                 "scaled with bytes: upper estimates)", fontsize=10)
+    ax.set_title("Restart time, simulated at production scale (assumed fleet; measured "
+                 "fixed and per-byte costs)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -107,3 +107,29 @@ def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def append_layer(layout: Path, root: Path, created_by: str, created: str) -> str:
+    """Add the files under ``root`` as one more layer on top of the image in ``layout``
+    (its only manifest), as a ``COPY root /`` would; return the new manifest's digest.
+    The old manifest and config stay as unreferenced blobs."""
+    from .layers import full, snapshot, write_layer
+
+    index = json.loads((layout / "index.json").read_text())
+    (desc,) = index["manifests"]
+    manifest = json.loads(blob_path(layout, desc["digest"]).read_bytes())
+    config = json.loads(blob_path(layout, manifest["config"]["digest"]).read_bytes())
+    states = snapshot(root)
+    tmp = layout / "blobs" / "sha256" / ".append.tmp"
+    layer = write_layer(root, full(states), states, tmp)
+    os.replace(tmp, blob_path(layout, layer.digest))
+    config["rootfs"]["diff_ids"].append(layer.diff_id)
+    config["history"].append({"created": created, "created_by": created_by})
+    manifest["config"] = _put_json(layout, config, CONFIG_TYPE)
+    manifest["layers"].append({"mediaType": LAYER_GZIP_TYPE, "digest": layer.digest,
+                               "size": layer.size})
+    index["manifests"] = [_put_json(layout, manifest, MANIFEST_TYPE)
+                          | {k: v for k, v in desc.items()
+                             if k not in ("digest", "size", "mediaType")}]
+    _write_atomic(layout / "index.json", json.dumps(index, indent=2).encode() + b"\n")
+    return index["manifests"][0]["digest"]

@@ -1,0 +1,84 @@
+"""Each step's CPU work on a node, split into a fixed part and a part per byte.
+
+The lab at a fixed CPU budget per node (``bench-restart --node-cpu``) measures what every
+node's cgroup spent in each phase of its start (``phases``: ``cpu_s``). One lab size says
+how much work a step is, not how it grows: a container's start or an interpreter's
+imports cost the same for any checkpoint, a restore's unpacking grows with the snapshot.
+Runs at two artifact sizes or more (``bench-restart --artifact-scale``) tell the two apart:
+a step's core-seconds against the bytes of the artifacts its work grows with
+(:attr:`bootseer_dev.fleetsim.calibrate.Step.scales_with`), fitted by least squares
+(:func:`fit`), give a :class:`Cost`. Production (:mod:`.production`) then prices each step
+at its own bytes and cores instead of scaling the lab's seconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .calibrate import lab_case, runs
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A step's CPU work: ``fixed`` core-seconds, plus ``per_byte`` core-seconds for each
+    byte of the artifacts it grows with."""
+
+    fixed: float
+    per_byte: float
+
+    def at(self, nbytes: float) -> float:
+        return self.fixed + self.per_byte * nbytes
+
+
+def fit(points: Sequence[tuple[float, float]]) -> Cost:
+    """The least-squares line through (bytes, core-seconds) points, with neither part
+    negative: work that shrinks as bytes grow is measurement noise around a fixed cost
+    (the mean), and a negative fixed part is refitted through the origin (all per byte).
+    A step that grows with no bytes (0 at every size) is all fixed; points at one size
+    of some bytes cannot be split: ValueError."""
+    sizes = {nbytes for nbytes, _ in points}
+    if sizes == {0.0}:
+        return Cost(statistics.fmean(c for _, c in points), 0.0)
+    if len(sizes) < 2:
+        raise ValueError("a fixed and a per-byte part need runs at two sizes at least")
+    mean_b = statistics.fmean(b for b, _ in points)
+    mean_c = statistics.fmean(c for _, c in points)
+    slope = (sum((b - mean_b) * (c - mean_c) for b, c in points)
+             / sum((b - mean_b) ** 2 for b, _ in points))
+    if slope <= 0:
+        return Cost(mean_c, 0.0)
+    if mean_c - slope * mean_b < 0:
+        return Cost(0.0, sum(b * c for b, c in points) / sum(b * b for b, _ in points))
+    return Cost(mean_c - slope * mean_b, slope)
+
+
+def interval_bytes(lab: dict, case: str) -> dict[str, float]:
+    """Per marked step of ``case`` as the lab ran it: the bytes of the artifacts the work
+    of its interval (it and the unmarked steps before it) grows with."""
+    nbytes, spec = lab["per_node_bytes"], lab_case(lab, case)
+    out: dict[str, float] = {}
+    grows: set[str] = set()
+    for step in spec.steps:
+        grows |= set(step.scales_with)
+        if step.mark and not step.teardown:
+            out[step.name] = sum(nbytes[a] or 0.0 for a in grows)
+            grows = set()
+    return out
+
+
+def step_costs(labs: Sequence[dict], case: str) -> dict[str, Cost]:
+    """Each marked step's :class:`Cost` in ``case``, fitted on the N = 1 runs of ``labs``
+    (the same lab at different artifact sizes): its node's cgroup CPU in that phase
+    against :func:`interval_bytes`."""
+    points: dict[str, list[tuple[float, float]]] = {}
+    for lab in labs:
+        run = runs(lab, case).get(1)
+        if not run or not run["nodes"] or "phases" not in run["nodes"][0]:
+            continue
+        phases = run["nodes"][0]["phases"]
+        for step, nbytes in interval_bytes(lab, case).items():
+            if step in phases:
+                points.setdefault(step, []).append((nbytes, phases[step]["cpu_s"]))
+    return {step: fit(found) for step, found in points.items()}
