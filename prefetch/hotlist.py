@@ -24,6 +24,7 @@ image's packs. The list records where each block sits in the hot pack.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import statistics
@@ -174,6 +175,10 @@ SAVE_ATTEMPTS = 8
 #: Generations kept: the newest, and the one before it for readers that listed just
 #: before the newest appeared.
 KEEP_GENERATIONS = 2
+#: Most refs a list's generations may have in the store: saves leave KEEP_GENERATIONS (a
+#: few more while saves race), so more is a store someone else wrote, and reading it
+#: whole would let its writer size this process's memory.
+MAX_GENERATIONS = 64
 
 
 def ref_prefix(image_id: str, workload: str) -> str:
@@ -186,9 +191,14 @@ def ref_name(image_id: str, workload: str, generation: int) -> str:
 
 
 def generations(blobs: BlobStore, image_id: str, workload: str) -> list[int]:
-    """The stored generations of a list, oldest first."""
+    """The stored generations of a list, oldest first (ValueError: more refs than
+    MAX_GENERATIONS)."""
     prefix = ref_prefix(image_id, workload)
-    names = (name.removeprefix(prefix) for name in blobs.list_refs(prefix))
+    names = [name.removeprefix(prefix)
+             for name in itertools.islice(blobs.list_refs(prefix), MAX_GENERATIONS + 1)]
+    if len(names) > MAX_GENERATIONS:
+        raise ValueError(f"the store has more than {MAX_GENERATIONS} refs under {prefix!r}; "
+                         f"Bootseer's saves keep {KEEP_GENERATIONS}: remove them")
     return sorted(int(name) for name in names if name.isdigit())
 
 

@@ -97,6 +97,20 @@ def test_concurrent_saves_lose_no_recording(image: LazyImage) -> None:
     assert found == [savers - 1, savers]  # older generations pruned
 
 
+def test_a_store_with_too_many_generations_is_refused_and_a_start_goes_on(
+        image: LazyImage, caplog) -> None:
+    """More refs under a list's prefix than saves ever leave: neither a start (no advice,
+    a warning) nor a save (its caller warns) reads them all."""
+    caplog.set_level(logging.WARNING)
+    junk = image.blobs.put(b"{}")
+    for n in range(hotlist.MAX_GENERATIONS + 1):
+        image.blobs.set_ref(hotlist.ref_name(image.image_id, "w", n), junk.digest)
+    assert hotlist.load(image.blobs, image.image_id, "w") is None
+    assert "more than 64 refs" in caplog.text
+    with pytest.raises(ValueError, match="more than 64 refs"):
+        hotlist.save(image.blobs, HotList(image.image_id, "w", (), 1, {}))
+
+
 def test_stale_and_corrupt_lists_are_ignored_with_a_warning(image: LazyImage, caplog) -> None:
     caplog.set_level(logging.WARNING)
     stale = HotList(image.image_id, "w",
