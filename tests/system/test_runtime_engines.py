@@ -107,7 +107,7 @@ def _check_start(client: AgentClient, lazy: dict[str, Path], workload: str, runt
         assert image.get("prefetch") is None  # no hot list yet
         assert image["recording"]["hot_blocks"] > 0 and image["recording"]["recordings"] == 1
         refs = BlobStore(open_store(f"file://{lazy['store']}")).list_refs("hot/")
-        assert any(ref.endswith(f"/{workload}") for ref in refs), refs
+        assert any(f"/{workload}/" in ref for ref in refs), refs  # hot/<image>/<wl>/<n>
     else:
         assert image["prefetch"]["blocks_fetched"] > 0  # the hot list, from the store
         # and the start found it: put in the page cache once a file was looked up (those
