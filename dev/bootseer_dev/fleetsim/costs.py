@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .calibrate import lab_case, runs
+from .calibrate import Step, lab_case, runs
 
 
 @dataclass(frozen=True)
@@ -54,18 +54,30 @@ def fit(points: Sequence[tuple[float, float]]) -> Cost:
     return Cost(mean_c - slope * mean_b, slope)
 
 
-def interval_bytes(lab: dict, case: str) -> dict[str, float]:
-    """Per marked step of ``case`` as the lab ran it: the bytes of the artifacts the work
-    of its interval (it and the unmarked steps before it) grows with."""
-    nbytes, spec = lab["per_node_bytes"], lab_case(lab, case)
-    out: dict[str, float] = {}
-    grows: set[str] = set()
-    for step in spec.steps:
-        grows |= set(step.scales_with)
-        if step.mark and not step.teardown:
-            out[step.name] = sum(nbytes[a] or 0.0 for a in grows)
-            grows = set()
+def intervals(lab: dict, case: str) -> list[tuple[Step, ...]]:
+    """``case``'s steps as the lab ran it, grouped by the mark that ends them: each marked
+    step with the unmarked ones before it (the lab measures them as one phase)."""
+    out: list[tuple[Step, ...]] = []
+    pending: list[Step] = []
+    for step in lab_case(lab, case).steps:
+        pending.append(step)
+        if step.mark:
+            out.append(tuple(pending))
+            pending = []
     return out
+
+
+def grows_with(interval: Sequence[Step]) -> set[str]:
+    """The artifacts an interval's work grows with."""
+    return {a for step in interval for a in step.scales_with}
+
+
+def interval_bytes(lab: dict, case: str) -> dict[str, float]:
+    """Per marked step of ``case`` but the teardown: the bytes of the artifacts its
+    interval's work grows with."""
+    nbytes = lab["per_node_bytes"]
+    return {steps[-1].name: sum(nbytes[a] or 0.0 for a in grows_with(steps))
+            for steps in intervals(lab, case) if not steps[-1].teardown}
 
 
 def step_costs(labs: Sequence[dict], case: str) -> dict[str, Cost]:

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .calibrate import CASES, HDFS, INDEX, REGISTRY, SEED, Own, lab_case, plan
-from .costs import Cost, step_costs
+from .costs import Cost, grows_with, intervals, step_costs
 from .placement import Placement
 from .restart import Fleet, Origin, simulate
 
@@ -115,17 +115,11 @@ def priced(case: str, costs: dict[str, Cost], lab: dict, prod_bytes: dict[str, f
     spec = lab_case(lab, case)
     own: Own = dict.fromkeys([s.name for s in spec.steps] + (["warm"] if spec.warm else []),
                              (0.0, 0.0))
-    interval: list = []
-    for step in spec.steps:
-        interval.append(step)
-        if not step.mark:
-            continue
-        cost = costs.get(step.name, Cost(0.0, 0.0))  # the teardown: no phase of the start
-        grows = {a for s in interval for a in s.scales_with}
-        spread = cores if any(s.spreads for s in interval if s.scales_with) else 1.0
-        per_byte = cost.per_byte * sum(prod_bytes[a] for a in grows) / spread
-        own[interval[0].name] = (cost.fixed + per_byte, 0.0)
-        interval = []
+    for steps in intervals(lab, case):
+        cost = costs.get(steps[-1].name, Cost(0.0, 0.0))  # the teardown: not in the start
+        spread = cores if any(s.spreads for s in steps if s.scales_with) else 1.0
+        per_byte = cost.per_byte * sum(prod_bytes[a] for a in grows_with(steps)) / spread
+        own[steps[0].name] = (cost.fixed + per_byte, 0.0)
     return own
 
 
