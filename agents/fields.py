@@ -32,6 +32,9 @@ RUNTIME = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
 #: An environment snapshot's key (``env/<key>``).
 SNAPSHOT_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
+#: A Kubernetes pod, ``NAMESPACE/NAME``: a DNS label (RFC 1123) and a DNS subdomain.
+POD = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?")
+
 MAX_URL = 4096
 MAX_PEER = 64  # "[IPv6]:port" is at most 47 characters
 MAX_ITEMS = 64  # checkpoints of a mount, snapshots or checkpoints of a warm

@@ -15,7 +15,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bootseer.agents import fields
-from bootseer.agents.fields import COMPONENT, CONTAINER_ID, IMAGE, JOB, RUNTIME, SNAPSHOT_KEY
+from bootseer.agents.fields import (
+    COMPONENT,
+    CONTAINER_ID,
+    IMAGE,
+    JOB,
+    POD,
+    RUNTIME,
+    SNAPSHOT_KEY,
+)
 from bootseer.ready import SIGNAL_DIR
 
 RECORD_MODES = ("auto", "always", "never")
@@ -57,12 +65,16 @@ class MountRequest:
     #: Snapshots mounted in the root over the image, the first one on top
     #: (:mod:`bootseer.agents.envs`).
     envs: tuple[str, ...] = ()
+    #: The Kubernetes pod (``NAMESPACE/NAME``) the engine created the container for
+    #: (:func:`bootseer.agents.oci.pod_of`), for ``bootseer report``.
+    pod: str | None = None
 
     def __post_init__(self) -> None:
         fields.name(self.id, "id", CONTAINER_ID)
         fields.name(self.image, "image", IMAGE)
         fields.name(self.workload, "workload", COMPONENT)
         fields.optional_name(self.job, "job", JOB)
+        fields.optional_name(self.pod, "pod", POD)
         fields.name(self.runtime, "runtime", RUNTIME)
         if self.record not in RECORD_MODES:
             raise ValueError(f"'record' must be one of {', '.join(RECORD_MODES)}")
@@ -95,7 +107,7 @@ class MountRequest:
                    record=_default(body, "record", "auto"), job=body.get("job"),
                    runtime=_default(body, "runtime", "oci"),
                    checkpoints=_default(body, "checkpoints", {}),
-                   namespace=_default(body, "namespace", ""),
+                   namespace=_default(body, "namespace", ""), pod=body.get("pod"),
                    envs=fields.names(body.get("envs"), "envs", SNAPSHOT_KEY))
 
 

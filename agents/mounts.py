@@ -188,7 +188,8 @@ class MountManager:
                 self._record(StartRecord(key, job=request.job, image=request.image,
                                          workload=request.workload, runtime=request.runtime,
                                          phases={"created": created,
-                                                 "image_ready": time.time()}))
+                                                 "image_ready": time.time()},
+                                         detail={"pod": request.pod} if request.pod else {}))
             except BaseException:  # nothing of a refused mount stays behind
                 self._mounts.pop(key, None)
                 self._teardown(self.root / key, container.connections())

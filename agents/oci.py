@@ -16,6 +16,12 @@ except the job, which is an annotation's only: a job's report and peers are shar
 nodes, so joining one is for whoever starts the pod (and the operator's ``agent.jobs``),
 never for an image's ``ENV``.
 
+Under Kubernetes, containerd's CRI plugin copies a pod's annotations (those its runtime's
+``pod_annotations`` lets through: ``io.bootseer.*``) into the config of every container of
+the pod, its sandbox (``pause``) container included, and then writes annotations of its
+own over them (:data:`CRI_CONTAINER_TYPE`, the pod's name and namespace). A pod cannot set
+those: the sandbox always goes to runc untouched, and a start's pod is the engine's word.
+
 :func:`rewrite` is a list of small modifiers applied to a copy of the config, so a failure
 in any of them leaves the original untouched and nothing is forwarded half-modified.
 """
@@ -39,6 +45,11 @@ MOUNT_ANNOTATION = "io.bootseer.mount"
 #: Mount options of the signal directory (ready file, phase marks): writable, nothing else.
 SIGNAL_MOUNT_OPTIONS = ("rbind", "rw", "nosuid", "nodev")
 
+#: Written by containerd's CRI plugin after the pod's own annotations (see above).
+CRI_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+CRI_POD_NAME = "io.kubernetes.cri.sandbox-name"
+CRI_POD_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
+
 Spec = dict[str, Any]
 Modifier = Callable[[Spec], None]
 
@@ -57,13 +68,14 @@ class Labels:
     record: str = "auto"
     checkpoints: tuple[tuple[str, str], ...] = ()  # (name, store URL) to mount
     envs: tuple[str, ...] = ()  # snapshot keys to mount in the root
+    pod: str | None = None  # "NAMESPACE/NAME" of a Kubernetes pod, from its engine
 
     def mount_request(self, container_id: str, runtime: str,
                       namespace: str = "") -> MountRequest:
         return MountRequest(id=container_id, image=self.image, workload=self.workload,
                             record=self.record, job=self.job, runtime=runtime,
                             checkpoints=dict(self.checkpoints), namespace=namespace,
-                            envs=self.envs)
+                            envs=self.envs, pod=self.pod)
 
 
 def parse_checkpoints(value: str | None) -> tuple[tuple[str, str], ...]:
@@ -89,6 +101,8 @@ def requested(spec: Spec) -> Labels | None:
     if not isinstance(spec, dict):
         raise SpecError("the OCI config is not a JSON object")
     annotations = spec.get("annotations") or {}
+    if annotations.get(CRI_CONTAINER_TYPE) == "sandbox":
+        return None  # a pod's pause container: the pod's annotations reach it too
     env = env_map(spec)
 
     def setting(name: str) -> str | None:
@@ -107,7 +121,17 @@ def requested(spec: Spec) -> Labels | None:
     envs = tuple(filter(None, (k.strip() for k in (setting("envs") or "").split(","))))
     return Labels(image=image, workload=setting("workload") or "default",
                   job=annotations.get(ANNOTATION_PREFIX + "job") or None, record=record,
-                  checkpoints=parse_checkpoints(setting("checkpoints")), envs=envs)
+                  checkpoints=parse_checkpoints(setting("checkpoints")), envs=envs,
+                  pod=pod_of(annotations))
+
+
+def pod_of(annotations: dict[str, Any]) -> str | None:
+    """The Kubernetes pod (``NAMESPACE/NAME``) containerd's CRI plugin created the
+    container for, or None outside one."""
+    name, namespace = annotations.get(CRI_POD_NAME), annotations.get(CRI_POD_NAMESPACE)
+    if not name or not namespace:
+        return None
+    return f"{namespace}/{name}"
 
 
 @dataclass(frozen=True)

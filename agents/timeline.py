@@ -90,6 +90,13 @@ class StartRecord:
         return out
 
     @property
+    def pod(self) -> str | None:
+        """The Kubernetes pod (``NAMESPACE/NAME``) of the start, as its engine named it in
+        the mount request (containerd's CRI annotations, which no pod can set)."""
+        pod = self.detail.get("pod")
+        return pod if isinstance(pod, str) else None
+
+    @property
     def startup_seconds(self) -> float | None:
         """From ``created`` to ``ready`` (or, for a job that never said so, its exit)."""
         begin = self.phases.get("created")

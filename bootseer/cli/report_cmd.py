@@ -144,7 +144,7 @@ COLUMNS = (("image_ready", "rootfs"), ("env_ready", "environment"),
 
 def breakdown_table(starts: list[StartRecord]) -> Table:
     table = Table(title="startup by phase (seconds from the phase before)")
-    for name in ("started", "image", "workload", "runtime"):
+    for name in ("started", "image", "workload", "runtime", "pod"):
         table.add_column(name)
     for _, title in COLUMNS:
         table.add_column(title, justify="right")
@@ -154,7 +154,7 @@ def breakdown_table(starts: list[StartRecord]) -> Table:
         when = time.strftime("%m-%d %H:%M:%S", time.localtime(min(s.phases.values(),
                                                                    default=0)))
         table.add_row(when, s.image or "-", s.workload or "-", s.runtime or "-",
-                      *[_seconds(parts.get(phase)) for phase, _ in COLUMNS],
+                      s.pod or "-", *[_seconds(parts.get(phase)) for phase, _ in COLUMNS],
                       _seconds(s.startup_seconds))
     if len(starts) > 1:
         medians = []
@@ -163,7 +163,7 @@ def breakdown_table(starts: list[StartRecord]) -> Table:
             medians.append(_seconds(statistics.median(values)) if values else "-")
         totals = [s.startup_seconds for s in starts if s.startup_seconds is not None]
         table.add_section()
-        table.add_row(f"median of {len(starts)}", "", "", "", *medians,
+        table.add_row(f"median of {len(starts)}", "", "", "", "", *medians,
                       _seconds(statistics.median(totals)) if totals else "-")
     return table
 

@@ -40,7 +40,8 @@ JSON = st.recursive(
 #: checks deep inside, not just the first "is it an object".
 VALID = {
     "/v1/mounts": {"id": "fuzz", "image": "big", "workload": "default", "record": "never",
-                   "job": "j", "runtime": "fuzz", "checkpoints": {}, "namespace": ""},
+                   "job": "j", "runtime": "fuzz", "checkpoints": {}, "namespace": "",
+                   "pod": "default/fuzz"},
     "/v1/warm": {"image": "big", "workload": "default", "all": False, "envs": [],
                  "checkpoints": []},
     "/v1/starts": {"id": "fuzz-start", "job": "j", "image": "big", "workload": "w",

@@ -70,6 +70,30 @@ def test_labels_become_the_agents_mount_request() -> None:
         oci.Labels("py").mount_request("../etc", "docker")
 
 
+#: What containerd's CRI plugin writes into a pod's containers, over the pod's own.
+CRI = {"io.kubernetes.cri.sandbox-name": "trainer-0", "io.kubernetes.cri.sandbox-namespace":
+       "ml", "io.kubernetes.cri.sandbox-id": "f" * 64}
+
+
+def test_a_pods_sandbox_goes_to_runc_though_the_pods_annotations_reach_it() -> None:
+    asked = {"io.bootseer.image": "py", **CRI}
+    sandbox = spec(annotations={**asked, "io.kubernetes.cri.container-type": "sandbox"})
+    container = spec(annotations={**asked, "io.kubernetes.cri.container-type": "container"})
+    assert oci.requested(sandbox) is None
+    assert oci.requested(container) == oci.Labels("py", pod="ml/trainer-0")
+
+
+def test_a_start_names_its_pod_only_as_the_engine_does() -> None:
+    assert oci.pod_of(CRI) == "ml/trainer-0"
+    assert oci.pod_of({"io.kubernetes.cri.sandbox-name": "x"}) is None  # no namespace
+    assert oci.Labels("py").mount_request("c1", "docker").pod is None
+    request = oci.Labels("py", pod="ml/trainer-0").mount_request("c1", "bootseer-runtime")
+    assert MountRequest.from_json(request.to_json()) == request
+    for bad in ("ml", "ml/../x", "-ml/x", "ML/x", "ml/x/y", "a" * 64 + "/x"):
+        with pytest.raises(ValueError, match="'pod' must match"):
+            oci.Labels("py", pod=bad).mount_request("c1", "bootseer-runtime")
+
+
 def test_rewrite_runs_the_container_on_the_mount() -> None:
     before = spec(env={"BOOTSEER_IMAGE": "py", "LANG": "de_DE"},
                   annotations={"io.other": "kept"})
