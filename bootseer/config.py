@@ -54,9 +54,14 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("bootseer"))
 
 
+#: The node agent's socket when it runs as root (systemd unit, DaemonSet), where the runtime
+#: shim and the hook (root) look by default.
+ROOT_AGENT_SOCKET = Path("/run/bootseer/agent.sock")
+
+
 def default_agent_socket() -> Path:
     if _is_root():
-        return Path("/run/bootseer/agent.sock")
+        return ROOT_AGENT_SOCKET
     return Path(platformdirs.user_runtime_dir("bootseer")) / "agent.sock"
 
 

@@ -35,8 +35,10 @@ PACKAGES=(
   # agents/: bootseer-hook (hooks.d precreate/poststop) is tested with a real podman
   podman
   # agents/: bootseer-runtime as the runc v2 shim's BinaryName, tested with a private
-  # containerd (1.6, config version 2; ctr as its client)
+  # containerd (1.6, config version 2; ctr as its client, and its CRI plugin as the kubelet
+  # drives it)
   containerd
+  catatonit                      # static init: the CRI pods' sandbox (pause) image
 )
 
 missing=()

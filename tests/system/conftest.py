@@ -1,6 +1,7 @@
 """Fixtures of the system tier: a node agent on a ``file://`` store, and the engines (one
-real lazy image per module, dockerd and podman wired to the shim and the hook) that the
-runtime-engine and security tests both drive."""
+real lazy image per module, dockerd, containerd and podman wired to the shim and the hook,
+containerd's CRI plugin driven as the kubelet drives it) that the runtime-engine,
+Kubernetes and security tests drive."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from support.ci import require
 from support.engines import HOOK, REPO, RUNTIME, run_tool
 from support.images import bootseer
+from support.starts import Nodes
 
 from bootseer_dev.engines import Dockerd, EngineUnavailable, deployed_daemon_config, start_agent
 
@@ -54,6 +56,37 @@ def lazy(tmp_path_factory) -> dict[str, Path]:
     run_tool("tar", "-xzf", base, "-C", root / "base")  # tar keeps devices and owners
     return {"store": root / "store", "layout": layout, "base_layer": base, "base": root / "base",
             "sock": root / "run" / "agent.sock", "root": root}
+
+
+@pytest.fixture
+def nodes(lazy, tmp_path: Path):
+    """Fresh node agents on the engines' socket, one at a time (:class:`Nodes`)."""
+    nodes = Nodes(lazy, tmp_path)
+    yield nodes
+    nodes.stop()
+
+
+@pytest.fixture(scope="module")
+def containerd(lazy):
+    """containerd with the deploy snippet's runtimes and the module's images
+    (:mod:`support.containerd`)."""
+    from support.containerd import running
+
+    with running(lazy) as engine:
+        yield engine
+
+
+@pytest.fixture
+def kubelet(containerd, tmp_path: Path):
+    """The kubelet's CRI calls to the module's containerd (:mod:`support.cri`); a test's
+    pods are gone after it."""
+    from support.containerd import PAUSE_IMAGE
+    from support.cri import Kubelet
+
+    kubelet = Kubelet(containerd.address, tmp_path / "pod-logs")
+    kubelet.wait_for_image(PAUSE_IMAGE)
+    yield kubelet
+    kubelet.close()
 
 
 @pytest.fixture(scope="module")
