@@ -22,6 +22,7 @@ import logging
 import sys
 
 from bootseer import boundedjson, typedjson
+from bootseer.agents import cgroups
 from bootseer.agents.spare import serve_spare
 from bootseer.config import Config
 from bootseer.errors import BootseerError
@@ -82,9 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.mode == "serve":
             spec = decode(data)
+            _place(spec.config)
         else:
             config = typedjson.from_json(Config, boundedjson.loads(
                 data, limit=MAX_SPEC, what="a node configuration"))
+            _place(config)
             _log_at(config)
             taken = serve_spare(args.control_fd, functools.partial(warm_up, config))
             if taken is None:  # the agent went away first
@@ -96,6 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _place(config: Config) -> None:
+    """Out of the agent's cgroup, first, where the operator says so (a DaemonSet):
+    :mod:`bootseer.agents.cgroups`."""
+    if config.agent.servers_cgroup:
+        cgroups.enter(config.agent.servers_cgroup, config.agent.cgroup_root)
 
 
 def _log_at(config: Config) -> None:

@@ -201,6 +201,13 @@ class AgentConfig:
     #: is the operator's grant (as the pod's annotation, never the image's ``ENV``). By
     #: default no container names a job (``bootseer image run`` and root's warms do).
     jobs: Strings = ()
+    #: A cgroup (e.g. ``/bootseer-servers``) the mounts' servers move into as they start,
+    #: in every hierarchy under :attr:`cgroup_root` (:mod:`bootseer.agents.cgroups`): where
+    #: the agent's own cgroup is killed whole when it stops (a DaemonSet's container), so
+    #: that running containers keep their roots and the next agent adopts them. "": they
+    #: stay in the agent's (systemd's ``KillMode=process`` spares them).
+    servers_cgroup: str = ""
+    cgroup_root: Path = Path("/sys/fs/cgroup")  # a DaemonSet: the host's, by a hostPath
 
 
 @dataclass

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,18 +192,20 @@ class Dockerd:
 
 
 def start_agent(sock: Path, env: dict[str, str], *, timeout: float = 30,
-                spares_warm: bool = False) -> subprocess.Popen:
+                spares_warm: bool = False, prefix: Sequence[str] = ()) -> subprocess.Popen:
     """``bootseer agent`` on ``sock`` with ``env`` added, once it answers there (a socket
     a killed agent left behind does not count); with ``spares_warm``, once its spare
     servers are warm and its own store connection is made, as on a node whose agent has
     been up a while (benchmarks: a JVM still starting would compete with, or delay, the
-    start being timed). Its log is
+    start being timed). ``prefix``: a command line the agent's is appended to (one that
+    execs it, e.g. into a cgroup). Its log is
     ``proc.log``, next to the socket."""
     from bootseer.agents.client import AgentClient, AgentUnavailable
 
     sock.parent.mkdir(parents=True, exist_ok=True)
     log = sock.parent / f"agent-{time.monotonic_ns()}.log"
-    proc = _spawn([sys.executable, "-m", "bootseer", "agent", "--socket", str(sock)], log, env)
+    proc = _spawn([*prefix, sys.executable, "-m", "bootseer", "agent", "--socket", str(sock)],
+                  log, env)
     proc.log = log  # type: ignore[attr-defined]
 
     def up() -> bool:

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from support.containers import run_in, stop_agents
 from support.images import bootseer
+from support.wait import wait_until
 
+from bootseer.agents import cgroups
 from bootseer.agents.client import AgentClient, AgentError
 from bootseer.agents.mountapi import ContainerMount, MountRequest
 from bootseer.mounts import is_mounted
@@ -403,3 +405,47 @@ def test_servers_are_spares_started_ahead_and_a_restarted_agent_takes_them_over(
         _replaced(client, listed["pid"])
         assert run_in(mount, 'python3 -c "print(6 * 7)"').stdout == "42\n"
         client.release("c9")
+
+
+def test_servers_outlive_the_agents_cgroup_killed_whole(dirs, python_layout,
+                                                        tmp_path: Path) -> None:
+    """As a DaemonSet's agent container ends (its runtime kills every process of the
+    container's cgroup): with ``agent.servers_cgroup``, the mount's servers (spares
+    started ahead included) are elsewhere, the container's root is served on, and the
+    next agent adopts it."""
+    bootseer("image", "convert", str(python_layout), "--name", "py", store=dirs["store"],
+             cache=dirs["cache"])
+    root, tag = Path("/sys/fs/cgroup"), f"bootseer-test-{os.getpid()}"
+    pod, servers = f"/{tag}-pod", f"/{tag}-servers"
+    sock = tmp_path / "run" / "agent.sock"
+    env = {"BOOTSEER_STORE": f"file://{dirs['store']}",
+           "BOOTSEER_CACHE_DIR": str(dirs["agent-cache"]),
+           "BOOTSEER_AGENT_SERVERS_CGROUP": servers, "BOOTSEER_AGENT_CGROUP_ROOT": str(root)}
+    pod_dirs = cgroups.make(pod, root)
+    into_pod = ["sh", "-c", " && ".join(f"echo $$ > {d}/cgroup.procs" for d in pod_dirs)
+                + ' && exec "$@"', "sh"]
+    procs = [start_agent(sock, env, prefix=into_pod)]
+    try:
+        with AgentClient(sock) as client:
+            mount = client.mount(MountRequest("c1", "py"))
+            (listed,) = client.mounts()
+        groups = Path(f"/proc/{listed['pid']}/cgroup").read_text().splitlines()
+        assert all(line.endswith(f":{servers}") for line in groups), groups
+        in_pod = {int(pid) for d in pod_dirs for pid in (d / "cgroup.procs").read_text().split()}
+        assert procs[0].pid in in_pod and listed["pid"] not in in_pod
+        for pid in in_pod:  # runc kill --all, as the container ends
+            os.kill(pid, signal.SIGKILL)
+        procs[0].wait(30)
+        result = run_in(mount, 'python3 -c "import json; print(6 * 7)"')
+        assert (result.returncode, result.stdout) == (0, "42\n"), result.stderr
+        procs.append(start_agent(sock, env))
+        with AgentClient(sock) as client:
+            (adopted,) = client.mounts()
+            assert (adopted["pid"], adopted["serving"]) == (listed["pid"], True)
+            client.release("c1")
+    finally:
+        stop_agents(procs, dirs["agent-cache"])
+        for group in (pod, servers):
+            for path in cgroups.make(group, root):
+                wait_until(lambda p=path: not (p / "cgroup.procs").read_text().strip(), 30)
+                path.rmdir()

@@ -54,7 +54,8 @@ def _serving(kubelet: Kubelet, client: AgentClient, name: str, namespace: str,
 
 def test_the_deploy_files_are_what_the_tests_run() -> None:
     """The RuntimeClass names the snippet's handler; the DaemonSet's agent serves the
-    socket the runtime shim asks (root's default) and shares its mounts with the host."""
+    socket the runtime shim asks (root's default), shares its mounts with the host, and
+    keeps its servers out of its pod's cgroup."""
     assert RUNTIME_CLASS["kind"] == "RuntimeClass" and RUNTIME_CLASS["metadata"]["name"]
     bootseer_runtime = runtimes(SNIPPET.read_text())[HANDLER]
     assert bootseer_runtime["pod_annotations"] == ["io.bootseer.*"]
@@ -74,6 +75,15 @@ def test_the_deploy_files_are_what_the_tests_run() -> None:
         # the host's own path, and the agent's mounts there seen by the host's runc
         assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path
         assert mounts[path]["mountPropagation"] == "Bidirectional"
+    (init,) = spec["initContainers"]  # the cache's modes, on the same host directory
+    (cache,) = [m for m in init["volumeMounts"] if m["mountPath"] == env["BOOTSEER_CACHE_DIR"]]
+    assert cache["name"] == mounts[env["BOOTSEER_CACHE_DIR"]]["name"]
+    # KillMode=process's equivalent (test_agent_mounts.py::
+    # test_servers_outlive_the_agents_cgroup_killed_whole): the servers leave the pod's
+    # cgroup for one of the host's tree, and the next agent finds them by pid.
+    assert spec["hostPID"] and env["BOOTSEER_AGENT_SERVERS_CGROUP"].startswith("/")
+    cgroup_root = env["BOOTSEER_AGENT_CGROUP_ROOT"]
+    assert volumes[mounts[cgroup_root]["name"]]["hostPath"]["path"] == "/sys/fs/cgroup"
 
 
 def test_the_readmes_pod_is_the_one_the_tests_run() -> None:
