@@ -80,11 +80,12 @@ def containerd(lazy):
 def kubelet(containerd, tmp_path: Path):
     """The kubelet's CRI calls to the module's containerd (:mod:`support.cri`); a test's
     pods are gone after it."""
-    from support.containerd import PAUSE_IMAGE
+    from support.containerd import PAUSE_IMAGE, PLAIN_IMAGE, STUB
     from support.cri import Kubelet
 
     kubelet = Kubelet(containerd.address, tmp_path / "pod-logs")
-    kubelet.wait_for_image(PAUSE_IMAGE)
+    for image in (PAUSE_IMAGE, STUB, PLAIN_IMAGE):
+        kubelet.wait_for_image(image)
     yield kubelet
     kubelet.close()
 
