@@ -13,6 +13,8 @@ started). Where each lives and how large it may grow is decided in one place,
     entries/ab/<hex>          an entry, named by the sha256 of its bytes (or a key)
     entries/ab/<hex>/         a tree entry: tree/ its files, size their bytes
     tmp/<hex>.<pid>.<rand>    an entry being written by process <pid>
+    building/<hex>            taken (flock) while one process builds a tree the others
+                              would build too; 0600
     usage                     the bytes entries hold, as the last add or eviction left it
     lock                      taken (flock) to add, drop or evict; 0600
 
@@ -266,6 +268,17 @@ class NodeCache:
         it exclusively), then :meth:`add_file` it, or unlink it."""
         self._mkdir(self._tmp)
         return self._tmp / f"{label}.{os.getpid()}.{secrets.token_hex(4)}"
+
+    @contextlib.contextmanager
+    def building(self, key: str) -> Iterator[None]:
+        """Hold the lock of entry ``key``'s build for the ``with`` block: a second builder
+        (a start's mount beside the warm that is unpacking the same snapshot, in this
+        process or another) waits for the first, then finds its entry, instead of doing
+        the same work beside it. A dead builder's lock is released with its process."""
+        locks = self.directory / "building"
+        self._mkdir(locks)
+        with file_lock(locks / self.check_digest(key)):
+            yield
 
     def add_tree(self, tmp: Path, key: str, size: int) -> None:
         """Rename the temporary directory ``tmp`` (:meth:`new_temporary`, holding the

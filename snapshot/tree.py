@@ -141,7 +141,9 @@ class EnvTree:
               on_progress: Callable[[int], None] | None = None,
               first: FirstShards | None = None) -> Path:
         """Unpack the snapshot (shards from the cache where a warm staged them, else from
-        the store) and add it to the cache; its root. Root only."""
+        the store) and add it to the cache; its root. Root only. A build of the same tree
+        under way (a warm's, beside a start that needs the tree) is waited for, not
+        repeated."""
         if os.geteuid() != 0:
             raise BootseerError("only root unpacks a snapshot's tree (its files keep the "
                                 "snapshot's owners)")
@@ -149,17 +151,21 @@ class EnvTree:
         if found is not None:
             return found
         _refuse_privileges(manifest)
-        tmp = self.cache.new_temporary(self.entry)
-        os.mkdir(tmp, 0o700)
-        try:
-            os.mkdir(tmp / TREE, 0o755)
-            made = stage_layer(blobs, manifest, str(tmp / TREE), options=options,
-                               on_progress=on_progress, cache=self.cache, first=first)
-            TreeRecord.of(manifest, made).save(tmp / RECORD)
-            crash_point("unpacked")
-            self.cache.add_tree(tmp, self.entry, manifest.content_bytes)
-        finally:
-            remove_tree(str(tmp))  # only if it did not go in
+        with self.cache.building(self.entry):  # one unpacking per node at a time
+            found = self.find()
+            if found is not None:
+                return found
+            tmp = self.cache.new_temporary(self.entry)
+            os.mkdir(tmp, 0o700)
+            try:
+                os.mkdir(tmp / TREE, 0o755)
+                made = stage_layer(blobs, manifest, str(tmp / TREE), options=options,
+                                   on_progress=on_progress, cache=self.cache, first=first)
+                TreeRecord.of(manifest, made).save(tmp / RECORD)
+                crash_point("unpacked")
+                self.cache.add_tree(tmp, self.entry, manifest.content_bytes)
+            finally:
+                remove_tree(str(tmp))  # only if it did not go in
         found = self.find()
         if found is None:
             raise BootseerError(f"snapshot {manifest.key}: its tree was evicted as soon as "

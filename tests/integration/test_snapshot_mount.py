@@ -13,6 +13,8 @@ import json
 import os
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,7 @@ from bootseer.nodecache import CacheFull, NodeCache
 from bootseer.snapshot.config import SnapshotOptions
 from bootseer.snapshot.manifest import UnsafeSnapshotError
 from bootseer.snapshot.mount import mount_restore, unmount_env
-from bootseer.snapshot.restore import CRASH_ENV, load_manifest, restore
+from bootseer.snapshot.restore import CRASH_ENV, load_manifest, restore, stage_layer
 from bootseer.snapshot.run import capture_command
 from bootseer.snapshot.tree import EnvTree
 from bootseer.store import BlobStore, open_store
@@ -163,6 +165,40 @@ def test_a_crash_mid_unpack_leaves_nothing_trusted_and_the_next_restore_recovers
     assert not list((cache.directory / "tmp").iterdir())
     restored = bootseer(*run, store=tmp_path / "store", env=env)
     assert "mounted the node's tree" in restored.stderr and tree_state(venv) == installed
+    unmount_env(cache, venv)
+
+
+def test_two_builders_of_one_tree_unpack_it_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start's mount that needs the tree a warm is unpacking (two threads of the agent
+    here; processes alike: the lock is a file's) waits for that build and gets its tree,
+    instead of unpacking the snapshot again beside it."""
+    key, venv, _, installed, _ = _fresh_node(tmp_path)
+    blobs = BlobStore(open_store(f"file://{tmp_path / 'store'}"))
+    manifest, cache = load_manifest(blobs, key), _cache(tmp_path)
+    unpacked, first_in = [], threading.Event()
+
+    def slow_stage_layer(*args, **kwargs):
+        unpacked.append(threading.current_thread().name)
+        first_in.set()
+        time.sleep(0.5)  # the second builder arrives while this one unpacks
+        return stage_layer(*args, **kwargs)
+
+    monkeypatch.setattr("bootseer.snapshot.tree.stage_layer", slow_stage_layer)
+    roots: dict[str, Path] = {}
+
+    def build(name: str) -> None:
+        roots[name] = EnvTree(_cache(tmp_path), key).build(blobs, manifest)
+
+    warm = threading.Thread(target=build, args=("warm",), name="warm")
+    warm.start()
+    assert first_in.wait(30)
+    build("start")
+    warm.join(60)
+    assert unpacked == ["warm"] and roots["start"] == roots["warm"]
+    assert EnvTree(cache, key).find() == roots["warm"]
+    mount_restore(blobs, manifest, cache)
+    assert tree_state(venv) == installed and _python(venv) == "42"
     unmount_env(cache, venv)
 
 
