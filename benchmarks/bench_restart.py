@@ -46,7 +46,9 @@ Cases (each on cold nodes: fresh agent caches, fresh environments, a dropped pag
   containers get the warmed tree from the node agent (``BOOTSEER_ENVS``): what that mount
   saves a node (``prestaged_env_node_cpu_saved_s``);
 * ``bootseer``: a later restart: ``bootseer warm`` is issued on every node at t0, beside
-  the start; a node is ready when both are done;
+  the start; a node is ready when both are done; the container gets the environment from
+  the node agent, as ``bootseer_prestaged``'s (the warm unpacks it once: a start that
+  needs the tree first waits for that build, or builds it while the warm waits);
 * ``bootseer_p2p``: the warm issued at t0 as one job's (``--job --nodes N``), the start
   once it returned (a start racing its warm reads what is not yet local from the store
   itself): the nodes' agents share the hot pack, the snapshot shards and the checkpoint
@@ -126,10 +128,12 @@ EXTRA_CASES = ("bootseer_prestaged_env_extracted",)
 PRESTAGED = ("bootseer_prestaged", "bootseer_prestaged_served",
              "bootseer_prestaged_env_extracted")
 #: Cases whose containers get the environment from the node agent (``BOOTSEER_ENVS``): the
-#: snapshot's tree, unpacked on the node by the warm before the start (before t0, or, for
-#: bootseer_p2p, the job's warm the start waits for), laid in their root; nothing is
-#: restored on the node at the start. The others restore it with ``bootseer env run``.
-ENV_FROM_AGENT = ("bootseer_prestaged", "bootseer_prestaged_served", "bootseer_p2p")
+#: snapshot's tree, unpacked on the node once, by the warm (before t0, beside the start,
+#: or, for bootseer_p2p, the job's warm the start waits for) or by the start's mount if it
+#: gets there first, laid in their root; nothing is restored on the node at the start.
+#: The others restore it with ``bootseer env run``.
+ENV_FROM_AGENT = ("bootseer_prestaged", "bootseer_prestaged_served", "bootseer",
+                  "bootseer_p2p", "bootseer_fanout")
 #: What bootseer_p2p's nodes fetch through their swarm (all of its warm), in the lab dict
 #: for the simulator.
 P2P_SHARED = ("image_hot", "env_snapshot", "checkpoint")
@@ -322,7 +326,8 @@ FROM_MEDIAN_RUN = ("nodes", "slowest_node", "slowest_phases_s")
 def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One point (a case at one N) from its repeated runs: every figure the median over the
     runs, those of :data:`FROM_MEDIAN_RUN` from the median run; ``runs`` keeps each run's
-    headline figures, and ``ready_max_spread`` their spread ((max - min) / median)."""
+    headline figures (and, at N = 1, its node: the simulator calibrates each step on its
+    median over the runs), and ``ready_max_spread`` their spread ((max - min) / median)."""
     ordered = sorted(runs, key=lambda r: r["ready_s"]["max"])
     middle = ordered[(len(ordered) - 1) // 2]
     point = {key: middle[key] if key in FROM_MEDIAN_RUN else
@@ -330,7 +335,8 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     tops = [r["ready_s"]["max"] for r in runs]
     point["runs"] = [{"ready_s": r["ready_s"], "node_cpu_s": r["node_cpu_s"],
                       "origin_bytes_total": r["origin_bytes_total"],
-                      "cpu_busy": r["cpu_busy"]} for r in runs]
+                      "cpu_busy": r["cpu_busy"],
+                      **({"nodes": r["nodes"]} if len(r["nodes"]) == 1 else {})} for r in runs]
     point["ready_max_spread"] = round((max(tops) - min(tops)) / statistics.median(tops), 3)
     return point
 
@@ -475,8 +481,9 @@ class Bench:
         warm: threading.Thread | None = None
         try:
             if case == "bootseer_p2p":  # the job's warm first: its nodes share the fetches
-                step("staged", self.lab.run(i, self.warm_command(i, key, swarm=n),
-                                            timeout=600))
+                out = step("staged", self.lab.run(i, self.warm_command(i, key, swarm=n),
+                                                  timeout=600))
+                run.warm_parts = warm_parts(json.loads(out))
             elif case in WARM_AT_T0:
                 def warm_now() -> None:
                     try:
@@ -986,13 +993,14 @@ def phases(marks: dict[str, float]) -> dict[str, float]:
 
 def warm_parts(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """A warm's summary (``bootseer warm --json``) as its parts in the order they were
-    staged: each one's seconds and store bytes, and the image's work for later starts
-    (``whole_files_s``, part of its seconds, done after every other part)."""
+    staged: each one's seconds, store bytes and (a job's warm) bytes from peers, and the
+    image's work for later starts (``whole_files_s``, part of its seconds, done after
+    every other part)."""
     parts = [("image", summary.get("image"))] + \
         [("env", e) for e in summary.get("envs") or []] + \
         [("checkpoint", c) for c in summary.get("checkpoints") or []]
     return [{"part": kind, "seconds": part["seconds"], "fetched_bytes": part["fetched_bytes"],
-             **({"whole_files_s": part["whole_files_s"]} if "whole_files_s" in part else {})}
+             **{k: part[k] for k in ("peer_bytes", "whole_files_s") if k in part}}
             for kind, part in parts if part]
 
 

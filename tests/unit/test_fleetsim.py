@@ -16,13 +16,17 @@ from support.fleet import synthetic_lab, with_costs
 from bootseer_dev.fleetsim import Link, Network, report
 from bootseer_dev.fleetsim.calibrate import (
     CASES,
+    P2P_SHARED,
+    calibration_marks,
     cores,
     lab_fleet,
     own_seconds,
     phases_from_lab,
+    plan,
     validate,
     warm_from_lab,
 )
+from bootseer_dev.fleetsim.costs import pacing as fitted_pacing
 from bootseer_dev.fleetsim.placement import Layout, Placement
 from bootseer_dev.fleetsim.production import Production
 from bootseer_dev.fleetsim.restart import Fetch, Fleet, Origin, Phase, Warm, node_classes, simulate
@@ -189,6 +193,18 @@ def test_a_prefetched_phase_ends_at_its_own_work_or_its_bytes_arrival(own, done)
     assert outcome.served["hdfs"] == [pytest.approx(100 * MB)]
 
 
+@pytest.mark.parametrize(("nodes", "done"), [(1, 4.0), (2, 4.0), (4, 1.0 + 4 * 1.0)])
+def test_paced_work_runs_beside_its_bytes(nodes: int, done: float) -> None:
+    """1 s of fixed work, then 3 s of work on 40 MB as they arrive from one 40 MB/s
+    origin: alone, or two nodes (each at 20 MB/s, 2 s), the work sets the pace (4 s); four
+    (10 MB/s, 4 s) wait for their bytes (5 s). Not paced, it would be 1 + 3 + transfer."""
+    fleet = Fleet(nodes, 100 * MB, (Origin("registry", 1, 40 * MB),))
+    phase = Phase("image", 1.0, Fetch("layers", 40 * MB, "registry"), paced=3.0)
+    assert simulate(fleet, [phase]).marks[0]["image"] == pytest.approx(done)
+    serial = Phase("image", 4.0, Fetch("layers", 40 * MB, "registry"))
+    assert simulate(fleet, [serial]).marks[0]["image"] == pytest.approx(4.0 + nodes)
+
+
 def test_node_classes_give_the_per_node_answer() -> None:
     """Ten nodes, one-stream reads from 4 DataNodes and 2 registry frontends (uneven
     loads), striped reads, uploads, a warm and a shared pool: grouping identical nodes
@@ -334,6 +350,42 @@ def test_calibration_reproduces_the_one_node_run(case: str) -> None:
                    warm_from_lab(lab, case)).marks[0]
     assert {m: sim[m] for m in marks} == {m: pytest.approx(t, rel=0.01)
                                           for m, t in marks.items()}
+
+
+@pytest.mark.parametrize("case", ["baseline", "bootseer_cold", "bootseer_p2p"])
+def test_calibration_with_paced_work_reproduces_the_one_node_run(case: str) -> None:
+    """With each fetching step's per-byte share (from runs at two sizes) done beside its
+    bytes, N = 1 still comes out as measured."""
+    labs = [with_costs(synthetic_lab(counts=(1,)), scale) for scale in (1.0, 2.0)]
+    pacing = fitted_pacing(labs, case)
+    assert pacing and all(0 < f < 1 for f in pacing.values())
+    lab = labs[0]
+    (marks,) = (n["marks"] for n in lab["cases"][case]["1"]["nodes"])
+    own = own_seconds(lab, case, pacing)
+    phases, warm = plan(case, own, lab["per_node_bytes"], lab_fleet(lab, 1),
+                        cores(lab, case, own), shared=frozenset(P2P_SHARED), pacing=pacing)
+    assert any(p.paced > 0 for p in phases)
+    sim = simulate(lab_fleet(lab, 1), phases, warm).marks[0]
+    assert {m: sim[m] for m in marks} == {m: pytest.approx(t, rel=0.01)
+                                          for m, t in marks.items()}
+
+
+def test_calibration_takes_each_steps_median_over_the_repeated_runs() -> None:
+    """Three runs of one node: each step's duration is its median over them (image 30 s,
+    env 40 s), whichever run had it, not one run's."""
+    lab = synthetic_lab(counts=(1,))
+    point = lab["cases"]["baseline"]["1"]
+    node = point["nodes"][0]
+    point["runs"] = []
+    for image, env in ((30.0, 50.0), (20.0, 40.0), (35.0, 38.0)):
+        marks = dict(node["marks"])
+        shift = image + env - marks["env"]
+        marks.update({m: t + shift for m, t in marks.items()}, image=image, env=image + env)
+        point["runs"].append({"nodes": [{"node": 0, "marks": marks}]})
+    marks = calibration_marks(lab, "baseline")
+    assert marks["image"] == pytest.approx(30.0) and marks["env"] == pytest.approx(70.0)
+    assert marks["ready"] - marks["env"] == pytest.approx(node["marks"]["ready"]
+                                                          - node["marks"]["env"])
 
 
 def test_a_step_that_waited_for_the_warm_counts_only_its_own_work_as_work() -> None:

@@ -58,11 +58,11 @@ def test_production_prices_the_fixed_part_on_one_core_and_bytes_over_a_steps_cor
     bytes over its NIC plus its fixed costs."""
     labs = [with_costs(synthetic_lab(counts=(1,)), scale) for scale in (1.0, 2.0)]
     prod = dict.fromkeys(labs[0]["per_node_bytes"], 1e9)
-    baseline = priced("baseline", step_costs(labs, "baseline"), labs[0], prod, 32.0)
+    baseline, _ = priced("baseline", step_costs(labs, "baseline"), labs[0], prod, 32.0)
     assert baseline["env"] == (pytest.approx(100.5), 0.0)
     assert baseline["imported"] == (pytest.approx(0.5), 0.0)
     prestaged = step_costs(labs, "bootseer_prestaged")
-    own = priced("bootseer_prestaged", prestaged, labs[0], prod, 32.0)
+    own, _ = priced("bootseer_prestaged", prestaged, labs[0], prod, 32.0)
     assert own["checkpoint"] == (pytest.approx(0.5 + 100 / 32), 0.0)
     params = Production()
     p2p = step_costs(labs, "bootseer_p2p")

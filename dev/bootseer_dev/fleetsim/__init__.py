@@ -29,7 +29,7 @@ def report(lab: dict, png: Path, params: Production | None = None,
     and the same lab at other artifact sizes (``sizes``: their N = 1 runs): the validation
     against the lab, the extrapolation to ``params`` (default: the stated production
     assumptions), their headline figures, and the plot written to ``png``."""
-    validation = validate(lab)
+    validation = validate(lab, sizes)
     extrapolation = extrapolate(lab, params or Production(), sizes)
     return {"validation": validation, "extrapolation": extrapolation,
             "sim_max_validation_error": validation["max_error"],

@@ -6,10 +6,12 @@ container is gone, after ``ready``). A case here is the list of its :class:`Step
 the order a node does them, each naming the bytes it reads (``per_node_bytes``), where
 from and how (one stream, or striped over every uplink).
 
-**Calibration** (:func:`own_seconds`, :func:`cores`): from the N = 1 run, a step's own
+**Calibration** (:func:`own_seconds`, :func:`cores`): from the N = 1 runs (each step's
+duration the median over the repeated runs, :func:`calibration_marks`), a step's own
 seconds are its measured duration (from the previous mark) less what its bytes take alone
-(:meth:`Fleet.alone_s`: over its NIC and the uplinks they are placed on); the fleet is the
-lab's, its caps from the lab dict. A mark may end several steps (``bootseer_cold``'s
+(:meth:`Fleet.alone_s`: over its NIC and the uplinks they are placed on) beyond the part
+of its work done beside them (``pacing``: its per-byte share, :func:`.costs.pacing`); the
+fleet is the lab's, its caps from the lab dict. A mark may end several steps (``bootseer_cold``'s
 ``env`` is a pip install and the snapshot's upload): their own seconds go to the first.
 ``bootseer``'s steps read what the warm fetches; its warm's own seconds are its measured
 time less its fetches' at N = 1.
@@ -37,6 +39,7 @@ parts of the checkpoint the nodes read (node i reads part i % groups).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from bootseer_dev.cluster.spec import ClusterSpec
@@ -229,16 +232,50 @@ def complete(run: dict, spec: Case) -> tuple[list[dict[str, float]], list[int]]:
 
 #: Own seconds of each step (and of ``warm``): before its bytes are there, and after.
 Own = dict[str, tuple[float, float]]
+#: Of each step's own seconds before its bytes are in, the share done beside them as they
+#: arrive (``Phase.paced``): its per-byte work. A step not named does all of it first.
+Pacing = dict[str, float]
 
 
-def own_seconds(lab: dict, case: str) -> Own:
-    """Each step's own seconds (and ``warm``'s), calibrated from the N = 1 run."""
+def repeats(point: dict) -> list[dict]:
+    """The node records of an N = 1 point's repeated runs (``runs[i].nodes``; a lab dict
+    from before they were kept: the median run's ``nodes``)."""
+    kept = [r["nodes"][0] for r in point.get("runs", []) if r.get("nodes")]
+    return kept or point["nodes"][:1]
+
+
+def calibration_marks(lab: dict, case: str) -> dict[str, float]:
+    """The marks of ``case``'s N = 1 node as its repeated runs had them typically: each
+    step's duration (from the mark before it, in step order) the median over the runs
+    that have every mark, summed in order; ``warm`` (a task beside the start) the median
+    of its own. The lab's runs of one point differ by 10-20% at a fixed CPU budget (a
+    pip install's CPU-seconds vary that much): one run would calibrate that noise in."""
     spec = lab_case(lab, case)
     source = spec.calibrated_from or case
-    kept, _ = complete(runs(lab, source).get(1, {"nodes": []}), spec)
+    kept, _ = complete({"nodes": repeats(runs(lab, source).get(1, {"nodes": []}))}, spec)
     if not kept:
         raise CalibrationError(f"{source}: no complete N = 1 run to calibrate from")
-    marks = kept[0]
+    marks, at = {}, [0.0] * len(kept)
+    for step in (s for s in spec.steps if s.mark):
+        lengths = [m[step.name] - before for m, before in zip(kept, at, strict=True)]
+        at = [m[step.name] for m in kept]
+        marks[step.name] = marks.get("_end", 0.0) + statistics.median(lengths)
+        marks["_end"] = marks[step.name]
+    marks.pop("_end", None)
+    if spec.warm:
+        marks["warm"] = statistics.median(m["warm"] for m in kept)
+    return marks
+
+
+def own_seconds(lab: dict, case: str, pacing: Pacing | None = None) -> Own:
+    """Each step's own seconds (and ``warm``'s), calibrated from the N = 1 runs: a step
+    with a share of ``pacing`` f did (1 - f) of its work before its bytes and f beside
+    them, so that its measured time T (less the bytes of the unmarked steps after it in
+    its interval, which move after it) is its fixed part and then the longer of the rest
+    and its bytes' time X: its work is T if f T >= X, else (T - X) / (1 - f)."""
+    spec = lab_case(lab, case)
+    marks = calibration_marks(lab, case)
+    pacing = pacing or {}
     fleet = lab_fleet(lab, 1)
     nbytes = lab["per_node_bytes"]
     own: Own = {}
@@ -260,9 +297,12 @@ def own_seconds(lab: dict, case: str) -> Own:
         if not step.mark:
             continue
         end = marks[step.name]
-        moving = sum(fleet.alone_s(_fetch(s, nbytes, fleet, case, parts(lab), shared(lab)))
-                     for s in interval if s.artifact and s.artifact not in spec.warm)
-        seconds, after = max(0.0, end - start - moving), 0.0
+        moving = [fleet.alone_s(_fetch(s, nbytes, fleet, case, parts(lab), shared(lab)))
+                  if s.artifact and s.artifact not in spec.warm else 0.0 for s in interval]
+        # the first step's work is paced by its own bytes; the later steps' move after it
+        took, paced = end - start - sum(moving[1:]), pacing.get(interval[0].name, 0.0)
+        seconds, after = max(0.0, took if paced * took >= moving[0] else
+                             (took - moving[0]) / (1 - paced)), 0.0
         if step.artifact in arrival and step.name in prestaged:
             # Its own work is the same step's with every byte local; what it took beyond
             # that and its bytes' arrival, it did once they were in.
@@ -280,7 +320,7 @@ def core_seconds(lab: dict, case: str) -> float:
     idle load, (cpu_busy - cpu_busy_idle) x cpus x wall (0: unrecorded)."""
     run = runs(lab, CASES[case].calibrated_from or case)[1]
     if node_budget(lab):
-        return sum(node.get("cpu_s") or 0.0 for node in run["nodes"][:1])
+        return statistics.median(node.get("cpu_s") or 0.0 for node in repeats(run))
     fleet = lab_fleet(lab, 1, idle(run))
     return max(0.0, (run.get("cpu_busy", 0.0) - fleet.cpu_idle) * fleet.cpus
                * run.get("wall_s", 0.0))
@@ -310,15 +350,18 @@ def _fetch(step: Step, nbytes: dict[str, float], fleet: Fleet, case: str,
 
 def plan(case: str, own: Own, nbytes: dict[str, float], fleet: Fleet,
          ncores: float = 1.0, parts: dict[str, int] | None = None,
-         shared: frozenset[str] = frozenset()) -> tuple[list[Phase], Warm | None]:
+         shared: frozenset[str] = frozenset(),
+         pacing: Pacing | None = None) -> tuple[list[Phase], Warm | None]:
     """The case's phases (and warm) on ``fleet``, with these own seconds, bytes and cores:
     striped steps and the warm over every uplink of their origin, ``parts`` the distinct
     parts of an artifact the nodes read (default: one), ``shared`` the artifacts a case
-    with ``peers`` fetches from its swarm."""
-    spec, pieces = CASES[case], parts or {}
-    phases = [Phase(s.name, own[s.name][0],
+    with ``peers`` fetches from its swarm, ``pacing`` the share of each step's work done
+    beside its bytes (default: none)."""
+    spec, pieces, pacing = CASES[case], parts or {}, pacing or {}
+    phases = [Phase(s.name, own[s.name][0] * (1 - pacing.get(s.name, 0.0)),
                     _fetch(s, nbytes, fleet, case, pieces, shared) if s.artifact else None,
-                    own[s.name][1], ncores, s.teardown) for s in spec.steps]
+                    own[s.name][1], ncores, s.teardown,
+                    paced=own[s.name][0] * pacing.get(s.name, 0.0)) for s in spec.steps]
     warm = Warm(own["warm"][0], tuple(_fetch(Step("warm", a), nbytes, fleet, case, pieces,
                                              shared) for a in spec.warm),
                 ncores) if spec.warm else None
@@ -339,21 +382,31 @@ def warm_from_lab(lab: dict, case: str) -> Warm | None:
                 parts(lab), shared(lab))[1]
 
 
-def validate(lab: dict) -> dict:
+def validate(lab: dict, sizes: Sequence[dict] = ()) -> dict:
     """Every case and N of the lab, simulated on the lab's fleet, against the lab: p50 and
-    max of node ready, their errors |sim - lab| / lab, and ``max_error`` over them all."""
+    max of node ready, their errors |sim - lab| / lab, and ``max_error`` over them all.
+    With the same lab at other artifact sizes (``sizes``: their N = 1 runs), each step's
+    per-byte work runs beside its bytes (:func:`.costs.pacing`); without, after them."""
+    from .costs import pacing as fitted_pacing  # costs builds on this module's cases
+
     rows, calibration = [], {}
     warnings = [f"{case}: no model of this case: not validated"
                 for case in lab["cases"] if case not in CASES]
     for case in (c for c in CASES if c in lab["cases"]):
         try:
-            own = own_seconds(lab, case)
+            try:
+                pacing = fitted_pacing([lab, *sizes], case) if sizes else {}
+            except ValueError as error:  # a size lacks the case: its work all before
+                warnings.append(f"{case}: no per-byte share ({error}): none paced")
+                pacing = {}
+            own = own_seconds(lab, case, pacing)
         except CalibrationError as error:
             warnings.append(f"{error}: not validated")
             continue
         ncores, work = cores(lab, case, own), core_seconds(lab, case)
         seconds = sum(a + b for a, b in own.values())
-        calibration[case] = {"own_s": own, "cores": ncores, "core_seconds": work}
+        calibration[case] = {"own_s": own, "pacing": pacing, "cores": ncores,
+                             "core_seconds": work}
         if work > ncores * seconds * (1 + 1e-9) and not CASES[case].calibrated_from:
             warnings.append(
                 f"{case}: its N = 1 run used {work:.1f} core-seconds, more than its tasks can "
@@ -369,7 +422,7 @@ def validate(lab: dict) -> dict:
                 continue
             fleet = lab_fleet(lab, nodes, idle(run))
             phases, warm = plan(case, own, lab["per_node_bytes"], fleet, ncores, parts(lab),
-                                shared(lab))
+                                shared(lab), pacing)
             outcome = simulate(fleet, phases, warm)
             sim = outcome.summary()
             ready = [max(m[k] for k in lab_case(lab, case).ready_marks) for m in kept]

@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .calibrate import Step, lab_case, runs
+from .calibrate import CASES, Pacing, Step, lab_case, repeats, runs
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,27 @@ def step_costs(labs: Sequence[dict], case: str) -> dict[str, Cost]:
     points: dict[str, list[tuple[float, float]]] = {}
     for lab in labs:
         run = runs(lab, case).get(1)
-        if not run or not run["nodes"] or "phases" not in run["nodes"][0]:
+        if not run or not run["nodes"]:
             continue
-        phases = run["nodes"][0]["phases"]
+        nodes = [node for node in repeats(run) if "phases" in node]
         for step, nbytes in interval_bytes(lab, case).items():
-            if step in phases:
-                points.setdefault(step, []).append((nbytes, phases[step]["cpu_s"]))
+            if nodes and all(step in node["phases"] for node in nodes):
+                cpu = statistics.median(node["phases"][step]["cpu_s"] for node in nodes)
+                points.setdefault(step, []).append((nbytes, cpu))
     return {step: fit(found) for step, found in points.items()}
+
+
+def pacing(labs: Sequence[dict], case: str) -> Pacing:
+    """Of each interval of ``case`` whose first step fetches bytes of its own (not the
+    warm's), the share of its CPU work that is per byte (:func:`step_costs` at the first
+    lab's sizes): the work it does on its bytes as they arrive (``Phase.paced``)."""
+    costs, nbytes, lab = step_costs(labs, case), interval_bytes(labs[0], case), labs[0]
+    out: Pacing = {}
+    for steps in intervals(lab, case):
+        first, cost = steps[0], costs.get(steps[-1].name)
+        if cost is None or not first.artifact or first.artifact in CASES[case].warm:
+            continue
+        work = cost.at(nbytes.get(steps[-1].name, 0.0))
+        if work > 0:
+            out[first.name] = cost.per_byte * nbytes[steps[-1].name] / work
+    return out

@@ -13,8 +13,8 @@ at two artifact sizes), priced at production's bytes and cores:
 where a step spreads over the node's ``cores`` when its per-byte work is Bootseer's swarm,
 restore, image server or checkpoint reader (``Step.spreads``), and over one core when it
 is pip, docker's gunzip or a one-stream read. The bytes still cross the network as flows
-(:mod:`.restart`), after the step's own work (no overlap: an upper estimate where the two
-pipeline).
+(:mod:`.restart`), after the step's fixed work and beside its per-byte work
+(``Phase.paced``: a stream's decompression, checks and writes keep pace with its bytes).
 
 HDFS keeps what the job reads in blocks of ``block_size`` with ``replication`` replicas on
 DataNodes drawn at random (:mod:`.placement`); ``bootseer_fanout`` is Bootseer after
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .calibrate import CASES, HDFS, INDEX, REGISTRY, SEED, Own, lab_case, plan
+from .calibrate import CASES, HDFS, INDEX, REGISTRY, SEED, Own, Pacing, lab_case, plan
 from .costs import Cost, grows_with, intervals, step_costs
 from .placement import Placement
 from .restart import Fleet, Origin, simulate
@@ -109,18 +109,23 @@ class Production:
 
 
 def priced(case: str, costs: dict[str, Cost], lab: dict, prod_bytes: dict[str, float],
-           cores: float) -> Own:
+           cores: float) -> tuple[Own, Pacing]:
     """``case``'s own seconds at production bytes on nodes of ``cores`` (the module's rule):
-    each marked interval's (as the lab ran the case) on its first step."""
+    each marked interval's (as the lab ran the case) on its first step; and, for a first
+    step that fetches its own bytes (not the warm's), its per-byte part's share of them,
+    done beside its bytes (``Phase.paced``)."""
     spec = lab_case(lab, case)
     own: Own = dict.fromkeys([s.name for s in spec.steps] + (["warm"] if spec.warm else []),
                              (0.0, 0.0))
+    pacing: Pacing = {}
     for steps in intervals(lab, case):
         cost = costs.get(steps[-1].name, Cost(0.0, 0.0))  # the teardown: not in the start
         spread = cores if any(s.spreads for s in steps if s.scales_with) else 1.0
         per_byte = cost.per_byte * sum(prod_bytes[a] for a in grows_with(steps)) / spread
         own[steps[0].name] = (cost.fixed + per_byte, 0.0)
-    return own
+        if per_byte > 0 and steps[0].artifact and steps[0].artifact not in spec.warm:
+            pacing[steps[0].name] = per_byte / (cost.fixed + per_byte)
+    return own, pacing
 
 
 def node_limit(case: str, costs: dict[str, Cost], prod_bytes: dict[str, float],
@@ -152,9 +157,9 @@ def extrapolate(lab: dict, params: Production = Production(),
         if not costs:
             warnings.append(f"{case}: no N = 1 run with its node's phases: not extrapolated")
             continue
-        own = priced(case, costs, lab, prod_bytes, params.cores)
+        own, pacing = priced(case, costs, lab, prod_bytes, params.cores)
         phases, warm = plan(case, own, prod_bytes, params.fleet(1), parts=params.parts(),
-                            shared=frozenset(params.p2p_shared))
+                            shared=frozenset(params.p2p_shared), pacing=pacing)
         runs = []
         for nodes in params.node_counts:
             summary = simulate(params.fleet(nodes), phases, warm).summary()
@@ -166,7 +171,8 @@ def extrapolate(lab: dict, params: Production = Production(),
                                                            CASES[case].fanout)})
         limits[case] = node_limit(case, costs, prod_bytes, params)
         cases[case] = {"costs": {step: asdict(cost) for step, cost in costs.items()},
-                       "own_s": own, "node_limit_s": limits[case], "runs": runs}
+                       "own_s": own, "pacing": pacing, "node_limit_s": limits[case],
+                       "runs": runs}
     p2p_n1000 = _job(cases, "bootseer_p2p", 1000)
     return {
         "parameters": asdict(params) | {"per_node_bytes": prod_bytes, "cpu_pool": None,
@@ -188,8 +194,9 @@ def extrapolate(lab: dict, params: Production = Production(),
                          "Registry and index: pulls and installs on one uplink each, "
                          "round-robin over the nodes",
             "links": "NICs and origin uplinks capped, shared max-min fairly; no latency; "
-                     "a step's bytes move after its own work (no pipelining: an upper "
-                     "estimate)",
+                     "a step's bytes move after its fixed work, beside its per-byte work "
+                     "(pacing: that work's share of its own seconds) when it fetches "
+                     "them itself, after all of it when a warm does",
             "status": "every parameter is an assumption, not a measurement; the costs are "
                       "measurements"},
         "cases": cases,

@@ -24,6 +24,12 @@ turn, as a balancer spreads clients.
   start, its warm) crosses one link of that many core-seconds per second, whatever the
   other nodes do (tested: a start and a warm of 1 core each on a node of 1 core take twice
   as long as alone).
+* **Pipelining** (``Phase.paced``): the part of a step's own work done on its bytes as
+  they arrive (its per-byte work: decompressing, checking, writing) runs beside its fetch,
+  the rest (process and container starts, resolution: its fixed work) before it; the step
+  ends when its bytes are in and that work is done. Alone on a node that is CPU-bound, a
+  phase then takes its own seconds whatever the link; at N nodes its bytes slow it only
+  once their share of the origins is slower than its work on them.
 * **Teardown** (``Phase.teardown``): a phase after the node is ready (the container's
   removal once the job exits): its work loads the cores, its mark is not time to ready.
 * **Warm overlap** (:class:`Warm`): a background task started at t = 0 on every node (the
@@ -87,9 +93,10 @@ class Fetch:
 
 @dataclass(frozen=True)
 class Phase:
-    """A step of a start: its own seconds, then its bytes (if any) must be there, then
-    ``after`` own seconds more (what a prefetched step does once its bytes are in). Its own
-    work keeps ``cores`` cores busy (a node's start is several processes and threads)."""
+    """A step of a start: its own seconds, then its bytes (if any) must be there while it
+    does ``paced`` own seconds more beside them, then ``after`` own seconds more (what a
+    prefetched step does once its bytes are in). Its own work keeps ``cores`` cores busy
+    (a node's start is several processes and threads)."""
 
     name: str
     seconds: float
@@ -97,6 +104,9 @@ class Phase:
     after: float = 0.0
     cores: float = 1.0
     teardown: bool = False  # after the node is ready: it loads the cores, not time to ready
+    #: Own seconds of work on the bytes as they arrive (a stream's decompression, checks
+    #: and writes): it runs beside the fetch, and the phase waits for both.
+    paced: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -287,8 +297,8 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
             mine = task()
             for phase in phases:
                 yield own(phase.seconds, phase.cores, mine)
-                if phase.fetch:
-                    yield fetch(phase.fetch)
+                beside = own(phase.paced, phase.cores, mine)
+                yield simpy.AllOf(env, [fetch(phase.fetch), beside]) if phase.fetch else beside
                 yield own(phase.after, phase.cores, mine)
                 class_marks[index][phase.name] = env.now
 
