@@ -352,7 +352,7 @@ def test_calibration_reproduces_the_one_node_run(case: str) -> None:
                                           for m, t in marks.items()}
 
 
-@pytest.mark.parametrize("case", ["baseline", "bootseer_cold", "bootseer_p2p"])
+@pytest.mark.parametrize("case", ["baseline", "bootseer_cold"])
 def test_calibration_with_paced_work_reproduces_the_one_node_run(case: str) -> None:
     """With each fetching step's per-byte share (from runs at two sizes) done beside its
     bytes, N = 1 still comes out as measured."""

@@ -42,6 +42,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from bootseer.p2p.policy import CONNECT_WAIT
 from bootseer_dev.cluster.spec import ClusterSpec
 from bootseer_dev.fleet.spec import LabSpec
 
@@ -151,6 +152,11 @@ CASES["bootseer_p2p"] = Case((
 #: What bench-restart's p2p case shares between its nodes when its lab dict does not say
 #: (``p2p_shared``): the hot pack and the snapshot's shards; checkpoints from HDFS.
 P2P_SHARED = ("image_hot", "env_snapshot")
+#: Objects of each shared artifact that a lab node's job warm fetches through the swarm one
+#: after another (``Fetch.rounds``), from the warm's code: the image's manifest, hot list
+#: and hot pack; the snapshot's manifest, then its 4 shards 2 at a time (the nodes' 2
+#: CPUs: ``snapshot.concurrency``); the checkpoint's files at once.
+LAB_SWARM_ROUNDS = {"image_hot": 3, "env_snapshot": 3, "checkpoint": 1}
 
 
 def lab_placement(lab: dict, seed: int = SEED) -> Placement:
@@ -182,8 +188,11 @@ def node_budget(lab: dict) -> float | None:
 def lab_fleet(lab: dict, nodes: int, cpu_idle: float = 0.0, seed: int = SEED) -> Fleet:
     """The lab's fleet of ``nodes``: its caps, DataNodes (and HDFS placement), its
     cores shared by all (of which ``cpu_idle`` was busy before the run: the idle load) or,
-    under a node budget, each node's own, and its nodes' upload cap to peers
-    (``p2p_upload_Bps``; absent: none)."""
+    under a node budget, each node's own, its nodes' upload cap to peers
+    (``p2p_upload_Bps``; absent: none), and a swarm fetch's wait for its members: the
+    agent's CONNECT_WAIT, which the lab's fetches waited under a CPU budget (its agents'
+    debug logs at 0.1 core: 8 of a 4-node job warm's 10 fetches settled at 0.50-0.59 s, its
+    2 checkpoint files at 0.40 s, once both members were connected)."""
     caps, budget = lab["caps"], node_budget(lab)
     return Fleet(nodes, caps["node_Bps"],
                  (Origin(HDFS, caps["datanodes"], caps["datanode_Bps"],
@@ -191,7 +200,8 @@ def lab_fleet(lab: dict, nodes: int, cpu_idle: float = 0.0, seed: int = SEED) ->
                   Origin(REGISTRY, 1, caps["registry_Bps"]),
                   Origin(INDEX, 1, caps["index_Bps"])),
                  cpus=None if budget else caps["cpus"], cpu_idle=0.0 if budget else cpu_idle,
-                 node_cpus=budget, peer_upload=caps.get("p2p_upload_Bps"))
+                 node_cpus=budget, peer_upload=caps.get("p2p_upload_Bps"),
+                 swarm_settle=CONNECT_WAIT)
 
 
 def idle(run: dict) -> float:
@@ -341,29 +351,34 @@ def cores(lab: dict, case: str, own: Own) -> float:
 
 
 def _fetch(step: Step, nbytes: dict[str, float], fleet: Fleet, case: str,
-           pieces: dict[str, int], shared: frozenset[str]) -> Fetch:
+           pieces: dict[str, int], shared: frozenset[str],
+           rounds: dict[str, int] | None = None) -> Fetch:
     spread = fleet.origin(step.origin).uplinks if step.striped else 1
     return Fetch(step.artifact, nbytes[step.artifact], step.origin, spread, step.upload,
                  pieces.get(step.artifact, 1), CASES[case].fanout and not step.upload,
-                 CASES[case].peers and step.artifact in shared)
+                 CASES[case].peers and step.artifact in shared,
+                 (LAB_SWARM_ROUNDS if rounds is None else rounds).get(step.artifact, 1))
 
 
 def plan(case: str, own: Own, nbytes: dict[str, float], fleet: Fleet,
          ncores: float = 1.0, parts: dict[str, int] | None = None,
          shared: frozenset[str] = frozenset(),
-         pacing: Pacing | None = None) -> tuple[list[Phase], Warm | None]:
+         pacing: Pacing | None = None,
+         rounds: dict[str, int] | None = None) -> tuple[list[Phase], Warm | None]:
     """The case's phases (and warm) on ``fleet``, with these own seconds, bytes and cores:
     striped steps and the warm over every uplink of their origin, ``parts`` the distinct
     parts of an artifact the nodes read (default: one), ``shared`` the artifacts a case
     with ``peers`` fetches from its swarm, ``pacing`` the share of each step's work done
-    beside its bytes (default: none)."""
+    beside its bytes (default: none), ``rounds`` the objects of each shared artifact
+    fetched in turn (default: the lab's, :data:`LAB_SWARM_ROUNDS`)."""
     spec, pieces, pacing = CASES[case], parts or {}, pacing or {}
     phases = [Phase(s.name, own[s.name][0] * (1 - pacing.get(s.name, 0.0)),
-                    _fetch(s, nbytes, fleet, case, pieces, shared) if s.artifact else None,
+                    _fetch(s, nbytes, fleet, case, pieces, shared, rounds)
+                    if s.artifact else None,
                     own[s.name][1], ncores, s.teardown,
                     paced=own[s.name][0] * pacing.get(s.name, 0.0)) for s in spec.steps]
     warm = Warm(own["warm"][0], tuple(_fetch(Step("warm", a), nbytes, fleet, case, pieces,
-                                             shared) for a in spec.warm),
+                                             shared, rounds) for a in spec.warm),
                 ncores) if spec.warm else None
     return phases, warm
 

@@ -98,14 +98,19 @@ def step_costs(labs: Sequence[dict], case: str) -> dict[str, Cost]:
 
 
 def pacing(labs: Sequence[dict], case: str) -> Pacing:
-    """Of each interval of ``case`` whose first step fetches bytes of its own (not the
-    warm's), the share of its CPU work that is per byte (:func:`step_costs` at the first
-    lab's sizes): the work it does on its bytes as they arrive (``Phase.paced``)."""
+    """Of each interval of ``case`` with one fetch of its own (not the warm's), on its
+    first step, the share of its CPU work that is per byte (:func:`step_costs` at the
+    first lab's sizes): the work it does on those bytes as they arrive (``Phase.paced``).
+    An interval that fetches several artifacts in turn (the p2p staging: hot pack,
+    snapshot, checkpoint) does its work before them: which of its bytes a part of it
+    waits for, the lab does not say."""
     costs, nbytes, lab = step_costs(labs, case), interval_bytes(labs[0], case), labs[0]
+    warm = CASES[case].warm
     out: Pacing = {}
     for steps in intervals(lab, case):
         first, cost = steps[0], costs.get(steps[-1].name)
-        if cost is None or not first.artifact or first.artifact in CASES[case].warm:
+        fetching = [s for s in steps if s.artifact and s.artifact not in warm]
+        if cost is None or fetching != [first]:
             continue
         work = cost.at(nbytes.get(steps[-1].name, 0.0))
         if work > 0:

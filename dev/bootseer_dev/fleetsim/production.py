@@ -29,6 +29,7 @@ checkpoint part (and, for one-stream reads, per replica turn) whatever N.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -81,6 +82,12 @@ class Production:
     # design (the lab shared the hot pack and snapshot; checkpoints after it).
     p2p_shared: tuple[str, ...] = ("image_hot", "env_snapshot", "checkpoint")
     p2p_upload_gbit_s: float | None = None  # p2p.upload_rate per node; None: no cap (0)
+    # A swarm fetch's wait for its members' piece lists, per object fetched in turn: two of
+    # its 0.1 s looks (nodes with cores of their own connect at once; the lab's nodes at
+    # 0.1 core each took the agent's CONNECT_WAIT, 0.5 s).
+    swarm_settle_s: float = 0.2
+    snapshot_shard_bytes: float = 32 * 2**20  # snapshot.shard_size: content bytes a shard
+    snapshot_concurrency: int = 8  # shards fetched at once (snapshot.concurrency, 8+ cores)
     node_counts: tuple[int, ...] = (1, 10, 100, 1000, 4000)
 
     def per_node_bytes(self) -> dict[str, float]:
@@ -96,6 +103,15 @@ class Production:
         a data-parallel replica (node i reads part i % nodes_per_replica)."""
         return {"checkpoint": self.nodes_per_replica}
 
+    def rounds(self) -> dict[str, int]:
+        """Objects of each shared artifact a node's job warm fetches one after another
+        (each waits ``swarm_settle_s``): the image's manifest, hot list and hot pack; the
+        snapshot's manifest, then its shards ``snapshot_concurrency`` at a time; the
+        checkpoint's files at once."""
+        shards = math.ceil(self.env_bytes / self.snapshot_shard_bytes)
+        return {"image_hot": 3, "env_snapshot": 1 + math.ceil(shards / self.snapshot_concurrency),
+                "checkpoint": 1}
+
     def placement(self) -> Placement:
         return Placement(self.block_size, self.replication, self.readers_per_replica,
                          self.max_replicas, seed=SEED)
@@ -105,7 +121,8 @@ class Production:
             Origin(HDFS, self.datanodes, self.datanode_gbit_s * GBIT, self.placement()),
             Origin(REGISTRY, self.registry_frontends, self.registry_gbit_s * GBIT),
             Origin(INDEX, self.index_mirrors, self.index_gbit_s * GBIT)),
-            peer_upload=self.p2p_upload_gbit_s * GBIT if self.p2p_upload_gbit_s else None)
+            peer_upload=self.p2p_upload_gbit_s * GBIT if self.p2p_upload_gbit_s else None,
+            swarm_settle=self.swarm_settle_s)
 
 
 def priced(case: str, costs: dict[str, Cost], lab: dict, prod_bytes: dict[str, float],
@@ -159,7 +176,8 @@ def extrapolate(lab: dict, params: Production = Production(),
             continue
         own, pacing = priced(case, costs, lab, prod_bytes, params.cores)
         phases, warm = plan(case, own, prod_bytes, params.fleet(1), parts=params.parts(),
-                            shared=frozenset(params.p2p_shared), pacing=pacing)
+                            shared=frozenset(params.p2p_shared), pacing=pacing,
+                            rounds=params.rounds())
         runs = []
         for nodes in params.node_counts:
             summary = simulate(params.fleet(nodes), phases, warm).summary()
@@ -176,7 +194,8 @@ def extrapolate(lab: dict, params: Production = Production(),
     p2p_n1000 = _job(cases, "bootseer_p2p", 1000)
     return {
         "parameters": asdict(params) | {"per_node_bytes": prod_bytes, "cpu_pool": None,
-                                        "placement_seed": SEED},
+                                        "placement_seed": SEED,
+                                        "swarm_rounds": params.rounds()},
         "rules": {
             "own_seconds": "a step's measured CPU work, fitted as fixed + per byte on the "
                            "lab's node cgroups at two artifact sizes: the fixed part on "
@@ -197,6 +216,10 @@ def extrapolate(lab: dict, params: Production = Production(),
                      "a step's bytes move after its fixed work, beside its per-byte work "
                      "(pacing: that work's share of its own seconds) when it fetches "
                      "them itself, after all of it when a warm does",
+            "swarm": "bootseer_p2p: each node reads 1/M of a shared artifact from its "
+                     "origin and the rest from its M - 1 peers; each object fetched in "
+                     "turn (parameters.swarm_rounds) first waits swarm_settle_s for its "
+                     "members; the CPU a node spends sending to peers is not modelled",
             "status": "every parameter is an assumption, not a measurement; the costs are "
                       "measurements"},
         "cases": cases,

@@ -45,9 +45,12 @@ turn, as a balancer spreads clients.
   read of the whole, scaled) and (M - 1)/M in one flow over its NIC and a share of every
   other member's uplink (``nic_up``, and ``Fleet.peer_upload``'s cap, p2p.upload_rate):
   the others send it equal parts. The origin serves each part about once, whatever M.
-  Not modelled: that a piece must reach a member from the origin before it can be sent
-  on (no wait for it: the peer flow may run ahead of the origin reads that feed it), and
-  that a member not yet fetching has nothing to send.
+  Each object of the artifact fetched in turn (``Fetch.rounds``: a hot pack after its
+  image's manifest and hot list) first waits ``Fleet.swarm_settle`` for its members (the
+  agent's fetch looks for their piece lists before it picks its store reads). Not
+  modelled: that a piece must reach a member from the origin before it can be sent on (no
+  wait for it: the peer flow may run ahead of the origin reads that feed it), that a
+  member not yet fetching has nothing to send, and the CPU a node spends sending.
 * **Node classes**: nodes that move the same bytes over the same uplinks of every origin
   behave identically (max-min shares are symmetric), so each class is simulated once, as
   flows of weight ``members`` over class links of ``members`` times a node's capacity.
@@ -85,6 +88,7 @@ class Fetch:
     pieces: int = 1  # distinct parts of it the nodes read: node i reads part i % pieces
     fanout: bool = False  # its replication raised for the job's nodes (``bootseer job fanout``)
     peers: bool = False  # shared with the nodes that read its part (the job's swarm)
+    rounds: int = 1  # objects of it fetched one after another (each settles in a swarm)
 
     def __post_init__(self) -> None:
         if self.peers and self.upload:
@@ -136,6 +140,9 @@ class Fleet:
     node_cpus: float | None = None  # cores each node has to itself (a quota); None: any
     cpu_idle: float = 0.0  # of the shared cores, the share busy with other work (idle load)
     peer_upload: float | None = None  # bytes/s a node sends its peers at most; None: its NIC
+    #: Seconds a swarm fetch (of more than one member) waits for its members before its
+    #: store reads start, per object fetched in turn (``Fetch.rounds``).
+    swarm_settle: float = 0.0
 
     @property
     def pool(self) -> float | None:
@@ -273,22 +280,28 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
             for uplink, nbytes in routes:
                 yield network.transfer(nbytes * share, [links[uplink], mine], weight)
 
+        def moving(f: Fetch, swarm: int):
+            """Its flows: its share of the origin (1 / swarm), and from a swarm the rest
+            from the other members, after the swarm's settle wait."""
+            if swarm > 1 and fleet.swarm_settle > 0:
+                yield env.timeout(fleet.swarm_settle * f.rounds)
+            links, routes = uplinks[f.origin, f.upload], layout.routes(f, members[0])
+            if layout.sequential(f):
+                flows = [env.process(one_by_one(routes, links, nic[f.upload], 1 / swarm))]
+            else:
+                flows = [network.transfer(nbytes / swarm, [links[uplink], nic[f.upload]],
+                                          weight) for uplink, nbytes in routes]
+            if swarm > 1:  # the rest from the other members, a share of each uplink
+                path, shares = swarms.path(f, index)
+                nbytes = f.bytes * (swarm - 1) / swarm
+                flows.append(network.transfer(nbytes, [nic[False], *path], weight,
+                                              (1.0, *shares)))
+                from_peers[0] += nbytes * weight
+            yield simpy.AllOf(env, flows)
+
         def fetch(f: Fetch) -> simpy.Event:
             if f.artifact not in in_flight:
-                links, routes = uplinks[f.origin, f.upload], layout.routes(f, members[0])
-                swarm = layout.members(f, members[0])  # its share of the origin: 1 / swarm
-                if layout.sequential(f):
-                    moving = [env.process(one_by_one(routes, links, nic[f.upload], 1 / swarm))]
-                else:
-                    moving = [network.transfer(nbytes / swarm, [links[uplink], nic[f.upload]],
-                                               weight) for uplink, nbytes in routes]
-                if swarm > 1:  # the rest from the other members, a share of each uplink
-                    path, shares = swarms.path(f, index)
-                    nbytes = f.bytes * (swarm - 1) / swarm
-                    moving.append(network.transfer(nbytes, [nic[False], *path], weight,
-                                                   (1.0, *shares)))
-                    from_peers[0] += nbytes * weight
-                done = simpy.AllOf(env, moving)
+                done = env.process(moving(f, layout.members(f, members[0])))
                 done.callbacks.append(lambda _, artifact=f.artifact: arrived(artifact))
                 in_flight[f.artifact] = done
             return in_flight[f.artifact]
