@@ -45,15 +45,15 @@ def synthetic_lab(counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
         for name, seconds in steps.items():
             t += seconds * jitter
             out[name] = t
-        if case == "bootseer":  # the warm stages the hot pack, the snapshot, the checkpoint
-            hot = (0.4 * cpu + took(size["image_hot"], hdfs / n)) * jitter
+        if case == "bootseer":  # the warm stages the hot pack, the snapshot, the checkpoint,
+            hot = took(size["image_hot"], hdfs / n) * jitter  # then works on them
             snapshot = hot + took(size["env_snapshot"], hdfs / n) * jitter
-            warm = snapshot + took(size["checkpoint"], hdfs / n) * jitter
+            fetched = snapshot + took(size["checkpoint"], hdfs / n) * jitter
             out["env"] = max(1.2 * cpu, snapshot) + 0.2
             out["started"] = out["env"] + 0.5 * cpu
             out["imported"] = out["started"] + 0.6 * cpu
-            out["checkpoint"] = out["ready"] = max(out["imported"] + 0.3 * cpu, warm)
-            out["warm"] = warm
+            out["checkpoint"] = out["ready"] = max(out["imported"] + 0.3 * cpu, fetched)
+            out["warm"] = fetched + 0.4 * cpu
         out["exited"] = out["ready"] + 0.3 * cpu
         return out
 

@@ -13,8 +13,8 @@ seconds are its measured duration (from the previous mark) less what its bytes t
 of its work done beside them (``pacing``: its per-byte share, :func:`.costs.pacing`); the
 fleet is the lab's, its caps from the lab dict. A mark may end several steps (``bootseer_cold``'s
 ``env`` is a pip install and the snapshot's upload): their own seconds go to the first.
-``bootseer``'s steps read what the warm fetches; its warm's own seconds are its measured
-time less its fetches' at N = 1.
+``bootseer``'s steps read what the warm fetches; its warm's own seconds (its work after
+its fetches) are its measured time less its fetches' at N = 1.
 A step whose bytes the warm fetches does its own work (the same step's in
 ``bootseer_prestaged``: the same work with every byte local), waits for its bytes if they
 are not in yet, and spends whatever its N = 1 run took beyond that once they are in
@@ -296,7 +296,7 @@ def own_seconds(lab: dict, case: str, pacing: Pacing | None = None) -> Own:
                        nbytes, fleet, parts=parts(lab), shared=shared(lab))
         alone = simulate(fleet, [], warm).marks[0]
         own["warm"] = (max(0.0, marks["warm"] - alone["warm"]), 0.0)
-        arrival = {a: own["warm"][0] + alone[f"fetched:{a}"] for a in spec.warm}
+        arrival = {a: alone[f"fetched:{a}"] for a in spec.warm}
         try:
             prestaged = own_seconds(lab, "bootseer_prestaged")
         except CalibrationError:

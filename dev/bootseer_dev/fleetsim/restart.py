@@ -33,8 +33,9 @@ turn, as a balancer spreads clients.
 * **Teardown** (``Phase.teardown``): a phase after the node is ready (the container's
   removal once the job exits): its work loads the cores, its mark is not time to ready.
 * **Warm overlap** (:class:`Warm`): a background task started at t = 0 on every node (the
-  agent's ``warm``): its own work, then its fetches one after another, in order (the
-  agent stages the image, the environments, then the checkpoints). A phase whose fetch is
+  agent's ``warm``): its fetches one after another, in order (the agent stages the image,
+  the environments, then the checkpoints), then its own work on them (unpacking, keeping
+  the image's files whole: at a node's CPU budget, most of a warm). A phase whose fetch is
   of an artifact already in flight on its node waits for that flow instead of starting
   another: the bytes cross the network once, and the phase ends at the later of its own
   work and their arrival (plus its ``after`` seconds). The node's mark ``warm`` is when
@@ -115,8 +116,9 @@ class Phase:
 
 @dataclass(frozen=True)
 class Warm:
-    """A background task at t = 0: its own seconds, then its fetches one after another
-    (the agent's warm stages the image, then the environments, then the checkpoints)."""
+    """A background task at t = 0: its fetches one after another (the agent's warm stages
+    the image, then the environments, then the checkpoints), then its own seconds (what
+    it does with them: unpacking the snapshot, keeping the image's files whole)."""
 
     seconds: float
     fetches: tuple[Fetch, ...]
@@ -316,9 +318,9 @@ def simulate(fleet: Fleet, phases: list[Phase], warm: Warm | None = None,
                 class_marks[index][phase.name] = env.now
 
         def warming():
-            yield own(warm.seconds, warm.cores, task())
             for f in warm.fetches:
                 yield fetch(f)
+            yield own(warm.seconds, warm.cores, task())
             class_marks[index]["warm"] = env.now
 
         env.process(start())
