@@ -252,9 +252,10 @@ class P2PConfig:
     #: share of the store reads goes to the others (a piece_grace later): a job's nodes
     #: reach each object at different times. Longer: fewer pieces read twice from the
     #: store; shorter: an early node waits less for a late one's share. Nodes with CPUs
-    #: of their own reach an object within a second or two of each other (the lab at a
-    #: fixed CPU budget per node: 10 s made 4 nodes' job warm 31-35 s against one node's
-    #: 21 s, waiting on a member one object behind; 2 s, 26-28 s, and no more store reads).
+    #: of their own reach an object within a second or two of each other, so a member
+    #: later than that is slow, and costs the others 2 s and a grace, not 10 (single runs
+    #: of 4 lab nodes at 0.1 core each: job warm 31-35 s at 10 s, 26-28 s at 2 s; three
+    #: runs of bench-restart at 2 s, 33-35 s, within the spread of the runs at 10 s).
     late_member_wait: float = 2.0
     #: The cluster's peer key, the same on every node (root's alone, mode 0600, at least
     #: 32 random bytes: ``head -c 32 /dev/urandom``): only holders connect to a node's
