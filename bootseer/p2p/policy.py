@@ -36,8 +36,9 @@ is connected to this node for another of the job's objects (``Tick.in_session``)
 and on its way: a job's nodes reach each object at different times (10 s apart among 16
 lab nodes sharing 2 cores; a second or two with a CPU budget each). Its share waits for
 it for ``late_wait`` seconds from the fetch's start, and the fetch does not count itself
-stalled meanwhile; then it is missing, and gone a ``piece_grace`` later, like any other. Without that wait, the early members read
-a late one's share after ``piece_grace`` and the late one read some of it again.
+stalled meanwhile; then it is missing, and gone a ``piece_grace`` later, like any other.
+Without that wait, the early members read a late one's share after ``piece_grace`` and
+the late one read some of it again.
 
 **Claims as reads free up** (:meth:`FetchPolicy.store_share`'s ``room``): a fetch claims
 from its share only as many pieces as it can read at once, and picks the next ones when

@@ -11,8 +11,9 @@ duration the median over the repeated runs, :func:`calibration_marks`), a step's
 seconds are its measured duration (from the previous mark) less what its bytes take alone
 (:meth:`Fleet.alone_s`: over its NIC and the uplinks they are placed on) beyond the part
 of its work done beside them (``pacing``: its per-byte share, :func:`.costs.pacing`); the
-fleet is the lab's, its caps from the lab dict. A mark may end several steps (``bootseer_cold``'s
-``env`` is a pip install and the snapshot's upload): their own seconds go to the first.
+fleet is the lab's, its caps from the lab dict. A mark may end several steps
+(``bootseer_cold``'s ``env`` is a pip install and the snapshot's upload): their own
+seconds go to the first.
 ``bootseer``'s steps read what the warm fetches; its warm's own seconds (its work after
 its fetches) are its measured time less its fetches' at N = 1.
 A step whose bytes the warm fetches does its own work (the same step's in
@@ -265,13 +266,11 @@ def calibration_marks(lab: dict, case: str) -> dict[str, float]:
     kept, _ = complete({"nodes": repeats(runs(lab, source).get(1, {"nodes": []}))}, spec)
     if not kept:
         raise CalibrationError(f"{source}: no complete N = 1 run to calibrate from")
-    marks, at = {}, [0.0] * len(kept)
+    marks: dict[str, float] = {}
+    end, at = 0.0, [0.0] * len(kept)
     for step in (s for s in spec.steps if s.mark):
-        lengths = [m[step.name] - before for m, before in zip(kept, at, strict=True)]
-        at = [m[step.name] for m in kept]
-        marks[step.name] = marks.get("_end", 0.0) + statistics.median(lengths)
-        marks["_end"] = marks[step.name]
-    marks.pop("_end", None)
+        end += statistics.median(m[step.name] - before for m, before in zip(kept, at, strict=True))
+        marks[step.name], at = end, [m[step.name] for m in kept]
     if spec.warm:
         marks["warm"] = statistics.median(m["warm"] for m in kept)
     return marks
