@@ -97,22 +97,25 @@ def step_costs(labs: Sequence[dict], case: str) -> dict[str, Cost]:
     return {step: fit(found) for step, found in points.items()}
 
 
-def pacing(labs: Sequence[dict], case: str) -> Pacing:
-    """Of each interval of ``case`` with one fetch of its own (not the warm's), on its
-    first step, the share of its CPU work that is per byte (:func:`step_costs` at the
-    first lab's sizes): the work it does on those bytes as they arrive (``Phase.paced``).
-    An interval that fetches several artifacts in turn (the p2p staging: hot pack,
-    snapshot, checkpoint) does its work before them: which of its bytes a part of it
-    waits for, the lab does not say."""
-    costs, nbytes, lab = step_costs(labs, case), interval_bytes(labs[0], case), labs[0]
+def paced(case: str, interval: Sequence[Step]) -> bool:
+    """Whether an interval's per-byte work runs beside its bytes (``Phase.paced``): it has
+    one fetch of its own (not the warm's), on its first step. An interval that fetches
+    several artifacts in turn (the p2p staging: hot pack, snapshot, checkpoint) does its
+    work before them: which of its bytes a part of it waits for, the lab does not say."""
     warm = CASES[case].warm
+    return [s for s in interval if s.artifact and s.artifact not in warm] == [interval[0]]
+
+
+def pacing(labs: Sequence[dict], case: str) -> Pacing:
+    """Of each :func:`paced` interval of ``case``, on its first step, the share of its CPU
+    work that is per byte (:func:`step_costs` at the first lab's sizes)."""
+    costs, nbytes, lab = step_costs(labs, case), interval_bytes(labs[0], case), labs[0]
     out: Pacing = {}
     for steps in intervals(lab, case):
-        first, cost = steps[0], costs.get(steps[-1].name)
-        fetching = [s for s in steps if s.artifact and s.artifact not in warm]
-        if cost is None or fetching != [first]:
+        cost = costs.get(steps[-1].name)
+        if cost is None or not paced(case, steps):
             continue
         work = cost.at(nbytes.get(steps[-1].name, 0.0))
         if work > 0:
-            out[first.name] = cost.per_byte * nbytes[steps[-1].name] / work
+            out[steps[0].name] = cost.per_byte * nbytes[steps[-1].name] / work
     return out

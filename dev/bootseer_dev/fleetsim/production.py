@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .calibrate import CASES, HDFS, INDEX, REGISTRY, SEED, Own, Pacing, lab_case, plan
-from .costs import Cost, grows_with, intervals, step_costs
+from .costs import Cost, grows_with, intervals, paced, step_costs
 from .placement import Placement
 from .restart import Fleet, Origin, simulate
 
@@ -128,9 +128,9 @@ class Production:
 def priced(case: str, costs: dict[str, Cost], lab: dict, prod_bytes: dict[str, float],
            cores: float) -> tuple[Own, Pacing]:
     """``case``'s own seconds at production bytes on nodes of ``cores`` (the module's rule):
-    each marked interval's (as the lab ran the case) on its first step; and, for a first
-    step that fetches its own bytes (not the warm's), its per-byte part's share of them,
-    done beside its bytes (``Phase.paced``)."""
+    each marked interval's (as the lab ran the case) on its first step; and, for a
+    :func:`.costs.paced` interval, its per-byte part's share of them, done beside its
+    bytes (``Phase.paced``)."""
     spec = lab_case(lab, case)
     own: Own = dict.fromkeys([s.name for s in spec.steps] + (["warm"] if spec.warm else []),
                              (0.0, 0.0))
@@ -140,7 +140,7 @@ def priced(case: str, costs: dict[str, Cost], lab: dict, prod_bytes: dict[str, f
         spread = cores if any(s.spreads for s in steps if s.scales_with) else 1.0
         per_byte = cost.per_byte * sum(prod_bytes[a] for a in grows_with(steps)) / spread
         own[steps[0].name] = (cost.fixed + per_byte, 0.0)
-        if per_byte > 0 and steps[0].artifact and steps[0].artifact not in spec.warm:
+        if per_byte > 0 and paced(case, steps):
             pacing[steps[0].name] = per_byte / (cost.fixed + per_byte)
     return own, pacing
 
